@@ -1,0 +1,84 @@
+"""The ``autoslapo`` command: one argparse parser, one module a subcommand.
+
+Each subcommand lives in ``autoslapo/cli/<name>.py`` and defines ``add_arguments(parser)`` and
+``run(args) -> int``. Those modules import nothing heavy at module level (torch, ray, sqlalchemy
+load inside ``run``), so ``autoslapo --help`` stays fast. Errors become one line on stderr: exit 2
+for bad input, 1 for a runtime failure, never a traceback (``AUTOSLAPO_DEBUG=1`` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import NoReturn
+
+from autoslapo.errors import AutoslapoError
+from autoslapo.redact import redact
+
+# name -> one-line help. Registered explicitly; the module is autoslapo.cli.<name>.
+SUBCOMMANDS: dict[str, str] = {
+    "verify": "apply a model family's default schedule on local ranks and check outputs and gradients",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input as one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"autoslapo.cli.{name.replace('-', '_')}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that subcommand's arguments are loaded (fast start-up).
+
+    Every subcommand is listed in the top-level help from ``SUBCOMMANDS`` without importing it.
+    """
+    parser = _Parser(prog="autoslapo", description="Automatic schedule tuner for distributed PyTorch training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, help_text in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if only is None or name == only:
+            _module(name).add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(only=command if command in SUBCOMMANDS else "")
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(_module(args.command).run(args) or 0)
+    except AutoslapoError as e:
+        sys.stderr.write(f"autoslapo {args.command}: error: {redact(str(e))}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"autoslapo {args.command}: interrupted\n")
+        return 130
+    except Exception as e:  # noqa: BLE001 - last line of defence: one line, no traceback
+        if os.environ.get("AUTOSLAPO_DEBUG"):
+            raise
+        first = redact(str(e)).strip().splitlines()[0] if str(e).strip() else ""
+        sys.stderr.write(
+            f"autoslapo {args.command}: internal error: {type(e).__name__}: {first} "
+            "(set AUTOSLAPO_DEBUG=1 for the traceback)\n"
+        )
+        return 1
+
+
+def entry() -> NoReturn:
+    """Console-script entry point."""
+    raise SystemExit(main())

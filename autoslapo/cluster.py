@@ -1,0 +1,137 @@
+"""``ClusterSpec``: how many devices of which kind, and how they are connected. Pure data.
+
+Device presets carry published figures: memory, dense 16-bit tensor-core peak (bf16/fp16), fp32
+peak, and per-GPU link bandwidths (NVLink within a node; the node's network share across nodes).
+A profile measured by ``autoslapo profile`` overrides them for its device (see ``with_profile``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from autoslapo.errors import ConfigError, UsageError
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator kind. Bandwidths are GB/s per device, one direction (what a ring sees)."""
+
+    name: str
+    memory_bytes: int
+    peak_tflops: float  # dense bf16/fp16 tensor-core peak
+    peak_tflops_fp32: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    flash_attention: bool
+    bf16: bool
+
+
+# Sources: NVIDIA V100/A100/H100/H200 datasheets (dense, no sparsity); NVLink 2/3/4 per-GPU
+# bandwidth (150/300/450 GB/s one way); inter-node: 8x HDR/NDR InfiniBand per DGX node shared by
+# 8 GPUs (25 / 50 GB/s per GPU); V100: p3dn nodes, 100 Gb/s EFA per node (1.56 GB/s per GPU).
+DEVICES: dict[str, DeviceSpec] = {
+    d.name: d
+    for d in [
+        DeviceSpec("v100-16gb", 16160 * MiB, 125.0, 15.7, 150.0, 1.5625, False, False),
+        DeviceSpec("v100-32gb", 32510 * MiB, 125.0, 15.7, 150.0, 1.5625, False, False),
+        DeviceSpec("a100-40gb", 40960 * MiB, 312.0, 19.5, 300.0, 25.0, True, True),
+        DeviceSpec("a100-80gb", 81920 * MiB, 312.0, 19.5, 300.0, 25.0, True, True),
+        DeviceSpec("h100-80gb", 81559 * MiB, 989.0, 67.0, 450.0, 50.0, True, True),
+        DeviceSpec("h200-141gb", 143771 * MiB, 989.0, 67.0, 450.0, 50.0, True, True),
+        # A CPU rank of this kind of machine (2 cores, 24 GiB, gloo over loopback). Rough defaults:
+        # `autoslapo profile` measures the real figures and `with_profile` applies them.
+        DeviceSpec("cpu", 12 * GiB, 0.05, 0.05, 1.0, 1.0, False, True),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``gpus`` devices of ``gpu_type``, ``gpus_per_node`` to a node.
+
+    Device figures left at 0 are filled from the preset. TP stays within a node unless
+    ``allow_cross_node_tp``. Validated on construction; round-trips through ``to_dict``.
+    """
+
+    gpus: int
+    gpu_type: str = "a100-80gb"
+    gpus_per_node: int = 8
+    memory_bytes: int = 0
+    peak_tflops: float = 0.0
+    peak_tflops_fp32: float = 0.0
+    intra_node_gbps: float = 0.0
+    inter_node_gbps: float = 0.0
+    allow_cross_node_tp: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gpu_type not in DEVICES:
+            close = difflib.get_close_matches(self.gpu_type, list(DEVICES), n=2, cutoff=0.4)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(
+                f"--gpu-type must be one of {', '.join(DEVICES)}: got {self.gpu_type!r}{hint}"
+            )
+        for name in ("gpus", "gpus_per_node"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(f"{flag} must be a positive integer: got {v!r}")
+        if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            raise UsageError(
+                f"--gpus must fill whole nodes: got --gpus {self.gpus} with --gpus-per-node "
+                f"{self.gpus_per_node} ({self.gpus / self.gpus_per_node:.2f} nodes); use a multiple of "
+                f"{self.gpus_per_node} or change --gpus-per-node"
+            )
+        dev = DEVICES[self.gpu_type]
+        for name in ("memory_bytes", "peak_tflops", "peak_tflops_fp32", "intra_node_gbps", "inter_node_gbps"):
+            v = getattr(self, name)
+            if v < 0:
+                raise UsageError(f"{name} must not be negative: got {v}")
+            if not v:
+                object.__setattr__(self, name, getattr(dev, name))
+
+    @property
+    def device(self) -> DeviceSpec:
+        return DEVICES[self.gpu_type]
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.gpus // self.gpus_per_node)
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices actually in one node (fewer than ``gpus_per_node`` on a partial single node)."""
+        return min(self.gpus, self.gpus_per_node)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe dict; ``ClusterSpec.from_dict(c.to_dict()) == c``."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClusterSpec:
+        """Inverse of ``to_dict``; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown cluster spec keys {unknown}; valid keys are {sorted(known)}")
+        return cls(**d)
+
+    def fingerprint(self) -> str:
+        """Stable hash of what the cost model depends on (size, device figures, links)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def with_gpus(self, gpus: int) -> ClusterSpec:
+        """The same cluster with another device count."""
+        return replace(self, gpus=gpus)
+
+    def with_profile(self, profile: dict[str, Any]) -> ClusterSpec:
+        """Override the device figures with a measured profile (keys as in this class)."""
+        keys = ("memory_bytes", "peak_tflops", "peak_tflops_fp32", "intra_node_gbps", "inter_node_gbps")
+        return replace(self, **{k: profile[k] for k in keys if profile.get(k)})

@@ -1,0 +1,222 @@
+"""``ModelSpec``: a model family plus a size, as plain data.
+
+Pure: no torch or transformers import. Building the actual ``nn.Module`` from a spec lives in
+``autoslapo.models.build``; the cost model only needs the shape recorded here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from autoslapo.errors import ConfigError, UsageError
+
+# Families autoslapo can build and schedule. ``causal``: decoder-only LM (causal mask, next-token
+# loss); ``gated_mlp``: SwiGLU-style MLP with three matrices (LLaMA); ``learned_pos``: learned
+# position embeddings of ``seq_len`` rows (BERT/GPT-2/OPT) rather than rotary (LLaMA).
+FAMILIES: dict[str, dict[str, bool]] = {
+    "bert": {"causal": False, "gated_mlp": False, "learned_pos": True},
+    "roberta": {"causal": False, "gated_mlp": False, "learned_pos": True},
+    "gpt2": {"causal": True, "gated_mlp": False, "learned_pos": True},
+    "opt": {"causal": True, "gated_mlp": False, "learned_pos": True},
+    "llama": {"causal": True, "gated_mlp": True, "learned_pos": False},
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model family and its shape. Validated on construction; round-trips through ``to_dict``.
+
+    ``kv_heads`` < ``heads`` means grouped-query attention (LLaMA-70B: 64 query, 8 key/value heads).
+    ``ffn`` is the MLP's inner width. ``seq_len`` is the training sequence length.
+    """
+
+    family: str
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    seq_len: int
+    vocab: int
+    kv_heads: int = 0  # 0 -> same as heads
+    preset: str = "custom"
+    max_positions: int = 0  # 0 -> seq_len (position-table rows for learned-position families)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(
+                f"model family must be one of {sorted(FAMILIES)}: got {self.family!r}; "
+                "pick one of those or add a family description (see README)"
+            )
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.max_positions == 0:
+            object.__setattr__(self, "max_positions", self.seq_len)
+        for name in ("hidden", "layers", "heads", "ffn", "seq_len", "vocab", "kv_heads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"{name} must be a positive integer: got {v!r} for model {self.preset}")
+        if self.hidden % self.heads:
+            raise ConfigError(
+                f"hidden must be divisible by heads: got hidden={self.hidden}, heads={self.heads}; "
+                "change --hidden or --heads"
+            )
+        if self.heads % self.kv_heads:
+            raise ConfigError(
+                f"heads must be a multiple of kv_heads: got heads={self.heads}, kv_heads={self.kv_heads}"
+            )
+        if self.max_positions < self.seq_len:
+            raise ConfigError(
+                f"seq_len must not exceed max_positions: got seq_len={self.seq_len}, "
+                f"max_positions={self.max_positions} for {self.preset}; lower --seq-len"
+            )
+
+    # --- derived shape -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def causal(self) -> bool:
+        return FAMILIES[self.family]["causal"]
+
+    @property
+    def gated_mlp(self) -> bool:
+        return FAMILIES[self.family]["gated_mlp"]
+
+    @property
+    def name(self) -> str:
+        """The preset name, or ``custom`` for hand-given shapes."""
+        return self.preset
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer (weights and biases, norms included)."""
+        h, f, kvd = self.hidden, self.ffn, self.kv_heads * self.head_dim
+        attn = h * h + 2 * h * kvd + h * h  # q, k, v, out
+        if self.gated_mlp:
+            mlp = 3 * h * f  # gate, up, down; LLaMA has no biases
+            return attn + mlp + 2 * h  # two RMSNorm weights
+        mlp = 2 * h * f
+        biases = h + 2 * kvd + h + f + h
+        return attn + mlp + biases + 4 * h  # two LayerNorms (weight + bias)
+
+    def embedding_params(self) -> int:
+        """Token (and learned position) embeddings; the LM head is tied where the family ties it."""
+        n = self.vocab * self.hidden
+        if FAMILIES[self.family]["learned_pos"]:
+            n += self.max_positions * self.hidden
+        return n
+
+    def num_params(self) -> int:
+        """Total parameters (approximate to within the small heads/norms that differ per family)."""
+        head = self.vocab * self.hidden if self.family == "llama" else 0  # LLaMA's head is untied
+        return self.layers * self.layer_params() + self.embedding_params() + head + 2 * self.hidden
+
+    # --- (de)serialization ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe dict; ``ModelSpec.from_dict(spec.to_dict()) == spec``."""
+        d = asdict(self)
+        if not d["extra"]:
+            d.pop("extra")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        """Inverse of ``to_dict``; unknown keys are an error (never silently dropped)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown model spec keys {unknown}; valid keys are {sorted(known)}")
+        return cls(**d)
+
+    def signature(self) -> str:
+        """Stable hash of the shape (family and dimensions, not the preset's name)."""
+        d = self.to_dict()
+        d.pop("preset", None)
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def with_overrides(self, **overrides: int | None) -> ModelSpec:
+        """A copy with the given dimensions replaced (``None`` values are ignored)."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        valid = {"hidden", "layers", "heads", "kv_heads", "ffn", "seq_len", "vocab", "max_positions"}
+        bad = sorted(set(given) - valid)
+        if bad:
+            raise UsageError(f"unknown model override {bad}; valid overrides are {sorted(valid)}")
+        if not given:
+            return self
+        if "heads" in given and "kv_heads" not in given and self.kv_heads == self.heads:
+            given["kv_heads"] = given["heads"]
+        if "seq_len" in given and given["seq_len"] > self.max_positions and "max_positions" not in given:
+            given["max_positions"] = given["seq_len"]
+        return replace(self, **given)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: int | None) -> ModelSpec:
+        """Look up a preset (``bert``, ``gpt2-xl``, ``llama-7b``, ``bert-tiny`` ...) and apply overrides.
+
+        Raises:
+            UsageError: unknown name, with the closest valid names.
+        """
+        key = ALIASES.get(name.lower(), name.lower())
+        if key not in PRESETS:
+            close = difflib.get_close_matches(key, list(PRESETS) + list(ALIASES), n=3, cutoff=0.4)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(
+                f"unknown model {name!r}: it must be a preset from `autoslapo models`{hint} "
+                f"(valid: {', '.join(sorted(PRESETS))})"
+            )
+        return PRESETS[key].with_overrides(**overrides)
+
+
+def _p(preset: str, family: str, hidden: int, layers: int, heads: int, ffn: int, seq: int, vocab: int,
+       kv: int = 0, max_pos: int = 0) -> ModelSpec:
+    return ModelSpec(family=family, hidden=hidden, layers=layers, heads=heads, ffn=ffn, seq_len=seq,
+                     vocab=vocab, kv_heads=kv, preset=preset, max_positions=max_pos)
+
+
+# Shapes from the published configs (bert-*-uncased, roberta-*, gpt2*, facebook/opt-*, Llama-2-*).
+# Tiny presets are for tests: 2 layers, hidden 128, vocab 1024, 4 heads (LLaMA: 2 kv heads).
+PRESETS: dict[str, ModelSpec] = {
+    s.preset: s
+    for s in [
+        _p("bert-tiny", "bert", 128, 2, 4, 512, 128, 1024, max_pos=512),
+        _p("bert-base", "bert", 768, 12, 12, 3072, 512, 30522),
+        _p("bert-large", "bert", 1024, 24, 16, 4096, 512, 30522),
+        _p("roberta-tiny", "roberta", 128, 2, 4, 512, 128, 1024, max_pos=512),
+        _p("roberta-base", "roberta", 768, 12, 12, 3072, 512, 50265),
+        _p("roberta-large", "roberta", 1024, 24, 16, 4096, 512, 50265),
+        _p("gpt2-tiny", "gpt2", 128, 2, 4, 512, 128, 1024, max_pos=1024),
+        _p("gpt2", "gpt2", 768, 12, 12, 3072, 1024, 50257),
+        _p("gpt2-medium", "gpt2", 1024, 24, 16, 4096, 1024, 50257),
+        _p("gpt2-large", "gpt2", 1280, 36, 20, 5120, 1024, 50257),
+        _p("gpt2-xl", "gpt2", 1600, 48, 25, 6400, 1024, 50257),
+        _p("opt-tiny", "opt", 128, 2, 4, 512, 128, 1024, max_pos=2048),
+        _p("opt-125m", "opt", 768, 12, 12, 3072, 2048, 50272),
+        _p("opt-1.3b", "opt", 2048, 24, 32, 8192, 2048, 50272),
+        _p("opt-2.7b", "opt", 2560, 32, 32, 10240, 2048, 50272),
+        _p("opt-6.7b", "opt", 4096, 32, 32, 16384, 2048, 50272),
+        _p("opt-13b", "opt", 5120, 40, 40, 20480, 2048, 50272),
+        _p("llama-tiny", "llama", 128, 2, 4, 352, 128, 1024, kv=2, max_pos=2048),
+        _p("llama-7b", "llama", 4096, 32, 32, 11008, 4096, 32000),
+        _p("llama-13b", "llama", 5120, 40, 40, 13824, 4096, 32000),
+        _p("llama-70b", "llama", 8192, 80, 64, 28672, 4096, 32000, kv=8),
+    ]
+}
+
+ALIASES: dict[str, str] = {
+    "bert": "bert-large",
+    "roberta": "roberta-large",
+    "gpt2-small": "gpt2",
+    "opt": "opt-1.3b",
+    "llama": "llama-7b",
+}
+
+
+def list_presets() -> list[str]:
+    """Every preset name, aliases excluded, in a stable order."""
+    return list(PRESETS)

@@ -1,0 +1,236 @@
+"""The schedule tree: one node per submodule of an unchanged ``nn.Module``, addressed by path.
+
+``create_schedule(model)`` mirrors ``model.named_modules()`` as a tree of :class:`Schedule` nodes.
+Primitives (``replace``, ``shard``, ``sync``, ``checkpoint``, ...) are plain functions
+``fn(sch, *args, **kwargs)`` registered with :func:`register_primitive`; each becomes a method of
+every node, so ``sch["encoder.layer.0.attention.self.query"].shard("weight", 0)`` reads like the paper.
+
+The model definition is never edited: primitives slice parameters in place, add hooks, or swap a
+submodule for another (then the parent node calls :meth:`Schedule.refresh`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from torch import nn
+
+from autoslapo.errors import ScheduleError
+
+__all__ = [
+    "Schedule",
+    "create_schedule",
+    "list_primitives",
+    "register_primitive",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_PRIMITIVES: dict[str, Callable[..., Any]] = {}
+
+
+class Schedule:
+    """One node of the schedule tree.
+
+    Attributes:
+        name: the last path component ("" for the root).
+        path: dotted path from the root ("" for the root), as in ``named_modules``.
+        mod: the module this node schedules (changes when ``replace`` swaps it).
+        parent: the parent node, ``None`` for the root.
+        children: child nodes by attribute name (ModuleList children by index: "0", "1", ...).
+        group: the tensor-parallel ProcessGroup, or ``None`` (world size 1).
+        meta: per-node metadata (annotations, pipeline cut flags, applied primitives, ...).
+    """
+
+    def __init__(
+        self,
+        mod: nn.Module,
+        *,
+        name: str = "",
+        path: str = "",
+        parent: Schedule | None = None,
+        group: Any = None,
+    ) -> None:
+        self.name = name
+        self.path = path
+        self.mod = mod
+        self.parent = parent
+        self.group = group
+        self.meta: dict[str, Any] = {}
+        self.children: dict[str, Schedule] = {}
+        self._build_children()
+
+    # -- tree -------------------------------------------------------------------------------------
+
+    def _build_children(self, keep: dict[str, Schedule] | None = None) -> None:
+        keep = keep or {}
+        children: dict[str, Schedule] = {}
+        for cname, cmod in self.mod.named_children():
+            old = keep.get(cname)
+            if old is not None and old.mod is cmod:
+                old.refresh()
+                children[cname] = old
+                continue
+            cpath = f"{self.path}.{cname}" if self.path else cname
+            children[cname] = Schedule(cmod, name=cname, path=cpath, parent=self, group=self.group)
+        self.children = children
+
+    def refresh(self) -> None:
+        """Rebuild the subtree from ``self.mod`` after a submodule was swapped.
+
+        Children whose module object is unchanged keep their node (and its ``meta``).
+        """
+        self._build_children(keep=self.children)
+
+    def root(self) -> Schedule:
+        """Return the root node of this tree."""
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        return node
+
+    def named_schedules(self, prefix: str = "") -> Iterator[tuple[str, Schedule]]:
+        """Yield ``(path, node)`` depth-first, this node first.
+
+        Paths are absolute (``node.path``) so they match the model's ``named_modules``.
+        """
+        del prefix  # kept for signature symmetry with named_modules
+        stack: list[Schedule] = [self]
+        while stack:
+            node = stack.pop()
+            yield node.path, node
+            stack.extend(reversed(list(node.children.values())))
+
+    def _resolve(self, path: str) -> Schedule | None:
+        node: Schedule = self
+        if path == "":
+            return node
+        for part in path.split("."):
+            nxt = node.children.get(part)
+            if nxt is None:
+                return None
+            node = nxt
+        return node
+
+    def __getitem__(self, path: str) -> Schedule:
+        """Return the node at ``path`` (dotted, relative to this node; "" is this node).
+
+        Raises:
+            ScheduleError: no such submodule; the message lists the closest valid paths.
+        """
+        if not isinstance(path, str):
+            raise ScheduleError(f"a schedule path must be a dotted string: got {path!r}")
+        node = self._resolve(path)
+        if node is None:
+            base = len(self.path) + 1 if self.path else 0
+            valid = [p[base:] for p, _ in self.named_schedules() if p != self.path]
+            close = difflib.get_close_matches(path, valid, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            where = f" under {self.path!r}" if self.path else ""
+            raise ScheduleError(f"no submodule {path!r}{where} in the schedule{hint}")
+        return node
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, str) and self._resolve(path) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.children)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: primitives are class attributes, so this is the
+        # place to say which ones exist (and it tells mypy that ``sch.shard(...)`` is fine).
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"Schedule has no primitive or attribute {name!r}; primitives: {', '.join(sorted(_PRIMITIVES))}"
+        )
+
+    # -- process group ----------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        """Size of the tensor-parallel group (1 when there is none)."""
+        if self.group is None:
+            return 1
+        import torch.distributed as dist
+
+        return int(dist.get_world_size(self.group))
+
+    @property
+    def rank(self) -> int:
+        """This process's rank inside the tensor-parallel group (0 when there is none)."""
+        if self.group is None:
+            return 0
+        import torch.distributed as dist
+
+        return int(dist.get_rank(self.group))
+
+    def __repr__(self) -> str:
+        return f"Schedule(path={self.path!r}, mod={type(self.mod).__name__}, children={len(self.children)})"
+
+
+def create_schedule(model: nn.Module, group: Any = None) -> Schedule:
+    """Create the schedule tree over ``model``.
+
+    Takes: the model (never modified by this call) and the tensor-parallel process group
+    (``None`` for a single process). Returns: the root :class:`Schedule` node.
+    Raises: ScheduleError if ``model`` is not an ``nn.Module``.
+    """
+    if not isinstance(model, nn.Module):
+        raise ScheduleError(f"create_schedule needs an nn.Module: got {type(model).__name__}")
+    return Schedule(model, group=group)
+
+
+def register_primitive(name: str) -> Callable[[F], F]:
+    """Register ``fn(sch, *args, **kwargs)`` as primitive ``name``, callable as ``sch.<name>(...)``.
+
+    Raises: ScheduleError if ``name`` is taken by another primitive or a Schedule attribute.
+    """
+
+    def deco(fn: F) -> F:
+        existing = _PRIMITIVES.get(name)
+        if existing is not None and existing is not fn:
+            same = (
+                getattr(existing, "__module__", None) == fn.__module__
+                and getattr(existing, "__qualname__", None) == fn.__qualname__
+            )
+            if not same:  # re-registering the same function on module reload is fine
+                raise ScheduleError(
+                    f"primitive {name!r} is already registered by {existing.__module__}; pick another name"
+                )
+        elif existing is None and name in Schedule.__dict__:
+            raise ScheduleError(f"primitive name {name!r} clashes with a Schedule attribute")
+        _PRIMITIVES[name] = fn
+        setattr(Schedule, name, fn)
+        return fn
+
+    return deco
+
+
+def list_primitives() -> list[str]:
+    """Return the names of all registered primitives, sorted."""
+    import autoslapo.primitives  # noqa: F401  (registers the built-ins)
+
+    return sorted(_PRIMITIVES)
+
+
+def get_primitive(name: str) -> Callable[..., Any]:
+    """Return the primitive function registered as ``name``.
+
+    Raises: ScheduleError naming the valid primitives if ``name`` is unknown.
+    """
+    import autoslapo.primitives  # noqa: F401
+
+    try:
+        return _PRIMITIVES[name]
+    except KeyError:
+        raise ScheduleError(
+            f"unknown primitive {name!r}; valid: {', '.join(sorted(_PRIMITIVES))}"
+        ) from None
+
+
+# Importing the schedule module makes the built-in primitives available as methods. The import
+# sits at the bottom because the primitives import ``register_primitive`` from here.
+import autoslapo.primitives  # noqa: E402, F401

@@ -1,0 +1,1 @@
+"""Filled by later work; see README."""

@@ -1,0 +1,1 @@
+"""Alembic migrations for autoslapo's tables (run programmatically by ``store._migrate``)."""
