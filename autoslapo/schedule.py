@@ -127,7 +127,10 @@ class Schedule:
             base = len(self.path) + 1 if self.path else 0
             valid = [p[base:] for p, _ in self.named_schedules() if p != self.path]
             close = difflib.get_close_matches(path, valid, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            if close:
+                hint = f"; did you mean {', '.join(repr(c) for c in close)}?"
+            else:
+                hint = f"; children here: {', '.join(self.children) or 'none'}"
             where = f" under {self.path!r}" if self.path else ""
             raise ScheduleError(f"no submodule {path!r}{where} in the schedule{hint}")
         return node
@@ -211,8 +214,6 @@ def register_primitive(name: str) -> Callable[[F], F]:
 
 def list_primitives() -> list[str]:
     """Return the names of all registered primitives, sorted."""
-    import autoslapo.primitives  # noqa: F401  (registers the built-ins)
-
     return sorted(_PRIMITIVES)
 
 
@@ -221,8 +222,6 @@ def get_primitive(name: str) -> Callable[..., Any]:
 
     Raises: ScheduleError naming the valid primitives if ``name`` is unknown.
     """
-    import autoslapo.primitives  # noqa: F401
-
     try:
         return _PRIMITIVES[name]
     except KeyError:

@@ -1,1 +1,46 @@
-"""Filled by later work; see README."""
+"""The SQL store: studies and trials in SQLite (default) or PostgreSQL, with Alembic migrations.
+
+    from store import open_store
+    with open_store("sqlite:///autoslapo.db") as db:
+        db.create_study("bert-64", model=..., cluster=..., ...)
+        db.add_trial("bert-64", 0, config, result)
+        db.best("bert-large", gpus=64, gpu_type="a100-80gb")
+
+Optuna's RDB storage shares the database (``Store.optuna_storage()``); autoslapo's own tables
+are prefixed ``autoslapo_`` and migrate independently of Optuna's.
+"""
+
+from __future__ import annotations
+
+from store._records import (
+    FINISHED_STATUSES,
+    RANK_METRICS,
+    STUDY_STATUSES,
+    TRIAL_STATUSES,
+    DuplicateTrial,
+    HistoryPoint,
+    StudyRecord,
+    TrialRecord,
+    canonical_json,
+    config_hash,
+)
+from store._store import Store, open_store
+from store._url import DEFAULT_URL, ENV_VAR, resolve_url
+
+__all__ = [
+    "DEFAULT_URL",
+    "ENV_VAR",
+    "FINISHED_STATUSES",
+    "RANK_METRICS",
+    "STUDY_STATUSES",
+    "TRIAL_STATUSES",
+    "DuplicateTrial",
+    "HistoryPoint",
+    "Store",
+    "StudyRecord",
+    "TrialRecord",
+    "canonical_json",
+    "config_hash",
+    "open_store",
+    "resolve_url",
+]

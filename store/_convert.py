@@ -44,7 +44,9 @@ def result_columns(result: dict[str, Any]) -> dict[str, Any]:
     Raises StorageError for an unknown status or a metric that is not a number.
     """
     if not isinstance(result, dict):
-        raise StorageError(f"a trial result must be a dict (TrialResult.to_dict()): got {type(result).__name__}")
+        raise StorageError(
+            f"a trial result must be a dict (TrialResult.to_dict()): got {type(result).__name__}"
+        )
     status = check_trial_status(str(result.get("status", "complete")), allowed=FINISHED_STATUSES)
     columns: dict[str, Any] = {key: _number(key, result.get(key), float) for key in _FLOAT_METRICS}
     columns.update(

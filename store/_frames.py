@@ -84,9 +84,7 @@ def export_frame(frame: pd.DataFrame, path: str | Path) -> Path:
     target = Path(path)
     suffix = target.suffix.lower()
     if suffix not in SUFFIXES:
-        raise StorageError(
-            f"export path must end in {' or '.join(SUFFIXES)}: got {str(target)!r}; rename it"
-        )
+        raise StorageError(f"export path must end in {' or '.join(SUFFIXES)}: got {str(target)!r}; rename it")
     if not target.parent.is_dir():
         raise StorageError(f"export directory must exist: {str(target.parent)!r} does not; create it first")
     if suffix == ".csv":

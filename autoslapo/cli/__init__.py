@@ -21,7 +21,16 @@ from autoslapo.redact import redact
 
 # name -> one-line help. Registered explicitly; the module is autoslapo.cli.<name>.
 SUBCOMMANDS: dict[str, str] = {
+    "run": "run one real training trial of a configuration on this machine (CPU ranks when no GPU)",
+    "tune": "search schedules for a model on a cluster (sim, local or Ray trials); every trial goes to the store",
+    "best": "the best recorded schedule for a model on a cluster, from the store",
     "verify": "apply a model family's default schedule on local ranks and check outputs and gradients",
+    "studies": "list the studies in the store: model, cluster, backend, trials, best, status",
+    "show": "show a study's trials: knobs, status, metrics, reason (sortable)",
+    "export": "write a study's trials to a CSV or Parquet file",
+    "report": "write a study's report: PNG figures and a self-contained HTML page",
+    "estimate": "predict throughput and memory of a schedule on a described cluster (cost model, no devices)",
+    "profile": "measure this machine's compute rate and gloo bandwidth for the cost model",
 }
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from autoslapo.primitives import annotate as annotate
 from autoslapo.primitives import checkpoint as checkpoint
+from autoslapo.primitives import fuse as fuse
+from autoslapo.primitives import kernel as kernel
+from autoslapo.primitives import pipeline as pipeline
 from autoslapo.primitives import replace as replace
 from autoslapo.primitives import rng as rng
 from autoslapo.primitives import tp as tp
-
-# TODO(lead): add helper 2b's modules once they exist:
-# from autoslapo.primitives import fuse, kernel, pipeline, trace
+from autoslapo.primitives import trace as trace

@@ -53,7 +53,9 @@ class FusedLinearGelu(nn.Module):
     def __init__(self, linear: nn.Linear, approximate: str = "none", compiler: str = "eager") -> None:
         super().__init__()
         if linear.bias is None:
-            raise ScheduleError("bias-GeLU fusion needs a Linear with a bias: got bias=None; fuse the region instead")
+            raise ScheduleError(
+                "bias-GeLU fusion needs a Linear with a bias: got bias=None; fuse the region instead"
+            )
         self.weight = linear.weight
         self.bias = linear.bias
         self.approximate = approximate
@@ -167,4 +169,3 @@ def fuse(
         sch.meta["fused"] = fused
     fused.append({"path": path, "kind": kind, "compiler": compiler})
     return new
-

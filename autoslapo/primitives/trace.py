@@ -274,7 +274,9 @@ def _find_pattern(gm: fx.GraphModule, pattern: Callable[..., Any]) -> list[Match
             f"the pattern function could not be traced by torch.fx: {exc}; write it with torch ops "
             "on its arguments only, e.g. lambda x, b: F.gelu(x + b)"
         ) from exc
-    matcher = SubgraphMatcher(pgraph, match_output=False, match_placeholder=False, remove_overlapping_matches=True)
+    matcher = SubgraphMatcher(
+        pgraph, match_output=False, match_placeholder=False, remove_overlapping_matches=True
+    )
     out: list[Match] = []
     for m in matcher.match(gm.graph):
         body = [gn for pn, gn in m.nodes_map.items() if pn.op not in ("placeholder", "output")]
@@ -293,7 +295,9 @@ def find_in_graph(gm: fx.GraphModule, pattern: str | Callable[..., Any] | Sequen
         except re.error as exc:
             raise ScheduleError(f"find pattern {pattern!r} is not a valid regex: {exc}") from exc
         ops = ("call_module", "call_function", "call_method")
-        return [_make_match(gm.graph, [n]) for n in gm.graph.nodes if n.op in ops and rx.search(_target_name(n))]
+        return [
+            _make_match(gm.graph, [n]) for n in gm.graph.nodes if n.op in ops and rx.search(_target_name(n))
+        ]
     if isinstance(pattern, list | tuple):
         if not pattern:
             raise ScheduleError("find got an empty op chain; pass e.g. (nn.Linear, nn.GELU)")
@@ -345,7 +349,9 @@ def replace_in_graph(gm: fx.GraphModule, match: Match, new_module: nn.Module, na
     match.output.replace_all_uses_with(new_node)
     for n in reversed(match.nodes):
         if n.users:
-            raise ScheduleError(f"node {n.name} of the match is still used after replacement; match is not closed")
+            raise ScheduleError(
+                f"node {n.name} of the match is still used after replacement; match is not closed"
+            )
         gm.graph.erase_node(n)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()

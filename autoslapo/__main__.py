@@ -1,0 +1,5 @@
+"""``python -m autoslapo`` runs the CLI."""
+
+from autoslapo.cli import entry
+
+entry()

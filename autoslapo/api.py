@@ -1,0 +1,264 @@
+"""The public API for using tuning results: look up the best schedule, and apply it in a training job.
+
+    import autoslapo
+    config = autoslapo.best("bert", gpus=64)                      # a ScheduleConfig
+    job = autoslapo.apply_best("bert", gpus=64)                    # on each rank of a 64-rank job
+    loss = job.engine(**micro_batch).loss; job.engine.backward(loss); job.engine.step()
+
+``best`` only reads the store. ``apply_best`` builds the model, applies the recorded schedule and
+builds the training engine through the same functions the tuner's trials use (the runtime), so
+what trains is what was measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoslapo.errors import UsageError
+
+if TYPE_CHECKING:
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.spec import ModelSpec
+    from store import Store, TrialRecord
+
+__all__ = ["TrainingJob", "apply_best", "best", "best_trial"]
+
+
+def _model_key(model: str | ModelSpec) -> tuple[str, str]:
+    """What the store matches (a model signature or name) and a label for messages."""
+    from autoslapo.models.spec import ModelSpec
+
+    if isinstance(model, ModelSpec):
+        return model.signature(), model.preset
+    if not isinstance(model, str) or not model:
+        raise UsageError(f"model must be a preset name or a ModelSpec: got {model!r}")
+    try:
+        spec = ModelSpec.from_name(model)
+    except UsageError:
+        # Not a preset: a custom study's model name or a signature, matched as given.
+        return model, model
+    return spec.signature(), spec.preset
+
+
+def best_trial(
+    model: str | ModelSpec,
+    *,
+    gpus: int,
+    gpu_type: str | None = None,
+    storage: str | Store | None = None,
+    metric: str = "samples_per_s",
+    measured_only: bool = False,
+    min_headroom_bytes: int | None = None,
+    min_headroom_fraction: float | None = None,
+) -> TrialRecord:
+    """The best recorded complete trial for ``model`` on ``gpus`` devices (of ``gpu_type``, or any).
+
+    Takes: a preset name (``"bert"``, matched by the preset's shape) or a ``ModelSpec``; the filters
+    of ``Store.best``; ``storage`` a URL (default $AUTOSLAPO_STORAGE, else ``sqlite:///autoslapo.db``)
+    or an open ``Store``.
+    Returns: the trial record (``.config``, ``.samples_per_s``, ``.study``, ``.measured`` ...).
+    Raises: UsageError when nothing matches (saying which filters to relax or what to tune),
+    StorageError for a bad or missing store.
+    """
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise UsageError(f"gpus must be a positive integer: got {gpus!r}")
+    key, label = _model_key(model)
+    store, owned = _store(storage)
+    try:
+        found = store.best(key, gpus, gpu_type, metric=metric, measured_only=measured_only,
+                           min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction)
+        if found:
+            return found[0]
+        any_found = store.best(key, gpus, gpu_type, metric=metric)
+        where = store.url
+    finally:
+        if owned:
+            store.close()
+    cluster = f"{gpus} x {gpu_type or 'any device'}"
+    if any_found:
+        raise UsageError(
+            f"no recorded schedule for {label} on {cluster} passes the filters (measured_only="
+            f"{measured_only}, min_headroom_bytes={min_headroom_bytes}, min_headroom_fraction="
+            f"{min_headroom_fraction}) in {where}; relax them or tune with a measuring backend"
+        )
+    raise UsageError(
+        f"no recorded schedule for {label} on {cluster} in {where}; run "
+        f"`autoslapo tune {label} --gpus {gpus}{f' --gpu-type {gpu_type}' if gpu_type else ''}` first"
+    )
+
+
+def best(
+    model: str | ModelSpec,
+    *,
+    gpus: int,
+    gpu_type: str | None = None,
+    storage: str | Store | None = None,
+    metric: str = "samples_per_s",
+    measured_only: bool = False,
+    min_headroom_bytes: int | None = None,
+    min_headroom_fraction: float | None = None,
+) -> ScheduleConfig:
+    """The best recorded schedule for ``model`` on ``gpus`` devices, as a ``ScheduleConfig``.
+
+    Same arguments and errors as ``best_trial``; returns only the knobs.
+    """
+    trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, metric=metric,
+                       measured_only=measured_only, min_headroom_bytes=min_headroom_bytes,
+                       min_headroom_fraction=min_headroom_fraction)
+    return _config(trial)
+
+
+def _store(storage: str | Store | None) -> tuple[Store, bool]:
+    """An open store and whether this call opened it (and so must close it)."""
+    from store import Store
+
+    if isinstance(storage, Store):
+        return storage, False
+    if storage is not None and not isinstance(storage, str | Path):
+        raise UsageError(f"storage must be a URL or a Store: got {type(storage).__name__}")
+    from autoslapo.cli.studies import require_store
+
+    return require_store(None if storage is None else str(storage)), True
+
+
+def _spec(model: str | ModelSpec) -> ModelSpec:
+    from autoslapo.models.spec import ModelSpec
+
+    return model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+
+
+@dataclass
+class TrainingJob:
+    """What ``apply_best`` hands a training script on one rank: the scheduled model, ready to train.
+
+    ``engine`` is DeepSpeed's engine when the schedule has no pipeline stages (``pp == 1``): call
+    it on a micro-batch, then ``engine.backward(loss)`` and ``engine.step()`` (it accumulates
+    ``config.grad_accum`` micro-batches per optimizer step). With ``pp > 1``, ``pipeline`` is the
+    ``torch.distributed.pipelining`` runtime of this rank's stages (``pipeline.step(...)`` runs a
+    whole batch's micro-batches) and ``optimizer`` updates its parameters; gradients must be
+    averaged over ``groups.dp_group`` before ``optimizer.step()``. Weights stay fp32; run forward
+    passes under ``autocast()`` for ``config.precision``.
+    """
+
+    spec: ModelSpec
+    config: ScheduleConfig
+    trial: TrialRecord
+    groups: Any
+    device: str
+    engine: Any = None
+    pipeline: Any = None
+    optimizer: Any = None
+    plan: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> Any:
+        """The scheduled module of this rank (``engine.module``; None with pipeline stages)."""
+        return None if self.engine is None else self.engine.module
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The autocast context for ``config.precision`` on this rank's device (none for fp32)."""
+        import torch
+
+        if self.config.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.config.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.split(":")[0], dtype=dtype)
+
+    def local_rows(self, global_batch: int) -> slice:
+        """The rows of a global batch that this rank's data-parallel replica trains on."""
+        if global_batch % self.config.dp:
+            raise UsageError(
+                f"the global batch must split evenly over dp={self.config.dp} replicas: got {global_batch}; "
+                f"use a multiple of {self.config.dp} (the tuned schedule used {self.config.global_batch})"
+            )
+        rows = global_batch // self.config.dp
+        return slice(self.groups.dp_rank * rows, (self.groups.dp_rank + 1) * rows)
+
+
+def _device() -> str:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
+        torch.cuda.set_device(local)
+        return f"cuda:{local}"
+    return "cpu"
+
+
+def apply_best(
+    model: str | ModelSpec,
+    *,
+    gpus: int,
+    gpu_type: str | None = None,
+    storage: str | Store | None = None,
+    measured_only: bool = False,
+    min_headroom_bytes: int | None = None,
+    min_headroom_fraction: float | None = None,
+    lr: float = 1e-4,
+    seed: int = 0,
+    dropout: float | None = None,
+) -> TrainingJob:
+    """Build ``model`` with its best recorded schedule on this rank of a launched distributed job.
+
+    Takes: a preset name or ``ModelSpec``; the look-up filters of ``best``; the learning rate,
+    the weight seed and dropout (None: the model's own). Call it on every rank of a job of
+    ``gpus`` ranks (``torchrun --nproc-per-node``, ``autoslapo.dist.spawn``, a Slurm launch),
+    after the default process group is initialized (nccl on GPUs, gloo on CPU).
+    Returns: a ``TrainingJob`` holding the DeepSpeed engine (pp == 1) or the pipeline runtime and
+    its optimizer (pp > 1), built by the same runtime functions the tuner's trials use.
+    Raises: UsageError when no schedule is recorded or the job's world size is not ``gpus``;
+    ConfigError/ScheduleError when the schedule does not fit the model.
+    """
+    import torch.distributed as dist
+
+    trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, measured_only=measured_only,
+                       min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction)
+    spec = _spec(model)
+    config = _config(trial)
+    if not dist.is_initialized():
+        raise UsageError(
+            f"apply_best runs inside a launched job of {gpus} ranks: no process group is initialized; "
+            f"launch with `torchrun --nproc-per-node {gpus} script.py` (or autoslapo.dist.spawn) first"
+        )
+    world = dist.get_world_size()
+    if world != config.world_size:
+        raise UsageError(
+            f"the best schedule for {spec.preset} needs {config.world_size} ranks (tp={config.tp}, "
+            f"pp={config.pp}, dp={config.dp}): this job has {world}; launch {config.world_size} ranks"
+        )
+    from autoslapo.dist import build_groups
+    from autoslapo.runtime.engine import build_deepspeed_engine, build_pipeline_optimizer
+    from autoslapo.runtime.train import _build_scheduled, loss_function
+
+    device = _device()
+    dev_type = device.split(":")[0]
+    groups = build_groups(config.tp, config.pp, config.dp, device_type=dev_type)
+    sch, module = _build_scheduled(spec, config, groups, seed=seed, device=device, dropout=dropout)
+    plan = dict(sch.root().meta.get("plan", {}))
+    job = TrainingJob(spec=spec, config=config, trial=trial, groups=groups, device=device, plan=plan)
+    if config.pp == 1:
+        module.train()
+        job.engine = build_deepspeed_engine(module, config, groups, lr=lr, device_type=dev_type)
+        return job
+    from autoslapo.primitives.pipeline import build_pipeline
+
+    job.pipeline = build_pipeline(
+        sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,
+        virtual_stages=config.virtual_stages, loss_fn=loss_function(spec), device=device,
+    )
+    for m in job.pipeline.modules:
+        m.train()
+    job.optimizer = build_pipeline_optimizer(job.pipeline.parameters(), config, groups, lr=lr)
+    return job
+
+
+def _config(trial: TrialRecord) -> ScheduleConfig:
+    from autoslapo.config import ScheduleConfig
+
+    return ScheduleConfig.from_dict(dict(trial.config))

@@ -1,0 +1,184 @@
+"""``build``: turn a schedule into the runnable module, materializing meta-device models shard by shard.
+
+Initialization scheme (why a rank can build only its shard yet match the unscheduled model): modules
+are visited in ``named_modules`` order; for each module that still has meta tensors, full-size
+tensors are allocated on CPU for *that module only*, the global RNG is seeded with
+``sha256(f"{seed}/{module_path}")`` (inside ``torch.random.fork_rng``, so the caller's stream is
+untouched), the module's initializer runs, and every parameter is then sliced to this rank's shard
+(by its ShardSpec) and moved to ``device``. The values depend only on (seed, path, initializer),
+never on the tensor-parallel degree or the order of other modules, so the unscheduled model built
+with the same seed holds exactly the concatenation of all ranks' shards. Peak extra memory is one
+module's full parameters (the largest is usually the embedding table).
+
+Initializer, first that applies: ``init_weights(module)`` if given; the root model's
+``_init_weights(module)`` (transformers models); ``module.reset_parameters()``; else normal(0, 0.02)
+for parameters with 2+ dims and zeros for the rest (buffers are zeroed).
+
+Pipeline stages: when the schedule has pipeline cuts (``root.meta["pipeline_cuts"]`` non-empty, or a
+node with ``meta["pipeline_cut"]``), ``build`` materializes a meta model (same scheme) and returns
+``autoslapo.primitives.pipeline.build_pipeline(root, device=device, **pipeline_options)`` (helper
+2b's: ``pp_group=``, ``n_microbatches=``, ``schedule=``, ... pass through), a PipelineRuntime.
+Materializing only this stage's modules (``materialize(stage, prefix=stage_path)``) is the next step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoslapo.errors import ScheduleError
+from autoslapo.primitives.tp import SHARD_ATTR, ShardSpec, slice_shard
+from autoslapo.schedule import Schedule
+
+__all__ = ["build", "has_pipeline_cuts", "materialize", "path_seed"]
+
+InitFn = Callable[[nn.Module], None]
+
+
+def path_seed(seed: int, path: str) -> int:
+    """Return the RNG seed for the module at ``path`` (stable across processes and machines)."""
+    digest = hashlib.sha256(f"{seed}/{path}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def has_pipeline_cuts(sch: Schedule) -> bool:
+    """True when the schedule asks for pipeline stages (see the module docstring)."""
+    root = sch.root()
+    if root.meta.get("pipeline_cuts"):
+        return True
+    return any(node.meta.get("pipeline_cut") for _, node in root.named_schedules())
+
+
+def _fallback_init(module: nn.Module) -> None:
+    with torch.no_grad():
+        for p in module.parameters(recurse=False):
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            else:
+                p.zero_()
+
+
+def _initializer(root: nn.Module, init_weights: InitFn | None) -> InitFn:
+    if init_weights is not None:
+        return init_weights
+    hf_init = getattr(root, "_init_weights", None)
+
+    def init(module: nn.Module) -> None:
+        if callable(hf_init):
+            hf_init(module)
+        elif callable(getattr(module, "reset_parameters", None)):
+            module.reset_parameters()  # type: ignore[operator]
+        else:
+            _fallback_init(module)
+
+    return init
+
+
+def _is_meta(t: torch.Tensor | None) -> bool:
+    return t is not None and t.is_meta
+
+
+def materialize(
+    model: nn.Module,
+    *,
+    init_weights: InitFn | None = None,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    prefix: str = "",
+) -> nn.Module:
+    """Replace every meta tensor of ``model`` by real values, only this rank's shard of each.
+
+    Takes: the module (a whole model, or a pipeline stage with ``prefix`` = its path in the full
+    model so seeds match), the initializer, the seed, the target device and an optional floating
+    dtype. Returns: ``model`` (changed in place). Tied parameters stay tied.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    init = _initializer(model, init_weights)
+    done: dict[int, nn.Parameter] = {}  # id(meta param) -> materialized param (keeps ties)
+    for mpath, module in model.named_modules():
+        metas = {n: p for n, p in module._parameters.items() if _is_meta(p) and id(p) not in done}
+        tied = {n: p for n, p in module._parameters.items() if p is not None and id(p) in done}
+        bufs = {n: b for n, b in module._buffers.items() if _is_meta(b)}
+        if not metas and not bufs:
+            for n, p in tied.items():
+                module._parameters[n] = done[id(p)]
+            continue
+        full_path = f"{prefix}.{mpath}".strip(".")
+        olds = {**metas, **tied}
+        for n, p in olds.items():
+            spec: ShardSpec | None = getattr(p, SHARD_ATTR, None)
+            shape = spec.full_shape if spec is not None else tuple(p.shape)
+            module._parameters[n] = nn.Parameter(
+                torch.zeros(shape, dtype=dtype or p.dtype), requires_grad=p.requires_grad
+            )
+        for n, b in bufs.items():
+            module._buffers[n] = torch.zeros(b.shape, dtype=b.dtype)
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(path_seed(seed, full_path))
+            init(module)
+        for n, old in olds.items():
+            if id(old) in done:  # a tie materialized earlier wins; this module's copy is dropped
+                module._parameters[n] = done[id(old)]
+                continue
+            spec = getattr(old, SHARD_ATTR, None)
+            full = module._parameters[n]
+            assert full is not None
+            with torch.no_grad():
+                local = slice_shard(full.data, spec) if spec is not None else full.data
+                new = nn.Parameter(local.to(device), requires_grad=old.requires_grad)
+            for k, v in vars(old).items():  # ShardSpec, annotations, grad-sync flags
+                setattr(new, k, v)
+            module._parameters[n] = new
+            done[id(old)] = new
+        for n in bufs:
+            buf = module._buffers[n]
+            assert buf is not None
+            module._buffers[n] = buf.to(device)
+    return model
+
+
+def build(
+    sch: Schedule,
+    *,
+    init_weights: InitFn | None = None,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    **pipeline_options: Any,
+) -> nn.Module:
+    """Return the runnable module for schedule ``sch``.
+
+    Takes: the schedule (any node; its root is built), an initializer for meta-device models, the
+    seed, the device and an optional floating dtype. A model on a real device is returned as is
+    (moved to ``device``/``dtype`` if given; its shards were sliced by ``shard``). A meta model is
+    materialized as described in the module docstring. With pipeline cuts, the call goes to
+    ``autoslapo.primitives.pipeline.build_pipeline`` with the same arguments.
+    Raises: ScheduleError for options only a pipeline build accepts when there are no cuts.
+    """
+    root = sch.root()
+    model = root.mod
+    on_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    if has_pipeline_cuts(root):
+        from autoslapo.primitives import pipeline
+
+        if on_meta:  # values by (seed, path), so every stage sees the same weights as one model would
+            materialize(model, init_weights=init_weights, seed=seed, dtype=dtype)
+        return pipeline.build_pipeline(root, device=device, **pipeline_options)  # type: ignore[return-value]
+    if pipeline_options:
+        raise ScheduleError(
+            f"build got options {sorted(pipeline_options)} that only a pipelined schedule takes, but the "
+            f"schedule has no pipeline cuts; drop them or cut the model with cut_pipeline_stage"
+        )
+    if on_meta:
+        materialize(model, init_weights=init_weights, seed=seed, device=device, dtype=dtype)
+    else:
+        if device is not None:
+            model.to(device)
+        if dtype is not None:
+            model.to(dtype)
+    return model

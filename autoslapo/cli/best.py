@@ -1,0 +1,86 @@
+"""``autoslapo best``: the best recorded schedule for a model on a cluster, from the store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from autoslapo.errors import AutoslapoError, UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``autoslapo best``."""
+    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...)")
+    parser.add_argument("--gpus", type=int, required=True, help="number of devices")
+    parser.add_argument("--gpu-type", default=None, help="device preset (default: any)")
+    parser.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
+    parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
+    parser.add_argument("--metric", default="samples_per_s",
+                        choices=["samples_per_s", "tokens_per_s", "tflops_per_device", "hw_tflops_per_device"])
+    parser.add_argument("--measured", "--measured-only", dest="measured", action="store_true",
+                        help="only measured trials (no cost-model estimates)")
+    parser.add_argument("--headroom", default=None, metavar="GIB|PCT",
+                        help="leave at least this much device memory free at peak: GiB (e.g. 8) or a "
+                             "share of the device (e.g. 10%%); trials with unknown memory are dropped")
+    parser.add_argument("--json", action="store_true", help="print the schedule and its metrics as JSON")
+
+
+def parse_headroom(text: str | None) -> tuple[int | None, float | None]:
+    """``--headroom``: "10%" -> (None, 0.10); "8" or "8GiB" -> (8 GiB in bytes, None); None -> (None, None)."""
+    if text is None:
+        return None, None
+    raw = text.strip()
+    try:
+        if raw.endswith("%"):
+            share = float(raw[:-1]) / 100.0
+            if not 0 <= share < 1:
+                raise ValueError
+            return None, share
+        gib = float(raw[:-3] if raw.lower().endswith("gib") else raw)
+        if gib < 0:
+            raise ValueError
+        return int(gib * 1024**3), None
+    except ValueError:
+        raise UsageError(
+            f"--headroom must be GiB (e.g. 8) or a share of device memory below 100% (e.g. 10%): got {text!r}"
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the best schedule; exit 1 when the store has none for this model and cluster."""
+    from autoslapo.models.spec import ModelSpec
+    from store import open_store
+
+    if args.gpus < 1:
+        raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
+    model = ModelSpec.from_name(args.model, seq_len=args.seq_len)
+    store = open_store(args.storage)
+    headroom_bytes, headroom_fraction = parse_headroom(args.headroom)
+    found = store.best(model.signature(), args.gpus, args.gpu_type, metric=args.metric,
+                       measured_only=args.measured, min_headroom_bytes=headroom_bytes,
+                       min_headroom_fraction=headroom_fraction)
+    if not found:
+        where = f"{args.gpus}x {args.gpu_type}" if args.gpu_type else f"{args.gpus} devices"
+        raise AutoslapoError(
+            f"no complete trial of {model.preset} on {where} in {store.url}; "
+            f"run `autoslapo tune {args.model} --gpus {args.gpus}` first"
+        )
+    t = found[0]
+    study = store.get_study(t.study)
+    doc = {
+        "model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type, "study": t.study,
+        "trial": t.number, "backend": study.backend, "measured": t.measured, "config": t.config,
+        "samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s,
+        "tflops_per_device": t.tflops_per_device, "peak_memory_bytes": t.peak_memory_bytes,
+        "step_time_s": t.step_time_s,
+    }
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    from autoslapo.cli.tune import _fmt_cfg
+
+    kind = "measured" if t.measured else "estimated"
+    sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type}: {t.samples_per_s:,.1f} samples/s "
+                     f"({kind}, study {t.study} trial {t.number})\n  {_fmt_cfg(t.config)}\n")
+    return 0

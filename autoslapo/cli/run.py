@@ -1,0 +1,116 @@
+"""``autoslapo run MODEL --gpus N --tp T --pp P ...``: one real trial on this machine.
+
+CPU ranks (gloo) when no GPU is visible, one GPU per rank otherwise. Prints the TrialResult (a short
+table, or JSON with ``--json``). Exit code 0 when the trial completed, 1 when it came back oom,
+failed or timed out, 2 for a configuration that cannot run (checked before any process starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from autoslapo.errors import UsageError
+
+UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+         "g": 2**30, "gb": 2**30, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"1.5GiB"`` / ``"800M"`` / ``"123456"`` -> bytes. Raises UsageError for anything else."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in UNITS:
+        raise UsageError(f"--mem-cap must be a size like 2GiB, 800MiB or 123456: got {text!r}")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``autoslapo run``."""
+    p.add_argument("model", metavar="MODEL", help="model preset, e.g. bert-tiny, gpt2-xl, llama-tiny")
+    p.add_argument("--gpus", type=int, required=True, help="ranks to run (GPUs, or CPU processes)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    p.add_argument("--grad-accum", type=int, default=None,
+                   help="micro-batches per optimizer step (default: pp, at least 1)")
+    p.add_argument("--ckpt-ratio", type=float, default=0.0, help="share of layers checkpointed (0-1)")
+    p.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
+    p.add_argument("--attn", default="sdpa", choices=("eager", "sdpa", "flash"), help="attention kernel")
+    p.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism (needs tp > 1)")
+    p.add_argument("--fuse-bias-gelu", action="store_true", help="fuse the MLP's bias + GeLU")
+    p.add_argument("--pipeline-schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"))
+    p.add_argument("--virtual-stages", type=int, default=1, help="stages per rank (interleaved)")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="auto: bf16 on GPUs, fp32 on CPU")
+    p.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
+    p.add_argument("--steps", type=int, default=6, help="optimizer steps in all (default 6)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps (default: a third, at least 1)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the trial is killed")
+    p.add_argument("--mem-cap", default=None, help="per-rank memory cap, e.g. 2GiB (CPU: peak RSS)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
+
+
+def _config(args: argparse.Namespace, device: str) -> object:
+    from autoslapo.config import ScheduleConfig
+
+    if args.gpus < 1 or args.tp < 1 or args.pp < 1:
+        raise UsageError(f"--gpus, --tp and --pp must be positive: got {args.gpus}, {args.tp}, {args.pp}")
+    if args.gpus % (args.tp * args.pp):
+        raise UsageError(
+            f"--gpus must be a multiple of tp*pp: got --gpus {args.gpus} for tp={args.tp}, pp={args.pp} "
+            f"({args.tp * args.pp}); pick degrees whose product divides {args.gpus}"
+        )
+    precision = args.precision if args.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    grad_accum = args.grad_accum if args.grad_accum is not None else max(1, args.pp)
+    return ScheduleConfig(
+        tp=args.tp, pp=args.pp, dp=args.gpus // (args.tp * args.pp), micro_batch=args.micro_batch,
+        grad_accum=grad_accum, ckpt_ratio=args.ckpt_ratio, zero_stage=args.zero_stage,
+        attn_kernel=args.attn, sequence_parallel=args.sequence_parallel,
+        fuse_bias_gelu=args.fuse_bias_gelu, pipeline_schedule=args.pipeline_schedule,
+        virtual_stages=args.virtual_stages, precision=precision,
+    )
+
+
+def _table(result: object, model: str, config: object) -> str:
+    r = result.to_dict()  # type: ignore[attr-defined]
+    c = config.to_dict()  # type: ignore[attr-defined]
+    knobs = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "micro_batch", "grad_accum", "ckpt_ratio",
+                                              "zero_stage", "attn_kernel", "precision"))
+    lines = [f"{model}: {knobs}", f"status           {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")]
+    if r["status"] == "complete":
+        mib = r["peak_memory_bytes"] / 2**20
+        lines += [
+            f"samples/s        {r['samples_per_s']:.3f}",
+            f"tokens/s         {r['tokens_per_s']:.1f}",
+            f"TFLOP/s/device   {r['tflops_per_device']:.4f} (hardware {r['hw_tflops_per_device']:.4f})",
+            f"step time        {r['step_time_s']:.4f} s (IQR {r['step_time_spread_s']:.4f} s, "
+            f"{len(r['extra'].get('step_times_s', []))} timed steps)",
+            f"peak memory      {mib:.0f} MiB per device ({r['extra'].get('memory_kind', '')})",
+            f"final loss       {r['final_loss']:.4f}",
+        ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, run the trial, print it. Returns 0 if complete, 1 otherwise."""
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.runtime import check_runnable, resolve_device, run_trial
+
+    spec = ModelSpec.from_name(args.model, seq_len=args.seq_len)
+    device = resolve_device(args.device, args.gpus)
+    config = _config(args, device)
+    check_runnable(spec, config, device=device)  # type: ignore[arg-type]
+    warmup = args.warmup if args.warmup is not None else max(1, args.steps // 3)
+    if args.steps <= warmup:
+        raise UsageError(f"--steps must exceed the warm-up steps: got --steps {args.steps}, warm-up {warmup}")
+    cap = parse_bytes(args.mem_cap) if args.mem_cap else None
+    result = run_trial(spec, config, steps=args.steps, warmup=warmup, timeout_s=args.timeout,  # type: ignore[arg-type]
+                       mem_cap_bytes=cap, device=device, seed=args.seed)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(_table(result, spec.preset, config))
+    return 0 if result.ok else 1

@@ -1,0 +1,131 @@
+"""``autoslapo show STUDY``: the study's trials with their knobs, status, metrics and reason."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, require_store, study_row
+from autoslapo.errors import UsageError
+
+if TYPE_CHECKING:
+    from store import TrialRecord
+
+# --sort name -> how to read it from a trial. Metrics sort best first by default.
+SORT_KEYS = {
+    "number": "number",
+    "samples": "samples_per_s",
+    "tokens": "tokens_per_s",
+    "tflops": "tflops_per_device",
+    "memory": "peak_memory_bytes",
+    "step-time": "step_time_s",
+    "status": "status",
+}
+DESCENDING_BY_DEFAULT = {"samples", "tokens", "tflops"}
+STATUSES = ("running", "complete", "oom", "failed", "timeout", "pruned")
+REASON_WIDTH = 70
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", metavar="STUDY", help="study name (see `autoslapo studies`)")
+    add_storage_argument(parser)
+    parser.add_argument("--sort", choices=sorted(SORT_KEYS), default="number",
+                        help="order trials by this column (default: number; metrics sort best first)")
+    order = parser.add_mutually_exclusive_group()
+    order.add_argument("--asc", dest="order", action="store_const", const="asc", help="ascending order")
+    order.add_argument("--desc", dest="order", action="store_const", const="desc", help="descending order")
+    parser.add_argument("--status", choices=STATUSES, default=None, help="only trials with this status")
+    parser.add_argument("--limit", type=int, default=None, metavar="N", help="show at most N trials")
+    parser.add_argument("--json", action="store_true", help="print the study and its trials as JSON")
+
+
+def trial_dict(t: TrialRecord) -> dict[str, Any]:
+    """A trial as a JSON-safe dict."""
+    return {
+        "number": t.number,
+        "status": t.status,
+        "config": t.config,
+        "samples_per_s": t.samples_per_s,
+        "tokens_per_s": t.tokens_per_s,
+        "tflops_per_device": t.tflops_per_device,
+        "hw_tflops_per_device": t.hw_tflops_per_device,
+        "peak_memory_bytes": t.peak_memory_bytes,
+        "step_time_s": t.step_time_s,
+        "step_time_spread_s": t.step_time_spread_s,
+        "final_loss": t.final_loss,
+        "measured": t.measured,
+        "reason": t.reason,
+        "host": t.host,
+        "started_at": None if t.started_at is None else t.started_at.isoformat(),
+        "ended_at": None if t.ended_at is None else t.ended_at.isoformat(),
+    }
+
+
+def sort_trials(trials: list[TrialRecord], key: str, order: str | None) -> list[TrialRecord]:
+    """Trials ordered by ``key`` (a ``SORT_KEYS`` name); missing values always go last."""
+    attr = SORT_KEYS[key]
+    descending = (order == "desc") if order else key in DESCENDING_BY_DEFAULT
+    present = [t for t in trials if getattr(t, attr) is not None]
+    missing = [t for t in trials if getattr(t, attr) is None]
+    # Ties keep trial order in both directions (sort is stable, reverse included).
+    present.sort(key=lambda t: t.number)
+    present.sort(key=lambda t: getattr(t, attr), reverse=descending)
+    return present + missing
+
+
+def _knob_text(config: dict[str, Any], varying: list[str]) -> str:
+    return " ".join(f"{k}={_short(config.get(k))}" for k in varying)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be a positive integer: got {args.limit}")
+    with require_store(args.storage) as store:
+        study = store.get_study(args.study)
+        summary = study_row(store, study)
+        trials = store.trials(args.study, status=args.status)
+    trials = sort_trials(trials, args.sort, args.order)
+    if args.limit is not None:
+        trials = trials[: args.limit]
+    if args.json:
+        print(json.dumps({"study": summary, "trials": [trial_dict(t) for t in trials]}, indent=2))
+        return 0
+    keys: list[str] = []
+    for t in trials:
+        keys.extend(k for k in t.config if k not in keys)
+    # Knobs every listed trial shares go in the header; the table shows only those that differ.
+    fixed = {k: trials[0].config.get(k) for k in keys if len({json.dumps(t.config.get(k)) for t in trials}) == 1} \
+        if trials else {}
+    varying = [k for k in keys if k not in fixed]
+    print(f"study {study.name}: {study.model_name} on {study.gpus} x {study.gpu_type}, backend {study.backend}, "
+          f"{summary['trials']} trials, status {study.status}")
+    if fixed and len(trials) > 1:
+        print("same in every trial shown: " + " ".join(f"{k}={_short(v)}" for k, v in fixed.items()))
+    if not trials:
+        print("no trials" + (f" with status {args.status}" if args.status else ""))
+        return 0
+    rows = []
+    for t in trials:
+        reason = t.reason if len(t.reason) <= REASON_WIDTH else t.reason[: REASON_WIDTH - 3] + "..."
+        rows.append([
+            str(t.number),
+            t.status,
+            fmt(t.samples_per_s),
+            fmt(t.tflops_per_device, ".3g"),
+            fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / GiB, ".1f"),
+            ("M" if t.measured else "E") if t.status != "running" else "",
+            _knob_text(t.config, varying if len(trials) > 1 else keys),
+            reason,
+        ])
+    print(format_table(rows, ["#", "STATUS", "samples/s", "TFLOP/s/dev", "GiB/dev", "M/E", "KNOBS", "REASON"],
+                       right=(0, 2, 3, 4)))
+    return 0

@@ -1,0 +1,169 @@
+"""``autoslapo studies``: one line a study (model, cluster, backend, trials, best, status).
+
+Also home of the helpers the read-only result commands share (show, export, report): the
+``--storage`` flag, opening a store without creating one, and plain-text tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from autoslapo.errors import UsageError
+
+if TYPE_CHECKING:
+    from store import Store, StudyRecord
+
+GiB = 1024**3
+
+
+def add_storage_argument(parser: argparse.ArgumentParser) -> None:
+    """The ``--storage URL`` flag every result command takes."""
+    parser.add_argument(
+        "--storage",
+        metavar="URL",
+        default=None,
+        help="store URL (default: $AUTOSLAPO_STORAGE, else sqlite:///autoslapo.db in this directory)",
+    )
+
+
+def open_existing_store(url: str | None) -> Store | None:
+    """Open the store at ``url`` for reading; None when it is a SQLite file that does not exist yet.
+
+    Reading never creates a database: a mistyped path must not leave an empty ``.db`` behind.
+    Raises StorageError for a bad URL or a file that is not a database.
+    """
+    from store import open_store, resolve_url
+    from store._url import check_sqlite_file, parse_url, sqlite_path
+
+    resolved = resolve_url(url)
+    parsed = parse_url(resolved)
+    if parsed.get_backend_name() == "sqlite":
+        path = sqlite_path(parsed)
+        if path is None:
+            raise UsageError(
+                "result commands need a file or server store: got in-memory SQLite; "
+                "pass --storage sqlite:///file.db"
+            )
+        if not check_sqlite_file(path):
+            return None
+    return open_store(resolved)
+
+
+def require_store(url: str | None) -> Store:
+    """Like ``open_existing_store`` but a missing SQLite file is an error (exit 2) saying what to do."""
+    store = open_existing_store(url)
+    if store is None:
+        from store import resolve_url
+
+        raise UsageError(
+            f"no store at {resolve_url(url)}: the file does not exist; run `autoslapo tune` first "
+            "or point --storage (or $AUTOSLAPO_STORAGE) at an existing store"
+        )
+    return store
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str], *, right: Sequence[int] = ()) -> str:
+    """Rows as aligned plain-text columns under ``header``; columns in ``right`` are right-aligned."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(header), *(line(r) for r in rows)])
+
+
+def fmt(value: float | int | None, spec: str = ".4g") -> str:
+    """A number for a table cell; ``-`` when missing."""
+    return "-" if value is None else format(value, spec)
+
+
+def study_row(store: Store, study: StudyRecord) -> dict[str, Any]:
+    """One study as a JSON-safe dict: its description, trial counts and best throughput."""
+    trials = store.trials(study.name)
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    done = [t for t in trials if t.status == "complete" and t.samples_per_s is not None]
+    best = max(done, key=lambda t: t.samples_per_s or 0.0) if done else None
+    return {
+        "name": study.name,
+        "model": study.model_name,
+        "family": study.model_family,
+        "gpus": study.gpus,
+        "gpu_type": study.gpu_type,
+        "backend": study.backend,
+        "objective": study.objective,
+        "status": study.status,
+        "trials": len(trials),
+        "trials_by_status": counts,
+        "best_samples_per_s": None if best is None else best.samples_per_s,
+        "best_trial": None if best is None else best.number,
+        "best_measured": None if best is None else best.measured,
+        "created_at": study.created_at.isoformat(),
+        "updated_at": study.updated_at.isoformat(),
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_storage_argument(parser)
+    parser.add_argument("--model", default=None, help="only studies of this model name (e.g. bert-large)")
+    parser.add_argument("--gpus", type=int, default=None, help="only studies on this many devices")
+    parser.add_argument("--all", action="store_true",
+                        help="also list the companion '<study>.baselines' studies the tuner scores baselines in")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+
+
+def is_baseline_study(study: StudyRecord) -> bool:
+    """True for the companion study in which the tuner stores a study's baselines."""
+    return study.space_name == "baselines" and study.name.endswith(".baselines")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.gpus is not None and args.gpus < 1:
+        raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
+    store = open_existing_store(args.storage)
+    if store is None:
+        rows: list[dict[str, Any]] = []
+        where = None
+    else:
+        with store:
+            where = store.url
+            studies = [
+                s for s in store.list_studies()
+                if (args.model is None or args.model in (s.model_name, s.model_family))
+                and (args.gpus is None or s.gpus == args.gpus)
+                and (args.all or not is_baseline_study(s))
+            ]
+            rows = [study_row(store, s) for s in studies]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        from store import resolve_url
+
+        print(f"no studies in {where or resolve_url(args.storage)}; run `autoslapo tune MODEL --gpus N`",
+              file=sys.stderr)
+        return 0
+    table = [
+        [
+            r["name"],
+            r["model"],
+            f"{r['gpus']} x {r['gpu_type']}",
+            r["backend"],
+            str(r["trials"]),
+            fmt(r["best_samples_per_s"]) + ("" if r["best_measured"] is None else (" (M)" if r["best_measured"] else " (E)")),
+            r["status"],
+        ]
+        for r in rows
+    ]
+    print(format_table(table, ["STUDY", "MODEL", "CLUSTER", "BACKEND", "TRIALS", "BEST samples/s", "STATUS"],
+                       right=(4, 5)))
+    print("(M) measured, (E) estimated by the cost model")
+    return 0

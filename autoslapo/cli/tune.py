@@ -1,0 +1,165 @@
+"""``autoslapo tune``: search schedules for a model on a cluster; every trial goes to the store.
+
+Shows a live progress bar (trial, best so far, status counts) on stderr and ends with a table of
+the best schedules and the tuned schedule's speedup over a DeepSpeed-style and a Megatron-style
+baseline scored by the same evaluator. ``--resume`` continues an interrupted study to its budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, TextIO
+
+from autoslapo.errors import UsageError
+
+SAMPLER_NAMES = ("tpe", "random", "grid", "cmaes", "gp", "nsga2")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``autoslapo tune``."""
+    parser.add_argument("model", help="model preset (bert, bert-tiny, gpt2-xl, llama-70b, ...)")
+    parser.add_argument("--gpus", type=int, required=True, help="number of devices (ranks) a trial uses")
+    parser.add_argument("--gpu-type", default=None,
+                        help="device preset (default a100-80gb; cpu for --backend local without CUDA)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
+    parser.add_argument("--backend", choices=["sim", "local", "ray"], default=None,
+                        help="sim: cost model; local: real trials on this machine's ranks; ray: real trials "
+                             "placed by Ray (default: local if this machine has --gpus CUDA devices, else sim)")
+    parser.add_argument("--trials", type=int, default=100,
+                        help="launched trials (predicted-OOM configurations are pruned, not counted; default 100)")
+    parser.add_argument("--timeout", type=float, default=None, help="stop the search after S seconds")
+    parser.add_argument("--patience", type=int, default=None, help="stop after K trials without a new best")
+    parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
+    parser.add_argument("--study", default=None, help="study name (default <model>-<gpus>x<gpu-type>-<backend>)")
+    parser.add_argument("--resume", action="store_true", help="continue the study named by --study (or the default name)")
+    parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    parser.add_argument("--global-batch", type=int, default=None, help="sequences an optimizer step (default per space)")
+    parser.add_argument("--seq-len", type=int, default=None, help="training sequence length (default: the preset's)")
+    parser.add_argument("--sampler", choices=SAMPLER_NAMES, default="tpe",
+                        help="Optuna sampler (nsga2: throughput vs memory; default tpe)")
+    parser.add_argument("--space", default=None, help="search space file (.toml or .json) instead of the family's")
+    parser.add_argument("--ray-address", default=None, help="join this Ray cluster (implies Ray dispatch)")
+    parser.add_argument("--dispatch", choices=["inline", "ray"], default=None,
+                        help="run trials in this process or through Ray Tune (default: ray for --backend ray)")
+    parser.add_argument("--max-concurrent", type=int, default=1, help="trials at once under Ray (default 1)")
+    parser.add_argument("--steps", type=int, default=4, help="timed training steps a real trial runs (default 4)")
+    parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a real trial times out")
+    parser.add_argument("--no-warm-start", action="store_true", help="do not start from earlier studies")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the DeepSpeed/Megatron baselines")
+    parser.add_argument("--top", type=int, default=5, help="rows in the final table (default 5)")
+
+
+def _cuda_devices() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+class ProgressBar:
+    """One live line on a terminal (else a line every tenth of the budget)."""
+
+    def __init__(self, stream: TextIO, budget: int) -> None:
+        self.stream, self.budget = stream, budget
+        self.tty = stream.isatty()
+        self.step = max(1, budget // 10)
+        self.t0 = time.monotonic()
+
+    def __call__(self, p: Any) -> None:
+        width = 24
+        done = min(width, int(width * p.launched / max(1, p.budget)))
+        counts = " ".join(f"{k} {v}" for k, v in sorted(p.counts.items()))
+        line = (f"[{'#' * done}{'.' * (width - done)}] {p.launched}/{p.budget} best {p.best:,.1f} samples/s "
+                f"| {counts} | {p.last} | {time.monotonic() - self.t0:.0f}s")
+        if self.tty:
+            self.stream.write("\r" + line[:160].ljust(160))
+            self.stream.flush()
+        elif p.launched % self.step == 0 or p.launched == p.budget:
+            self.stream.write(line + "\n")
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def _fmt_cfg(c: dict[str, Any]) -> str:
+    s = (f"tp={c['tp']} pp={c['pp']} dp={c['dp']} mb={c['micro_batch']} accum={c['grad_accum']} "
+         f"ckpt={c['ckpt_ratio']:.2f} zero={c['zero_stage']} attn={c['attn_kernel']}")
+    if c.get("fuse_bias_gelu"):
+        s += " fuse"
+    if c.get("sequence_parallel"):
+        s += " sp"
+    if c["pp"] > 1:
+        s += f" {c['pipeline_schedule']}" + (f"x{c['virtual_stages']}" if c["virtual_stages"] > 1 else "")
+    return s
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run or resume a study; print the table. Returns 0."""
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.models.spec import ModelSpec
+
+    if args.top < 1:
+        raise UsageError(f"--top must be a positive integer: got {args.top}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    backend = args.backend
+    if backend is None:
+        backend = "local" if _cuda_devices() >= args.gpus else "sim"
+    gpu_type = args.gpu_type
+    if gpu_type is None:
+        gpu_type = "cpu" if backend in ("local", "ray") and _cuda_devices() == 0 else "a100-80gb"
+    per_node = args.gpus_per_node or (args.gpus if gpu_type == "cpu" else 8)
+    model = ModelSpec.from_name(args.model, seq_len=args.seq_len)
+    cluster = ClusterSpec(gpus=args.gpus, gpu_type=gpu_type, gpus_per_node=per_node)
+    space = None
+    if args.space:
+        from search_spaces import load_space
+
+        space = load_space(args.space)
+    dispatch = args.dispatch or ("ray" if backend == "ray" or args.ray_address else "inline")
+
+    from store import open_store
+    from tuner import TuneOptions, tune
+
+    options = TuneOptions(
+        model=model, cluster=cluster, backend=backend, trials=args.trials, timeout_s=args.timeout,
+        patience=args.patience, sampler=args.sampler, seed=args.seed, global_batch=args.global_batch,
+        space=space, study=args.study, resume=args.resume, warm_start=not args.no_warm_start,
+        dispatch=dispatch, ray_address=args.ray_address, max_concurrent=args.max_concurrent,
+        steps=args.steps, trial_timeout_s=args.trial_timeout, baselines=not args.no_baselines,
+    )
+    store = open_store(args.storage)
+    bar = ProgressBar(sys.stderr, args.trials)
+    try:
+        outcome = tune(options, store, progress=bar)
+    finally:
+        bar.close()
+    out = sys.stdout
+    out.write(f"study {outcome.study}: {outcome.launched} trials launched, {outcome.pruned} pruned as "
+              f"predicted OOM, stopped by {outcome.stop_reason}, {outcome.elapsed_s:.1f}s "
+              f"({model.preset} on {cluster.gpus}x {cluster.gpu_type}, backend {backend})\n")
+    rows = sorted((t for t in store.trials(outcome.study) if t.status == "complete"),
+                  key=lambda t: -(t.samples_per_s or 0.0))[: args.top]
+    if not rows:
+        out.write("no trial completed: see `autoslapo show " + outcome.study + "` for the reasons\n")
+        return 1
+    out.write(f"{'#':>4} {'samples/s':>11} {'TFLOP/s/dev':>11} {'mem GiB':>8}  schedule\n")
+    for t in rows:
+        mem = (t.peak_memory_bytes or 0) / 2**30
+        out.write(f"{t.number:>4} {t.samples_per_s or 0:>11,.1f} {t.tflops_per_device or 0:>11.1f} "
+                  f"{mem:>8.1f}  {_fmt_cfg(t.config)}\n")
+    for name, b in outcome.baselines.items():
+        if b["speedup"] is not None:
+            out.write(f"speedup over {name}-style baseline: {b['speedup']:.2f}x "
+                      f"({b['samples_per_s']:,.1f} samples/s: {_fmt_cfg(b['config'])})\n")
+        else:
+            out.write(f"speedup over {name}-style baseline: n/a (baseline {b['status']}: {b['reason']})\n")
+    return 0

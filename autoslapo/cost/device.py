@@ -1,0 +1,98 @@
+"""Achievable-performance figures of a device, kept apart from the published peaks in ``ClusterSpec``.
+
+``ClusterSpec`` carries datasheet numbers (peak TFLOP/s, memory, link bandwidths). What a real
+training step reaches depends on more: HBM bandwidth (the elementwise ops are memory-bound), how
+many SMs a GEMM's tiles must fill (wave quantization), the fraction of peak cuBLAS reaches on a
+large GEMM, kernel-launch and collective latency. Those live here, per device, with their sources;
+on a CPU, ``autoslapo profile`` measures them (see ``DevicePerf.from_profile``). Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class DevicePerf:
+    """Achievable figures of one device kind.
+
+    ``gemm_eff``: fraction of the tensor-core peak a large, well-shaped GEMM reaches.
+    ``k_half``: inner dimension at which a GEMM reaches half of that (prologue/epilogue cost; what
+    makes the ``s x s x head_dim`` attention products slow). ``sms`` and ``tile``: for wave
+    quantization. ``hbm_gbps`` and ``bw_eff``: memory bandwidth and the fraction elementwise kernels
+    reach. ``op_latency_s``: time floor of one kernel (launch) or, on a CPU, the framework's
+    per-op dispatch cost, which adds to the op. ``coll_latency_s``: per ring hop. ``comm_eff``:
+    fraction of the link bandwidth a ring collective reaches. ``overlap``: how much communication
+    can hide behind compute (separate engines on a GPU; shared cores on a CPU).
+    ``fixed_overhead_bytes``: per process (CUDA context, NCCL buffers; or Python + torch + gloo).
+    ``gemm_curve``: optional measured ``(flops, tflops)`` points (a CPU profile); replaces the
+    GEMM model when given. ``mem_curve``: optional measured ``(bytes, GB/s)`` of copies by size (a
+    CPU's caches make small tensors faster than DRAM); replaces ``hbm_gbps`` when given.
+    """
+
+    name: str
+    gemm_eff: float
+    k_half: float
+    sms: int
+    tile: int
+    hbm_gbps: float
+    bw_eff: float
+    op_latency_s: float
+    op_latency_additive: bool
+    coll_latency_s: float
+    comm_eff: float
+    overlap: float
+    fixed_overhead_bytes: int
+    activation_slack: float = 1.0
+    gemm_curve: tuple[tuple[float, float], ...] = ()
+    mem_curve: tuple[tuple[float, float], ...] = ()
+
+    @classmethod
+    def from_profile(cls, base: DevicePerf, profile: dict[str, Any]) -> DevicePerf:
+        """``base`` with the figures a measured profile provides (unknown keys are ignored)."""
+        changes: dict[str, Any] = {}
+        for key in ("hbm_gbps", "op_latency_s", "coll_latency_s", "fixed_overhead_bytes", "activation_slack"):
+            if profile.get(key):
+                changes[key] = type(getattr(base, key))(profile[key])
+        for key in ("gemm_curve", "mem_curve"):
+            if profile.get(key):
+                changes[key] = tuple((float(f), float(r)) for f, r in profile[key])
+        if profile.get("comm_eff"):
+            changes["comm_eff"] = float(profile["comm_eff"])
+        return replace(base, **changes)
+
+
+# GPU figures. HBM: NVIDIA datasheets (V100 900 GB/s, A100-40GB 1555, A100-80GB SXM 2039, H100 SXM
+# 3350, H200 4800). Large-GEMM efficiency: cuBLAS fp16/bf16 reaches ~80-85% of peak on V100/A100
+# and ~70-75% on H100 SXM (NVIDIA's published cuBLAS/Transformer Engine GEMM benchmarks). Elementwise
+# kernels reach ~80% of HBM bandwidth (STREAM-like copies). NCCL ring allreduce reaches ~80% of the
+# NVLink/InfiniBand line rate as bus bandwidth (nccl-tests). Kernel launch ~5 us.
+_GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_additive=False,
+            coll_latency_s=8e-6, comm_eff=0.8, overlap=1.0, fixed_overhead_bytes=int(1.25 * GiB))
+PERF: dict[str, DevicePerf] = {
+    "v100-16gb": DevicePerf("v100-16gb", gemm_eff=0.80, sms=80, hbm_gbps=900.0, **_GPU),  # type: ignore[arg-type]
+    "v100-32gb": DevicePerf("v100-32gb", gemm_eff=0.80, sms=80, hbm_gbps=900.0, **_GPU),  # type: ignore[arg-type]
+    "a100-40gb": DevicePerf("a100-40gb", gemm_eff=0.82, sms=108, hbm_gbps=1555.0, **_GPU),  # type: ignore[arg-type]
+    "a100-80gb": DevicePerf("a100-80gb", gemm_eff=0.82, sms=108, hbm_gbps=2039.0, **_GPU),  # type: ignore[arg-type]
+    "h100-80gb": DevicePerf("h100-80gb", gemm_eff=0.72, sms=132, hbm_gbps=3350.0, **_GPU),  # type: ignore[arg-type]
+    "h200-141gb": DevicePerf("h200-141gb", gemm_eff=0.72, sms=132, hbm_gbps=4800.0, **_GPU),  # type: ignore[arg-type]
+    # A CPU rank without a profile: rough figures for a 2-core VM (one core a rank). `autoslapo
+    # profile` replaces them with measured ones. Framework dispatch (~20 us an op) adds to each op;
+    # gloo and compute share the cores, so communication does not overlap.
+    "cpu": DevicePerf("cpu", gemm_eff=0.7, k_half=16.0, sms=1, tile=1, hbm_gbps=8.0, bw_eff=1.0,
+                      op_latency_s=20e-6, op_latency_additive=True, coll_latency_s=60e-6, comm_eff=1.0,
+                      overlap=0.0, fixed_overhead_bytes=400 * MiB),
+}
+
+
+def device_perf(cluster: ClusterSpec, profile: dict[str, Any] | None = None) -> DevicePerf:
+    """The achievable figures for ``cluster``'s device, with a measured profile applied if given."""
+    base = PERF[cluster.gpu_type]
+    return DevicePerf.from_profile(base, profile) if profile else base

@@ -1,0 +1,72 @@
+"""FLOP counts of one training step, after Megatron-LM's accounting. Pure.
+
+Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
+(SC'21), appendix: a transformer layer's forward pass costs ``24 B s h^2 (1 + s / 6h)`` FLOPs
+(the q/k/v/out and two MLP matrices, plus the two ``s x s`` attention products counted in full),
+the logit layer ``2 B s h V``; backward costs twice forward; full recomputation adds one more
+forward of every layer, giving ``96 B s L h^2 (1 + s/6h + V/16Lh)`` per iteration.
+
+Here the same count is written per matrix so it also holds for an MLP width other than ``4h``,
+gated (SwiGLU) MLPs and grouped-query attention. BERT's MLM head adds its ``h x h`` transform.
+The attention products are counted in full even for causal models, as Megatron does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.spec import ModelSpec
+
+
+def layer_matmul_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one layer's weight matrices (q, k, v, out, MLP)."""
+    h, f = model.hidden, model.ffn
+    kvd = model.kv_heads * model.head_dim
+    attn = 2 * h * (h + 2 * kvd) + 2 * h * h
+    mlp = 2 * h * f * (3 if model.gated_mlp else 2)
+    return float(attn + mlp)
+
+
+def attention_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of ``Q K^T`` and ``P V`` over the full sequence (``4 s h``)."""
+    return float(4 * model.seq_len * model.heads * model.head_dim)
+
+
+def layer_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one transformer layer."""
+    return layer_matmul_flops_per_token(model) + attention_flops_per_token(model)
+
+
+def head_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of the output head: logits (``2 h V``), plus BERT's MLM transform."""
+    h = model.hidden
+    flops = 2 * h * model.vocab
+    if not model.causal:  # BERT/RoBERTa MLM head: dense h x h + LayerNorm before the decoder
+        flops += 2 * h * h
+    return float(flops)
+
+
+def model_flops_per_sample(model: ModelSpec) -> float:
+    """FLOPs of forward + backward for one sequence, no recomputation (Megatron's model FLOPs)."""
+    fwd = model.layers * layer_flops_per_token(model) + head_flops_per_token(model)
+    return 3.0 * fwd * model.seq_len
+
+
+def hw_flops_per_sample(model: ModelSpec, config: ScheduleConfig) -> float:
+    """FLOPs actually executed per sequence: model FLOPs plus the recomputed forward passes."""
+    recomputed = len(config.checkpointed_layers(model.layers))
+    return model_flops_per_sample(model) + recomputed * layer_flops_per_token(model) * model.seq_len
+
+
+def megatron_flops_per_iteration(batch: int, seq: int, layers: int, hidden: int, vocab: int,
+                                 recompute: bool = True) -> float:
+    """Narayanan et al.'s closed form: ``96 (or 72) B s L h^2 (1 + s/6h + V/(16 L h))``.
+
+    Kept as the reference the per-matrix count is tested against (GPT shape, ffn = 4h).
+    """
+    b, s, L, h, V = batch, seq, layers, hidden, vocab
+    if recompute:
+        return 96.0 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    return 72.0 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))

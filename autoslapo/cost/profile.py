@@ -1,0 +1,268 @@
+"""``measure_profile``: measure this machine's achievable rates for the cost model (side effects).
+
+Runs ``world`` CPU ranks over gloo at once (as ``autoslapo run`` does, so they contend for cores
+and memory bandwidth the same way) and measures, per rank: GEMM rates over a range of sizes (fp32),
+copy bandwidth, the per-op dispatch cost of eager autograd, the resident memory of a process with
+torch and a gloo group, and the ring allreduce's bandwidth and per-hop latency. The result is a
+JSON-safe dict that ``ClusterSpec.with_profile`` and ``DevicePerf.from_profile`` apply. On a GPU
+node the same keys can be filled for that GPU type; this module measures CPU ranks only.
+
+Imports torch lazily, inside the functions: importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DIR = Path("~/.cache/autoslapo/profiles")
+
+
+def default_profile_path(gpu_type: str) -> Path:
+    """Where a profile for ``gpu_type`` is saved by default."""
+    return DEFAULT_DIR.expanduser() / f"{gpu_type}.json"
+
+
+def save_profile(profile: dict[str, Any], path: Path) -> Path:
+    """Write ``profile`` as JSON to ``path`` (parents created); returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(profile, indent=2, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def load_profile(path: Path) -> dict[str, Any]:
+    """Read a saved profile. Raises ``UsageError`` if it is missing or not a profile."""
+    from autoslapo.errors import UsageError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"profile not found: {path}; run `autoslapo profile` first") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"profile {path} is not readable JSON: {e}; re-run `autoslapo profile`") from None
+    if not isinstance(data, dict) or "gpu_type" not in data:
+        raise UsageError(f"{path} is not an autoslapo profile (no gpu_type); re-run `autoslapo profile`")
+    return data
+
+
+def _timeit(fn: Any, min_time: float = 0.15, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    n, start = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        el = time.perf_counter() - start
+        if el >= min_time and n >= 3:
+            return el / n
+
+
+def _timed_collective(fn: Any, n: int, dist: Any) -> float:
+    for _ in range(3):
+        fn()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _hwm_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_hwm() -> bool:
+    # Writing 5 to clear_refs resets the peak resident set (Linux >= 4.0).
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _memory_calibration(torch: Any) -> dict[str, Any]:
+    """Peak RSS of real training steps at two batch sizes, against the cost model's terms.
+
+    The slope gives ``activation_slack`` (peak RSS growth per predicted activation byte: autograd's
+    transient gradients and the allocator's retention on top of the tensors saved for backward);
+    the intercept, less the model states, gives the process's fixed overhead.
+    """
+    try:
+        from autoslapo.models.build import build_model
+    except ImportError:
+        return {}
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.cost.memory import estimate_activation_bytes, estimate_state_bytes
+    from autoslapo.models.spec import ModelSpec
+
+    spec = ModelSpec(family="gpt2", hidden=256, layers=4, heads=4, ffn=1024, seq_len=128, vocab=2048,
+                     preset="profile", max_positions=128)
+    model = build_model(spec, attn_kernel="sdpa", seed=0, dropout=0.0)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step(b: int) -> None:
+        ids = torch.randint(0, spec.vocab, (b, spec.seq_len))
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step(2)  # optimizer state exists from here on
+    peaks = {}
+    for b in (4, 16):
+        if not _reset_hwm():
+            return {}
+        step(b)
+        peaks[b] = _hwm_bytes()
+    pred = {b: estimate_activation_bytes(spec, ScheduleConfig(micro_batch=b, precision="fp32"), dropout=False)
+            for b in peaks}
+    slack = (peaks[16] - peaks[4]) / (pred[16] - pred[4])
+    states = sum(estimate_state_bytes(spec, ScheduleConfig(precision="fp32")))
+    fixed = peaks[4] - slack * pred[4] - states
+    return {"activation_slack": max(1.0, slack), "fixed_overhead_bytes": int(max(fixed, 0)),
+            "calibration_peaks": peaks}
+
+
+def _rank(rank: int, world: int, init: str, threads: int, out_dir: str, quick: bool) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        dist.barrier()
+        # A trial's process also holds the training stack (transformers, DeepSpeed, the runtime):
+        # load what of it is installed so the resident baseline matches what `autoslapo run` sees.
+        import importlib
+
+        for name in ("transformers", "deepspeed", "autoslapo.models.build", "autoslapo.runtime.train",
+                     "autoslapo.runtime.engine"):
+            with contextlib.suppress(Exception):  # an absent optional module just isn't counted
+                importlib.import_module(name)
+        dist.barrier()
+        res: dict[str, Any] = {"rss_bytes": _rss_bytes()}
+        # First, before the benchmarks' large buffers inflate the heap the allocator keeps.
+        res.update(_memory_calibration(torch))
+        dist.barrier()
+        curve = []
+        sizes = [(256, 64, 256), (512, 256, 512), (1024, 512, 1024), (2048, 1024, 1024)]
+        if not quick:
+            sizes = [(128, 32, 128), *sizes, (4096, 1024, 2048)]
+        for m, k, n in sizes:
+            a, b = torch.randn(m, k), torch.randn(k, n)
+            dist.barrier()
+            t = _timeit(lambda a=a, b=b: torch.mm(a, b))
+            curve.append((2.0 * m * k * n, 2.0 * m * k * n / t / 1e12))
+        res["gemm_curve"] = curve
+        # Copy bandwidth by size: small tensors stay in the caches, large ones stream from DRAM.
+        mem_curve = []
+        for n in (64 * 1024, 1024 * 1024, 16 * 1024 * 1024):  # elements: 256 KiB .. 64 MiB
+            x = torch.randn(n)
+            y = torch.empty_like(x)
+            dist.barrier()
+            t = _timeit(lambda x=x, y=y: y.copy_(x))
+            mem_curve.append((2.0 * n * 4, 2 * n * 4 / t / 1e9))
+            del x, y
+        res["mem_curve"] = mem_curve
+        res["hbm_gbps"] = mem_curve[-1][1]
+        w = torch.randn(8, requires_grad=True)
+
+        def tiny() -> None:
+            z = w
+            for _ in range(50):
+                z = z * 1.0001
+            z.sum().backward()
+
+        res["op_latency_s"] = _timeit(tiny) / 101  # 50 forward + 50 backward nodes + the rest
+        # Collectives: every rank must issue the same number, so count iterations, not time.
+        lat_buf = torch.zeros(16)
+        res["allreduce_small_s"] = _timed_collective(lambda: dist.all_reduce(lat_buf), 50, dist)
+        big = torch.zeros(4 * 1024 * 1024)  # 16 MiB
+        res["allreduce_big_s"] = _timed_collective(lambda: dist.all_reduce(big), 10, dist)
+        res["allreduce_big_bytes"] = big.numel() * 4
+        res["rss_after_bytes"] = _rss_bytes()
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(res, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure_profile(world: int = 2, threads: int | None = None, quick: bool = False) -> dict[str, Any]:
+    """Measure ``world`` concurrent CPU ranks over gloo; returns a ``cpu`` profile dict.
+
+    Takes the rank count, torch threads a rank (default: cores // world) and ``quick`` (fewer GEMM
+    sizes). Raises ``TrialError`` if a rank fails.
+    """
+    import torch.multiprocessing as mp
+
+    from autoslapo.errors import TrialError
+
+    cores = os.cpu_count() or 1
+    threads = threads or max(1, cores // world)
+    with tempfile.TemporaryDirectory(prefix="autoslapo-profile-") as out:
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        try:
+            mp.start_processes(_rank, args=(world, init, threads, out, quick), nprocs=world,
+                               join=True, start_method="spawn")
+        except Exception as e:  # a rank's traceback arrives as ProcessRaisedException
+            raise TrialError(f"profile rank failed: {str(e).strip().splitlines()[-1][:300]}") from None
+        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    # Slowest rank governs a synchronous step: take the minimum rate, the maximum latency.
+    curve = [(ranks[0]["gemm_curve"][i][0], min(r["gemm_curve"][i][1] for r in ranks))
+             for i in range(len(ranks[0]["gemm_curve"]))]
+    small = max(r["allreduce_small_s"] for r in ranks)
+    big = max(r["allreduce_big_s"] for r in ranks)
+    nbytes = ranks[0]["allreduce_big_bytes"]
+    steps = 2 * (world - 1)
+    hop = small / max(1, steps)
+    # ring: big = 2 (p-1)/p * n / bw + 2 (p-1) * hop
+    bw = (2 * (world - 1) / world * nbytes) / max(big - steps * hop, 1e-9) / 1e9 if world > 1 else 1.0
+    peak = max(r for _, r in curve)
+    total_mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "gpu_type": "cpu",
+        "host": socket.gethostname(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "world": world,
+        "threads_per_rank": threads,
+        "peak_tflops": peak,
+        "peak_tflops_fp32": peak,
+        "gemm_curve": curve,
+        "hbm_gbps": min(r["hbm_gbps"] for r in ranks),
+        "mem_curve": [(ranks[0]["mem_curve"][i][0], min(r["mem_curve"][i][1] for r in ranks))
+                      for i in range(len(ranks[0]["mem_curve"]))],
+        "op_latency_s": max(r["op_latency_s"] for r in ranks),
+        "coll_latency_s": hop,
+        "intra_node_gbps": bw,
+        "inter_node_gbps": bw,
+        "comm_eff": 1.0,
+        # measured by a training step where the model builder exists; else the loaded stack's RSS
+        "fixed_overhead_bytes": int(max(r.get("fixed_overhead_bytes") or r["rss_bytes"] for r in ranks)),
+        "activation_slack": max(r.get("activation_slack", 1.0) for r in ranks),
+        "memory_bytes": int(total_mem // world),
+    }

@@ -1,0 +1,277 @@
+"""Step time of a schedule: compute, collectives, pipeline bubble, recomputation. Pure.
+
+Compute is counted per kernel. A GEMM takes the longer of its FLOPs over the achievable rate and
+its bytes over memory bandwidth (the roofline), where the achievable rate shrinks with wave
+quantization (a GEMM whose ``ceil(m/tile) ceil(n/tile)`` tiles leave SMs idle in its last wave)
+and with a short inner dimension (``k / (k + k_half)``: the attention products over a 64- or
+128-wide head dimension). Elementwise kernels (norms, softmax, dropout, residuals, activations)
+are memory-bound: bytes over achievable HBM bandwidth. Backward costs two GEMMs per forward GEMM
+and about twice the elementwise traffic.
+
+Collectives use the ring cost (Patarasuk and Yuan, 2009; Thakur et al., 2005): an allreduce of
+``n`` bytes over ``p`` ranks moves ``2 (p-1)/p n`` per rank, a reduce-scatter or all-gather
+``(p-1)/p n``, with ``2 (p-1)`` (or ``p-1``) latency hops. Megatron's TP layer does two
+allreduces of the layer's activations in forward and two in backward (Shoeybi et al., 2019);
+sequence parallelism swaps each for a reduce-scatter + all-gather of the same volume (Korthikanti
+et al., 2022). The 1F1B and GPipe pipelines idle ``(p-1)`` micro-batch slots, the interleaved one
+``(p-1)/v`` (Narayanan et al., 2021, section 2.2).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from autoslapo.cost.memory import element_bytes, has_dropout, stage_params
+
+if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.cost.device import DevicePerf
+    from autoslapo.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Seconds of one optimizer step on the slowest pipeline stage, by cause."""
+
+    compute: float
+    recompute: float
+    tp_comm: float
+    pp_comm: float
+    bubble: float
+    dp_comm: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return (self.compute + self.recompute + self.tp_comm + self.pp_comm + self.bubble
+                + self.dp_comm + self.optimizer)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["total"] = self.total
+        return d
+
+
+class _Rates:
+    """Kernel timing for one device and precision."""
+
+    def __init__(self, perf: DevicePerf, cluster: ClusterSpec, config: ScheduleConfig) -> None:
+        self.perf = perf
+        peak = cluster.peak_tflops_fp32 if config.precision == "fp32" else cluster.peak_tflops
+        self.flops_s = peak * 1e12 * perf.gemm_eff
+        self.bw = perf.hbm_gbps * 1e9 * perf.bw_eff
+        self.lat = perf.op_latency_s
+        self.e = element_bytes(config)
+        self.curve = perf.gemm_curve
+        self.flash = cluster.device.flash_attention
+
+    def _finish(self, t: float) -> float:
+        return t + self.lat if self.perf.op_latency_additive else max(t, self.lat)
+
+    def gemm(self, m: float, n: float, k: float, batch: float = 1.0, eff: float = 1.0) -> float:
+        """Seconds of ``batch`` GEMMs of ``m x k`` by ``k x n``."""
+        flops = 2.0 * m * n * k * batch
+        p = self.perf
+        if self.curve:
+            rate = _interp_rate(self.curve, flops) * 1e12 * eff
+        else:
+            tiles = math.ceil(m / p.tile) * math.ceil(n / p.tile) * batch
+            waves = math.ceil(tiles / p.sms)
+            rate = self.flops_s * eff * (tiles / (waves * p.sms)) * (k / (k + p.k_half))
+        traffic = self.e * (m * k + k * n + m * n) * batch
+        return self._finish(max(flops / rate, traffic / self.bw))
+
+    def mem(self, nbytes: float, kernels: int = 1) -> float:
+        """Seconds of ``kernels`` memory-bound kernels moving ``nbytes`` in all."""
+        if self.perf.mem_curve:
+            t = nbytes / (_interp_rate(self.perf.mem_curve, nbytes / max(kernels, 1)) * 1e9)
+        else:
+            t = nbytes / self.bw
+        return t + kernels * self.lat if self.perf.op_latency_additive else max(t, kernels * self.lat)
+
+
+def _interp_rate(curve: tuple[tuple[float, float], ...], flops: float) -> float:
+    """A measured rate at ``x`` (FLOPs of a GEMM, bytes of a copy): log-linear between points."""
+    pts = sorted(curve)
+    if flops <= pts[0][0]:
+        return pts[0][1]
+    for (f0, r0), (f1, r1) in itertools.pairwise(pts):
+        if flops <= f1:
+            w = math.log(flops / f0) / math.log(f1 / f0)
+            return r0 + w * (r1 - r0)
+    return pts[-1][1]
+
+
+def _ring(kind: str, nbytes: float, ranks: int, gbps: float, perf: DevicePerf) -> float:
+    """Seconds of a ring collective of ``nbytes`` over ``ranks`` ranks at ``gbps`` per link."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    frac = (ranks - 1) / ranks
+    steps = ranks - 1
+    if kind == "allreduce":
+        frac, steps = 2 * frac, 2 * steps
+    return frac * nbytes / (gbps * 1e9 * perf.comm_eff) + steps * perf.coll_latency_s
+
+
+def group_bandwidth(cluster: ClusterSpec, stride: int, size: int) -> float:
+    """Per-rank ring bandwidth (GB/s) of a group of ``size`` ranks spaced ``stride`` apart.
+
+    Within a node: NVLink. Across nodes the ring's node-crossing hops bound it; with several group
+    members in a node, NCCL runs one ring a NIC, so the bound is their share of the node's network.
+    """
+    per_node = cluster.gpus_per_node
+    if stride * size <= per_node:
+        return cluster.intra_node_gbps
+    members = max(1, per_node // stride)
+    return min(cluster.intra_node_gbps, members * cluster.inter_node_gbps)
+
+
+def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
+                 dropout: bool | None) -> tuple[float, float]:
+    """(forward, backward) compute seconds of one layer for one micro-batch on one device."""
+    t, b, s = config.tp, config.micro_batch, model.seq_len
+    h, f, e = model.hidden, model.ffn, r.e
+    kvd = model.kv_heads * model.head_dim
+    d = model.head_dim
+    T = b * s
+    heads = model.heads / t
+    fused = config.compile_layers
+    dropout = has_dropout(model, dropout)
+    # weight GEMMs
+    g = r.gemm(T, (h + 2 * kvd) / t, h) + r.gemm(T, h, h / t)
+    g += r.gemm(T, f * (2 if model.gated_mlp else 1) / t, h) + r.gemm(T, h, f / t)
+    bwd = 2 * g  # data and weight gradients
+    # attention
+    if config.attn_kernel == "eager":
+        attn = r.gemm(s, s, d, b * heads) + r.gemm(s, d, s, b * heads)
+        scores = b * heads * s * s
+        # scale, mask, softmax (fused into one pass when compiled), dropout on the probabilities
+        passes = 1 if fused else 3
+        ew_attn = r.mem(scores * e * 2 * passes, passes)
+        if dropout:
+            ew_attn += r.mem(scores * (2 * e + 1), 1)
+        fwd_attn = attn + ew_attn
+        bwd_attn = 2 * attn + 2 * ew_attn
+    else:
+        # memory-efficient / flash kernel: the score products run at lower efficiency inside one
+        # kernel (FlashAttention-2 reaches ~70% of a GEMM's rate, Dao 2023); causal halves the
+        # work; backward recomputes the scores, 2.5x the forward FLOPs.
+        # sdpa dispatches to the flash kernel where the device has one, else to the
+        # memory-efficient kernel (slower: ~55% of a GEMM's rate).
+        has_flash = r.perf.name != "cpu" and r.flash
+        flash_eff = 0.7 if config.attn_kernel == "flash" or has_flash else 0.55
+        frac = 0.5 if model.causal else 1.0
+        fwd_attn = r.gemm(s * frac, s, d, b * heads, eff=flash_eff) + r.gemm(s * frac, d, s, b * heads, eff=flash_eff)
+        bwd_attn = 2.5 * fwd_attn
+    # elementwise traffic per token: norms, dropout + residual, activation, q/k/v layout copies
+    rep: float = 2 * (2 * h * e)  # two norms: read + write
+    per_res = (3 * e + 1) * h if fused else (5 * e + 1) * h
+    if not dropout:
+        per_res = 3 * e * h
+    rep += 2 * per_res
+    if config.sequence_parallel:
+        rep /= t
+    kernels = 8 if fused else 14
+    if model.gated_mlp:
+        act = 3 * e * f if fused else 5 * e * f  # silu, product
+    elif model.family == "gpt2" and not (fused or config.fuse_bias_gelu):
+        act = 18 * e * f  # transformers' tanh-GELU: eight elementwise ops over the MLP width
+        kernels += 7
+    else:
+        act = 2 * e * f
+    shard = act + 2 * e * (h + 2 * kvd) + 2 * e * h  # + q/k/v transposes and the context's
+    if config.fuse_bias_gelu and not fused:
+        kernels -= 1
+    ew = r.mem(T * (rep + shard / t), kernels)
+    fwd = g + fwd_attn + ew
+    bwd_total = bwd + bwd_attn + 2 * ew
+    return fwd, bwd_total
+
+
+def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
+                  perf: DevicePerf, dropout: bool | None = None) -> TimeBreakdown:
+    """Seconds of one optimizer step of ``config`` on ``cluster``, split by cause."""
+    r = _Rates(perf, cluster, config)
+    t, pp, dp, m = config.tp, config.pp, config.dp, config.grad_accum
+    b, s, h, e = config.micro_batch, model.seq_len, model.hidden, r.e
+    T = b * s
+    per_stage = model.layers // pp
+    fwd_l, bwd_l = _layer_times(model, config, r, dropout)
+
+    # tensor-parallel collectives per layer: 2 in forward, 2 in backward (same volume with SP)
+    tp_bw = group_bandwidth(cluster, 1, t)
+    tp_one = _ring("allreduce", T * h * e, t, tp_bw, perf)
+    # head: vocab-parallel logits, cross-entropy in fp32, plus the embedding lookup and its grad
+    head_f = r.gemm(T, model.vocab / t, h) + r.mem(T * model.vocab / t * (e + 3 * 4), 3)
+    if not model.causal:
+        head_f += r.gemm(T, h, h) + r.mem(T * h * e * 4, 2)
+    head_b = 2 * head_f
+    emb = r.mem(T * h * (2 * e + 1), 3)
+
+    ckpt = set(config.checkpointed_layers(model.layers))
+    last = range(model.layers - per_stage, model.layers)
+    n_ckpt = sum(1 for i in last if i in ckpt)
+    fwd_mb = per_stage * fwd_l + head_f + (emb if pp == 1 else 0.0)
+    bwd_mb = per_stage * bwd_l + head_b + (2 * emb if pp == 1 else 0.0)
+    rec_mb = n_ckpt * (fwd_l + 2 * tp_one)
+    tp_mb = per_stage * 4 * tp_one
+
+    # autograd accumulates each micro-batch's weight gradients into .grad (read + write)
+    n_params = max(stage_params(model, config))
+    grad_e = 4 if config.precision == "fp32" else 2
+    accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
+    bwd_mb += accum
+
+    # pipeline: point-to-point sends of activations and their gradients between stages
+    pp_bw = group_bandwidth(cluster, t * dp, pp)
+    p2p_bytes = T * h * e / (t if config.sequence_parallel else 1)
+    p2p = 2 * (p2p_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
+    v = config.virtual_stages
+    slot = fwd_mb + bwd_mb + rec_mb + tp_mb
+    bubble_slots = (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
+    pp_comm = (m + bubble_slots) * p2p * v
+
+    # data parallel: gradients of this device's parameters over the dp group
+    dp_bw = group_bandwidth(cluster, t, dp)
+    g_bytes = n_params * grad_e
+    w_bytes = n_params * (4 if config.precision == "fp32" else 2)
+    z = config.zero_stage
+    bwd_compute = per_stage * bwd_l
+    if z <= 1:
+        # one allreduce (ZeRO-1: reduce-scatter + all-gather of the same volume) after the last
+        # backward; DeepSpeed and Megatron's DDP of that time run it after backward, not during
+        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
+    elif z == 2:
+        # DeepSpeed reduces each bucket every micro-batch; one bucket's latency a layer
+        rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + per_stage * (dp - 1) * perf.coll_latency_s
+        hidden_part = perf.overlap * bwd_compute
+        dp_comm = m * max(rs - hidden_part, 0.1 * rs) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
+    else:
+        # ZeRO-3 gathers each layer's weights before its forward and again before its backward,
+        # and reduce-scatters its gradients after: three collectives a layer, each paying latency
+        hops = per_stage * (dp - 1) * perf.coll_latency_s
+        ag = _ring("all_gather", w_bytes, dp, dp_bw, perf) + hops
+        rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + hops
+        fwd_compute = per_stage * fwd_l
+        exposed = max(ag - perf.overlap * fwd_compute, 0.1 * ag) + max(ag + rs - perf.overlap * bwd_compute,
+                                                                        0.1 * (ag + rs))
+        dp_comm = m * exposed
+
+    # optimizer step: memory-bound over this device's (ZeRO-partitioned) optimizer state
+    opt_params = n_params / (dp if z >= 1 else 1)
+    per_param = 28 if config.precision == "fp32" else 32
+    optimizer = r.mem(opt_params * per_param, 4)
+
+    return TimeBreakdown(
+        compute=m * (fwd_mb + bwd_mb),
+        recompute=m * rec_mb,
+        tp_comm=m * tp_mb,
+        pp_comm=pp_comm,
+        bubble=bubble_slots * slot,
+        dp_comm=dp_comm,
+        optimizer=optimizer,
+    )

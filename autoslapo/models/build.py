@@ -1,0 +1,222 @@
+"""Build a transformers model from a ``ModelSpec``: random weights, nothing downloaded.
+
+Each family maps to its transformers ``*Config`` and LM class (masked LM for BERT/RoBERTa, causal
+LM for GPT-2/OPT/LLaMA). Construction honours the ambient device, so
+``with torch.device("meta"): build_model(ModelSpec.from_name("llama-70b"))`` allocates nothing;
+that is how shape rehearsals of the big presets run on a laptop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from autoslapo.errors import ConfigError
+from autoslapo.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["ATTN_IMPLEMENTATIONS", "build_config", "build_model", "example_batch"]
+
+# autoslapo's kernel names -> transformers' ``attn_implementation`` names.
+ATTN_IMPLEMENTATIONS: dict[str, str] = {
+    "eager": "eager",
+    "sdpa": "sdpa",
+    "flash": "flash_attention_2",
+}
+
+
+def _token_ids(spec: ModelSpec) -> dict[str, int]:
+    # The published configs' special ids (GPT-2's 50256, LLaMA's 1/2) fall outside the tiny presets'
+    # vocabularies; keep them inside so transformers does not warn and generation stays valid.
+    last = spec.vocab - 1
+    return {"bos_token_id": min(1, last), "eos_token_id": min(2, last), "pad_token_id": 0}
+
+
+def _bert_like(spec: ModelSpec, dropout: float | None, roberta: bool) -> Any:
+    from transformers import BertConfig, RobertaConfig
+
+    kw: dict[str, Any] = {
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "intermediate_size": spec.ffn,
+        # RoBERTa numbers positions from padding_idx + 1, so its table has two extra rows.
+        "max_position_embeddings": spec.max_positions + (2 if roberta else 0),
+    }
+    if dropout is not None:
+        kw["hidden_dropout_prob"] = dropout
+        kw["attention_probs_dropout_prob"] = dropout
+    if roberta:
+        kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=min(2, spec.vocab - 1), type_vocab_size=1)
+        return RobertaConfig(**kw)
+    return BertConfig(pad_token_id=0, **kw)
+
+
+def _gpt2(spec: ModelSpec, dropout: float | None) -> Any:
+    from transformers import GPT2Config
+
+    kw: dict[str, Any] = {
+        "vocab_size": spec.vocab,
+        "n_positions": spec.max_positions,
+        "n_embd": spec.hidden,
+        "n_layer": spec.layers,
+        "n_head": spec.heads,
+        "n_inner": spec.ffn,
+    }
+    if dropout is not None:
+        kw.update(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    ids = _token_ids(spec)
+    return GPT2Config(bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"], **kw)
+
+
+def _opt(spec: ModelSpec, dropout: float | None) -> Any:
+    from transformers import OPTConfig
+
+    kw: dict[str, Any] = {
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "word_embed_proj_dim": spec.hidden,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "ffn_dim": spec.ffn,
+        "max_position_embeddings": spec.max_positions,
+    }
+    if dropout is not None:
+        kw.update(dropout=dropout, attention_dropout=dropout)
+    ids = _token_ids(spec)
+    return OPTConfig(pad_token_id=1, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"], **kw)
+
+
+def _llama(spec: ModelSpec, dropout: float | None) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=spec.vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.ffn,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=spec.max_positions,
+        attention_dropout=dropout or 0.0,
+        tie_word_embeddings=False,
+        **_token_ids(spec),
+    )
+
+
+_CONFIGS: dict[str, Callable[[ModelSpec, float | None], Any]] = {
+    "bert": lambda s, d: _bert_like(s, d, roberta=False),
+    "roberta": lambda s, d: _bert_like(s, d, roberta=True),
+    "gpt2": _gpt2,
+    "opt": _opt,
+    "llama": _llama,
+}
+
+# family -> name of the transformers LM class (imported lazily).
+_MODEL_CLASSES: dict[str, str] = {
+    "bert": "BertForMaskedLM",
+    "roberta": "RobertaForMaskedLM",
+    "gpt2": "GPT2LMHeadModel",
+    "opt": "OPTForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
+
+
+def build_config(spec: ModelSpec, *, attn_kernel: str = "sdpa", dropout: float | None = None) -> Any:
+    """The transformers ``PretrainedConfig`` for ``spec``.
+
+    Takes: the spec, the attention kernel (``eager``/``sdpa``/``flash``), and a dropout probability
+    for every dropout of the family (``None`` keeps the family's default).
+    Returns: the config. Raises: ConfigError for an unknown kernel or family.
+    """
+    if attn_kernel not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"attn_kernel must be one of {', '.join(ATTN_IMPLEMENTATIONS)}: got {attn_kernel!r}"
+        )
+    if spec.family not in _CONFIGS:
+        raise ConfigError(f"no transformers config for family {spec.family!r}; valid: {', '.join(_CONFIGS)}")
+    config = _CONFIGS[spec.family](spec, dropout)
+    # Training never reads a KV cache, and a cache written during the forward would be written
+    # again when activation checkpointing replays a layer (doubling its length).
+    config.use_cache = False
+    config._attn_implementation = ATTN_IMPLEMENTATIONS[attn_kernel]
+    return config
+
+
+def build_model(
+    spec: ModelSpec,
+    *,
+    attn_kernel: str = "sdpa",
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    dropout: float | None = None,
+) -> nn.Module:
+    """A randomly initialised transformers LM with ``spec``'s shape.
+
+    Takes: the spec; the attention kernel; the seed (same seed -> same weights on every rank);
+    the device to build on (``None``: the ambient default, so ``with torch.device("meta")`` works);
+    the parameter dtype (``None``: float32); dropout (``None``: the family's default; 0 turns it off).
+    Returns: ``BertForMaskedLM`` / ``RobertaForMaskedLM`` / ``GPT2LMHeadModel`` / ``OPTForCausalLM`` /
+    ``LlamaForCausalLM``, in train mode. Raises: ConfigError for an unknown kernel or family.
+    """
+    import torch
+    import transformers
+
+    config = build_config(spec, attn_kernel=attn_kernel, dropout=dropout)
+    cls = getattr(transformers, _MODEL_CLASSES[spec.family])
+    # Fork the RNG so that building a model does not move the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if device is not None:
+            with torch.device(device):
+                model = cls(config)
+        else:
+            model = cls(config)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    model.train()
+    return model
+
+
+def example_batch(
+    spec: ModelSpec,
+    batch: int,
+    seq_len: int | None = None,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> dict[str, torch.Tensor]:
+    """A random batch the model built from ``spec`` takes as ``model(**batch)``.
+
+    Takes: the spec, the batch size, the sequence length (``None``: ``spec.seq_len``), a seed.
+    Returns: ``{"input_ids", "labels"}`` (int64, shape ``(batch, seq_len)``). Token ids avoid the
+    special ids 0-2 so no position is treated as padding (RoBERTa and OPT derive positions from it).
+    For causal families the labels equal the inputs (the model shifts them); for masked LM families
+    labels are -100 except on about 15% of positions. Raises: ConfigError for bad sizes.
+    """
+    import torch
+
+    seq = spec.seq_len if seq_len is None else seq_len
+    if batch < 1 or seq < 1 or seq > spec.max_positions:
+        raise ConfigError(
+            f"example batch needs batch >= 1 and 1 <= seq_len <= {spec.max_positions}: got batch={batch}, "
+            f"seq_len={seq} for {spec.preset}"
+        )
+    if spec.vocab <= 3:
+        raise ConfigError(f"example batch needs vocab > 3 to avoid special ids: got vocab={spec.vocab}")
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, spec.vocab, (batch, seq), generator=gen)
+    if spec.causal:
+        labels = input_ids.clone()
+    else:
+        mask = torch.rand((batch, seq), generator=gen) < 0.15
+        mask[:, 0] = True  # at least one labelled position per row, so the loss is never empty
+        labels = torch.where(mask, input_ids, torch.full_like(input_ids, -100))
+    out = {"input_ids": input_ids, "labels": labels}
+    if device is not None:
+        out = {k: v.to(device) for k, v in out.items()}
+    return out

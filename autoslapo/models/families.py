@@ -1,0 +1,358 @@
+"""Where each model family keeps its parts: one short :class:`FamilyDescription` per family.
+
+The one knob-driven schedule (``autoslapo.plan.apply_schedule``) reads these descriptions instead
+of knowing any model class: the layer list, and inside a layer the attention (q/k/v or a fused
+q|k|v), its output projection, the MLP's input and output projections, the norms, the integer
+attributes a forward uses after its heads were sharded, the embeddings and the LM head. Paths are
+those of the transformers 5 LM classes ``autoslapo.models.build`` constructs. Adding a family is one
+more description here (and its config in ``build``), not another schedule.
+
+Pure data at import time; the pipeline-adapter functions import torch/transformers when called.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autoslapo.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = [
+    "FAMILY_DESCRIPTIONS",
+    "FamilyDescription",
+    "get_family",
+    "list_families",
+    "pipeline_adapter",
+    "register_family",
+    "register_pipeline_adapters",
+]
+
+
+@dataclass(frozen=True)
+class FamilyDescription:
+    """Where one family's parts live, as dotted paths.
+
+    Whole-model paths: ``layers`` (the ModuleList of transformer layers), ``embed_tokens`` (the token
+    embedding), ``lm_head`` (the vocabulary projection; ``head_tied`` when it shares the embedding's
+    weight), ``embeddings`` (every module the first pipeline stage owns), ``final`` (every module
+    the last stage owns, in order).
+
+    Paths inside one layer: ``attention`` (the attention module; ``attention_input`` is how the layer
+    passes it the hidden states: a position or a keyword), ``qkv`` (its column-parallel projections:
+    q, k, v, or one fused q|k|v with ``qkv_chunks=3``), ``attn_out`` (row-parallel output
+    projection), ``attention_attrs`` (integer attributes of ``attention`` its forward uses and that
+    shrink by tp), ``mlp`` (the module whose input is the MLP's input; ``None``: the first of
+    ``mlp_in``), ``mlp_in`` (column-parallel: fc1, or gate and up), ``mlp_out`` (row-parallel),
+    ``mlp_seq_dim`` (the sequence dimension of the MLP's activations: OPT flattens tokens to 2-D
+    there), ``norms`` (the norms inside a layer), ``bias_gelu`` (the module holding Linear -> GeLU
+    that ``fuse_bias_gelu`` rewrites; ``None``: the family has no bias + GeLU to fuse).
+    """
+
+    name: str
+    model_type: str
+    layers: str
+    embed_tokens: str
+    lm_head: str
+    head_tied: bool
+    embeddings: tuple[str, ...]
+    final: tuple[str, ...]
+    attention: str
+    attention_input: int | str
+    qkv: tuple[str, ...]
+    qkv_chunks: int
+    attn_out: str
+    attention_attrs: tuple[str, ...]
+    mlp: str | None
+    mlp_in: tuple[str, ...]
+    mlp_out: str
+    norms: tuple[str, ...]
+    mlp_seq_dim: int = 1
+    bias_gelu: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.qkv_chunks not in (1, 3):
+            raise ConfigError(f"qkv_chunks must be 1 (separate q, k, v) or 3 (fused): got {self.qkv_chunks}")
+        if self.qkv_chunks == 3 and len(self.qkv) != 1:
+            raise ConfigError(f"a fused q|k|v (qkv_chunks=3) is one module: got qkv={self.qkv}")
+        if self.qkv_chunks == 1 and len(self.qkv) != 3:
+            raise ConfigError(f"separate projections need three paths (q, k, v): got qkv={self.qkv}")
+        if not self.mlp_in:
+            raise ConfigError(f"family {self.name!r} needs at least one MLP input projection")
+
+    @property
+    def mlp_input(self) -> str:
+        """The module whose input is the MLP's input (where the tensor-parallel region begins)."""
+        return self.mlp if self.mlp is not None else self.mlp_in[0]
+
+    def layer_path(self, i: int) -> str:
+        """The path of layer ``i``."""
+        return f"{self.layers}.{i}"
+
+
+FAMILY_DESCRIPTIONS: dict[str, FamilyDescription] = {}
+
+
+def register_family(desc: FamilyDescription) -> FamilyDescription:
+    """Add a family description to the registry; returns it.
+
+    Raises: ConfigError if another description already has that name.
+    """
+    old = FAMILY_DESCRIPTIONS.get(desc.name)
+    if old is not None and old != desc:
+        raise ConfigError(f"model family {desc.name!r} is already described; pick another name")
+    FAMILY_DESCRIPTIONS[desc.name] = desc
+    return desc
+
+
+def get_family(name: str) -> FamilyDescription:
+    """The description of family ``name``.
+
+    Raises: ConfigError naming the valid families (and the closest one) for an unknown name.
+    """
+    if name in FAMILY_DESCRIPTIONS:
+        return FAMILY_DESCRIPTIONS[name]
+    close = difflib.get_close_matches(name, list(FAMILY_DESCRIPTIONS), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(
+        f"unknown model family {name!r}: valid families are {', '.join(sorted(FAMILY_DESCRIPTIONS))}{hint}"
+    )
+
+
+def list_families() -> list[str]:
+    """The described family names, sorted."""
+    return sorted(FAMILY_DESCRIPTIONS)
+
+
+def _bert_like(name: str, base: str, head: str) -> FamilyDescription:
+    # BERT and RoBERTa share the encoder layout; only the base attribute and the head differ.
+    return FamilyDescription(
+        name=name,
+        model_type=name,
+        layers=f"{base}.encoder.layer",
+        embed_tokens=f"{base}.embeddings.word_embeddings",
+        lm_head=f"{head}.decoder",
+        head_tied=True,
+        embeddings=(f"{base}.embeddings",),
+        final=(head.split(".")[0],),
+        attention="attention.self",
+        attention_input=0,
+        qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+        qkv_chunks=1,
+        attn_out="attention.output.dense",
+        attention_attrs=("num_attention_heads", "all_head_size"),
+        mlp="intermediate",
+        mlp_in=("intermediate.dense",),
+        mlp_out="output.dense",
+        norms=("attention.output.LayerNorm", "output.LayerNorm"),
+        bias_gelu="intermediate",
+    )
+
+
+BERT = register_family(_bert_like("bert", "bert", "cls.predictions"))
+ROBERTA = register_family(_bert_like("roberta", "roberta", "lm_head"))
+GPT2 = register_family(
+    FamilyDescription(
+        name="gpt2",
+        model_type="gpt2",
+        layers="transformer.h",
+        embed_tokens="transformer.wte",
+        lm_head="lm_head",
+        head_tied=True,
+        embeddings=("transformer.wte", "transformer.wpe", "transformer.drop"),
+        final=("transformer.ln_f", "lm_head"),
+        attention="attn",
+        attention_input=0,
+        qkv=("attn.c_attn",),
+        qkv_chunks=3,
+        attn_out="attn.c_proj",
+        attention_attrs=("num_heads", "split_size", "embed_dim"),
+        mlp="mlp",
+        mlp_in=("mlp.c_fc",),
+        mlp_out="mlp.c_proj",
+        norms=("ln_1", "ln_2"),
+        bias_gelu="mlp",
+    )
+)
+OPT = register_family(
+    FamilyDescription(
+        name="opt",
+        model_type="opt",
+        layers="model.decoder.layers",
+        embed_tokens="model.decoder.embed_tokens",
+        lm_head="lm_head",
+        head_tied=True,
+        embeddings=("model.decoder.embed_tokens", "model.decoder.embed_positions"),
+        final=("model.decoder.final_layer_norm", "lm_head"),
+        attention="self_attn",
+        attention_input="hidden_states",
+        qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        qkv_chunks=1,
+        attn_out="self_attn.out_proj",
+        attention_attrs=("num_heads", "embed_dim"),
+        mlp=None,
+        mlp_in=("fc1",),
+        mlp_out="fc2",
+        # OPTDecoderLayer flattens (batch, seq) into one token dimension before fc1.
+        mlp_seq_dim=0,
+        norms=("self_attn_layer_norm", "final_layer_norm"),
+        bias_gelu=None,  # ReLU MLP
+    )
+)
+LLAMA = register_family(
+    FamilyDescription(
+        name="llama",
+        model_type="llama",
+        layers="model.layers",
+        embed_tokens="model.embed_tokens",
+        lm_head="lm_head",
+        head_tied=False,
+        embeddings=("model.embed_tokens",),
+        final=("model.norm", "lm_head"),
+        attention="self_attn",
+        attention_input="hidden_states",
+        qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        qkv_chunks=1,
+        attn_out="self_attn.o_proj",
+        # LlamaAttention infers the head count from the projection width (view(..., -1, head_dim))
+        # and keeps heads // kv_heads, which sharding both by tp leaves unchanged.
+        attention_attrs=(),
+        mlp="mlp",
+        mlp_in=("mlp.gate_proj", "mlp.up_proj"),
+        mlp_out="mlp.down_proj",
+        norms=("input_layernorm", "post_attention_layernorm"),
+        bias_gelu=None,  # SwiGLU, no biases
+    )
+)
+
+
+# -- pipeline adapters ---------------------------------------------------------------------------
+# A pipeline stage sees only hidden states, so each family says how to embed the inputs, what
+# per-layer context (mask, positions, rotary tables) to rebuild on every stage, and how to apply
+# the final modules. These plug into ``autoslapo.primitives.pipeline.PathAdapter``.
+
+
+def _positions(hidden: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+
+
+def _causal_mask(config: Any, hidden: torch.Tensor, pos: torch.Tensor) -> Any:
+    from transformers.masking_utils import create_causal_mask
+
+    return create_causal_mask(config=config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=pos)
+
+
+def _chain(parts: Mapping[str, nn.Module], paths: tuple[str, ...], hidden: torch.Tensor) -> torch.Tensor:
+    for p in paths:
+        hidden = parts[p](hidden)
+    return hidden
+
+
+def _adapter_parts(desc: FamilyDescription, model: nn.Module) -> dict[str, Any]:
+    """The embed / context / head functions of ``desc``'s family, bound to ``model``."""
+    import torch
+
+    config = model.config  # type: ignore[attr-defined]
+    embed: Callable[..., torch.Tensor]
+    context: Callable[[torch.Tensor], dict[str, Any]] | None = None
+
+    if desc.name in ("bert", "roberta"):
+        emb = desc.embeddings[0]
+
+        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+            return parts[emb](input_ids=input_ids, token_type_ids=rest[0] if rest else None)
+
+    elif desc.name == "gpt2":
+        wte, wpe, drop = desc.embeddings
+
+        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor) -> torch.Tensor:
+            return parts[drop](parts[wte](input_ids) + parts[wpe](_positions(input_ids)))
+
+        def context(hidden: torch.Tensor) -> dict[str, Any]:
+            return {"attention_mask": _causal_mask(config, hidden, _positions(hidden))}
+
+    elif desc.name == "opt":
+        tok, pos_emb = desc.embeddings
+
+        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor) -> torch.Tensor:
+            ones = torch.ones(input_ids.shape, dtype=torch.long, device=input_ids.device)
+            return parts[tok](input_ids) + parts[pos_emb](ones, 0)
+
+        def context(hidden: torch.Tensor) -> dict[str, Any]:
+            pos = _positions(hidden)
+            return {"attention_mask": _causal_mask(config, hidden, pos), "position_ids": pos}
+
+    elif desc.name == "llama":
+        tok = desc.embeddings[0]
+        # The rotary table has buffers only (no parameters), so every stage may share the module.
+        rotary = model.get_submodule("model.rotary_emb")
+
+        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor) -> torch.Tensor:
+            return parts[tok](input_ids)
+
+        def context(hidden: torch.Tensor) -> dict[str, Any]:
+            pos = _positions(hidden)
+            return {
+                "attention_mask": _causal_mask(config, hidden, pos),
+                "position_ids": pos,
+                "position_embeddings": rotary(hidden, position_ids=pos),
+            }
+
+    else:
+        raise ConfigError(f"no pipeline adapter for family {desc.name!r}; describe its embed/context/head")
+
+    final = desc.final
+
+    def head(parts: Mapping[str, nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+        return _chain(parts, final, hidden)
+
+    return {"embed_fn": embed, "context_fn": context, "head_fn": head}
+
+
+def pipeline_adapter(model: nn.Module, family: str | None = None) -> Any:
+    """A ``PathAdapter`` running ``model`` as embeddings -> layers -> final modules.
+
+    Takes: a model built by ``build_model``; its family (default: from ``config.model_type``).
+    Returns: an ``autoslapo.primitives.pipeline.PathAdapter`` for ``build_pipeline(adapter=...)``.
+    Raises: ConfigError for an unknown family.
+    """
+    from autoslapo.primitives.pipeline import PathAdapter
+
+    name = family or str(getattr(getattr(model, "config", None), "model_type", ""))
+    desc = get_family(name)
+    return PathAdapter(
+        layers_path=desc.layers,
+        first_paths=desc.embeddings,
+        last_paths=desc.final,
+        **_adapter_parts(desc, model),
+    )
+
+
+def register_pipeline_adapters() -> list[str]:
+    """Register this module's adapters with the pipeline primitive for families it lacks.
+
+    Returns: the model types registered now. Families the primitive already knows keep its adapter
+    (``pipeline_adapter`` gives this module's one for any family).
+    """
+    from autoslapo.errors import ScheduleError
+    from autoslapo.primitives import pipeline as pl
+
+    added = []
+    for desc in FAMILY_DESCRIPTIONS.values():
+
+        def factory(model: nn.Module, layers_path: str, _name: str = desc.name) -> Any:
+            return pipeline_adapter(model, _name)
+
+        try:
+            pl.register_pipeline_adapter(desc.model_type, factory)
+        except ScheduleError:  # already registered (by the primitive itself or an earlier call)
+            continue
+        added.append(desc.model_type)
+    return added

@@ -1,0 +1,298 @@
+"""``apply_schedule``: the one knob-driven schedule that serves every model family.
+
+Reads the family's :class:`~autoslapo.models.families.FamilyDescription` (where attention, MLP,
+norms, embeddings and the layer list live) and a :class:`~autoslapo.config.ScheduleConfig`, and
+applies primitives to the schedule tree, in this order:
+
+1. tensor parallelism (Megatron layout): q/k/v (or the fused q|k|v, block-wise) and the MLP's input
+   projections column-parallel, the attention output and MLP output projections row-parallel, the
+   head counts a forward reads shrunk; the token embedding and LM head vocabulary-parallel when the
+   vocabulary divides by tp (else they stay replicated);
+2. bias + GeLU fusion (``fuse_bias_gelu``), before any hook goes on the traced modules;
+3. the collectives: at the input of each column-parallel region an identity whose gradient is
+   all-reduced, at the output of each row-parallel one an all-reduce. With ``sequence_parallel``
+   the residual stream between layers is split along the sequence: the inputs of attention and MLP
+   are all-gathered (gradient: reduce-scatter), the outputs reduce-scattered, the norms in a layer
+   get their gradients summed, and each pipeline chunk splits the sequence at its first layer and
+   gathers it after its last (so a stage boundary carries whole sequences);
+4. the attention kernel; activation checkpointing of ``config.checkpointed_layers`` (of each
+   pipeline chunk's layers when pp > 1); ``compile_layers``; the pipeline cuts (pp x virtual stages).
+
+Pure schedule code: it starts no processes and sets up no groups (the runtime, the verify command
+and the tests pass the tensor-parallel group in ``groups`` or on the schedule).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+# The primitives this plan uses, registered by explicit import.
+import autoslapo.primitives.checkpoint
+import autoslapo.primitives.fuse
+import autoslapo.primitives.kernel
+import autoslapo.primitives.pipeline
+import autoslapo.primitives.tp
+import autoslapo.primitives.trace  # noqa: F401
+from autoslapo.errors import ScheduleError
+from autoslapo.models.families import FamilyDescription, get_family, register_pipeline_adapters
+from autoslapo.schedule import Schedule, create_schedule
+
+if TYPE_CHECKING:
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.spec import ModelSpec
+
+__all__ = ["apply_schedule", "chunk_bounds", "checkpointed_layers", "cut_points"]
+
+
+def chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each of ``chunks`` equal pipeline chunks of ``layers`` layers.
+
+    Raises: ScheduleError if ``chunks`` does not divide ``layers``.
+    """
+    if chunks < 1 or layers % chunks:
+        raise ScheduleError(
+            f"pipeline chunks must split the layers evenly: got {layers} layers into {chunks} chunks; "
+            f"use pp * virtual_stages dividing {layers}"
+        )
+    n = layers // chunks
+    return [(c * n, (c + 1) * n) for c in range(chunks)]
+
+
+def cut_points(layers: int, chunks: int) -> list[int]:
+    """Indices of the layers after which a pipeline stage ends (``chunks - 1`` of them)."""
+    return [stop - 1 for _, stop in chunk_bounds(layers, chunks)[:-1]]
+
+
+def checkpointed_layers(spec: ModelSpec, config: ScheduleConfig) -> list[int]:
+    """The layer indices ``apply_schedule`` checkpoints.
+
+    With one pipeline chunk: ``config.checkpointed_layers(spec.layers)``. With several, the ratio and
+    placement apply within each chunk (every stage then holds about the same activations).
+    """
+    chunks = config.pp * config.virtual_stages
+    out: list[int] = []
+    for start, stop in chunk_bounds(spec.layers, chunks):
+        out.extend(start + i for i in config.checkpointed_layers(stop - start))
+    return out
+
+
+# -- tensor-parallel building blocks -------------------------------------------------------------
+
+
+def _is_conv1d(mod: nn.Module) -> bool:
+    # transformers' Conv1D (GPT-2) stores its weight as [in, out], the transpose of nn.Linear.
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(mod, Conv1D)
+
+
+def _shard_column(node: Schedule, chunks: int = 1) -> None:
+    """Column-parallel: shard the output features (block-wise for a fused q|k|v)."""
+    conv = _is_conv1d(node.mod)
+    node.shard("weight", 1 if conv else 0, chunks=chunks)
+    if getattr(node.mod, "bias", None) is not None:
+        node.shard("bias", 0, chunks=chunks)
+    if conv:
+        node.shrink_attr("nf")
+    elif isinstance(node.mod, nn.Linear):
+        node.mod.out_features //= node.world_size
+
+
+def _shard_row(node: Schedule) -> None:
+    """Row-parallel: shard the input features; the bias stays whole (``sync`` counts it once)."""
+    conv = _is_conv1d(node.mod)
+    node.shard("weight", 0 if conv else 1)
+    if conv:
+        node.shrink_attr("nx")
+    elif isinstance(node.mod, nn.Linear):
+        node.mod.in_features //= node.world_size
+
+
+def _shard_layer(layer: Schedule, desc: FamilyDescription) -> None:
+    for path in desc.qkv:
+        _shard_column(layer[path], desc.qkv_chunks)
+    if desc.attention_attrs:
+        layer[desc.attention].shrink_attr(*desc.attention_attrs)
+    _shard_row(layer[desc.attn_out])
+    for path in desc.mlp_in:
+        _shard_column(layer[path])
+    _shard_row(layer[desc.mlp_out])
+
+
+def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) -> None:
+    regions = (
+        (desc.attention, desc.attention_input, desc.attn_out, 1),
+        (desc.mlp_input, 0, desc.mlp_out, desc.mlp_seq_dim),
+    )
+    for entry, index, exit_, seq_dim in regions:
+        if seq_parallel:
+            layer[entry].sync("fwd_pre", "all_gather", dim=seq_dim, bwd="reduce_scatter", index=index)
+            layer[exit_].sync("fwd_post", "reduce_scatter", dim=seq_dim)
+        else:
+            # Megatron's "f" and "g": identity forward / all-reduced input gradient at the entry,
+            # all-reduce of the partial sums at the exit.
+            layer[entry].sync("bwd_post", "all_reduce", index=index)
+            layer[exit_].sync("fwd_post", "all_reduce")
+    if seq_parallel:
+        for path in desc.norms:
+            layer[path].allreduce_grads()
+
+
+def _vocab_parallel(sch: Schedule, desc: FamilyDescription) -> None:
+    sch[desc.embed_tokens].vocab_parallel()
+    head = sch[desc.lm_head]
+    from autoslapo.primitives.tp import shard_spec
+
+    for name in ("weight", "bias"):
+        p = head.mod._parameters.get(name)
+        if p is not None and shard_spec(p) is None:  # a tied weight was sharded with the embedding
+            head.shard(name, 0)
+    if isinstance(head.mod, nn.Linear):
+        head.mod.out_features //= head.world_size
+    # Local vocabulary logits -> whole logits for the model's own loss; the input gradient is a
+    # per-rank partial sum over the local vocabulary.
+    head.sync("fwd_post", "all_gather", dim=-1)
+    head.sync("bwd_post", "all_reduce")
+
+
+# -- fusion ---------------------------------------------------------------------------------------
+
+
+def _gelu_chain() -> tuple[tuple[type, ...], tuple[Any, ...]]:
+    import torch.nn.functional as F
+    from transformers.activations import GELUActivation, NewGELUActivation
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, Conv1D), (nn.GELU, GELUActivation, NewGELUActivation, F.gelu)
+
+
+def _fuse_bias_gelu(layer: Schedule, desc: FamilyDescription, compiler: str) -> bool:
+    if desc.bias_gelu is None:
+        return False
+    from transformers.activations import GELUActivation, NewGELUActivation
+    from transformers.pytorch_utils import Conv1D
+
+    node = layer[desc.bias_gelu]
+    # Keep the projections and activations opaque so the sync hooks on them stay callable.
+    node.trace(leaf_modules=[Conv1D, GELUActivation, NewGELUActivation])
+    matches = node.find(_gelu_chain())
+    if len(matches) != 1:
+        raise ScheduleError(
+            f"fuse_bias_gelu expects one Linear -> GeLU in {node.path!r}: found {len(matches)}; "
+            f"check the {desc.name!r} family description's bias_gelu path"
+        )
+    node.fuse(matches[0], compiler=compiler, name="bias_gelu")
+    return True
+
+
+# -- the schedule ---------------------------------------------------------------------------------
+
+
+def _root(sch_or_model: Schedule | nn.Module, groups: Any) -> Schedule:
+    if isinstance(sch_or_model, Schedule):
+        return sch_or_model
+    if isinstance(sch_or_model, nn.Module):
+        return create_schedule(sch_or_model, group=getattr(groups, "tp_group", None))
+    raise ScheduleError(f"apply_schedule needs a Schedule or an nn.Module: got {type(sch_or_model).__name__}")
+
+
+def apply_schedule(
+    sch_or_model: Schedule | nn.Module,
+    spec: ModelSpec,
+    config: ScheduleConfig,
+    groups: Any = None,
+    *,
+    compiler: str = "inductor",
+) -> Schedule:
+    """Apply the knob-driven schedule for ``spec``'s family to a model built by ``build_model``.
+
+    Takes: the model or its schedule root; the model's spec; the knobs; ``groups`` (a
+    ``ParallelGroups``: its ``tp_group`` becomes the schedule's group when a model is given);
+    ``compiler`` for ``fuse_bias_gelu`` and ``compile_layers`` ("inductor"; "eager" rewrites
+    without generating code, and compiles layers with "aot_eager").
+    Returns: the schedule root; ``root.meta["plan"]`` records what was applied (and what was not:
+    e.g. a vocabulary that tp does not divide stays replicated).
+    Raises: ConfigError when the knobs do not fit the model (``config.validate``); ScheduleError
+    when the model does not match the spec or the schedule's group size differs from ``config.tp``.
+    """
+    config.validate(spec)
+    desc = get_family(spec.family)
+    sch = _root(sch_or_model, groups)
+    if sch.world_size != config.tp:
+        raise ScheduleError(
+            f"the schedule's tensor-parallel group has {sch.world_size} ranks but config.tp={config.tp}; "
+            "pass groups=build_groups(tp, pp, dp) or create_schedule(model, group=<tp group>)"
+        )
+    if desc.layers not in sch:
+        raise ScheduleError(
+            f"a {spec.family} model keeps its layers at {desc.layers!r}, which this model lacks; "
+            f"build it with autoslapo.models.build_model({spec.preset!r})"
+        )
+    layer_list = sch[desc.layers]
+    if len(layer_list.children) != spec.layers:
+        raise ScheduleError(
+            f"the model has {len(layer_list.children)} layers but the spec says {spec.layers}; "
+            "build the model from the same spec"
+        )
+    layers = [layer_list[str(i)] for i in range(spec.layers)]
+    tp = config.tp
+    plan: dict[str, Any] = {"family": desc.name, "config": config.to_dict(), "skipped": []}
+
+    # 1. shard parameters (before any hook, so fusion below sees the final parameter objects)
+    if tp > 1:
+        for layer in layers:
+            _shard_layer(layer, desc)
+    vocab_parallel = tp > 1 and spec.vocab % tp == 0
+    if tp > 1 and not vocab_parallel:
+        plan["skipped"].append(f"vocab-parallel embedding: vocab {spec.vocab} % tp {tp} != 0 (kept replicated)")
+
+    # 2. fusion
+    if config.fuse_bias_gelu:
+        if desc.bias_gelu is None:
+            plan["skipped"].append(f"fuse_bias_gelu: the {desc.name} MLP has no bias + GeLU")
+        else:
+            for layer in layers:
+                _fuse_bias_gelu(layer, desc, compiler)
+
+    # 3. collectives
+    chunks = chunk_bounds(spec.layers, config.pp * config.virtual_stages)
+    if tp > 1:
+        for layer in layers:
+            _sync_layer(layer, desc, config.sequence_parallel)
+        if vocab_parallel:
+            _vocab_parallel(sch, desc)
+        if config.sequence_parallel:
+            for start, stop in chunks:
+                layers[start].sync("fwd_pre", "split", dim=1)
+                layers[stop - 1].sync("fwd_post", "all_gather", dim=1)
+
+    # 4. kernel, checkpointing, compilation, pipeline cuts
+    sch.attention_kernel(config.attn_kernel)
+    ckpt = checkpointed_layers(spec, config)
+    for i in ckpt:
+        layers[i].checkpoint()
+    if config.compile_layers:
+        backend = "aot_eager" if compiler == "eager" else compiler
+        for layer in layers:
+            layer.fuse(compiler=backend)
+    cuts = cut_points(spec.layers, config.pp * config.virtual_stages)
+    for i in cuts:
+        layers[i].cut_pipeline_stage()
+    if cuts:
+        register_pipeline_adapters()
+
+    plan.update(
+        tp=tp,
+        vocab_parallel=vocab_parallel,
+        sequence_parallel=config.sequence_parallel and tp > 1,
+        checkpointed=ckpt,
+        pipeline_cuts=cuts,
+        stages=[list(b) for b in chunks],
+        attn_kernel=config.attn_kernel,
+        fused_bias_gelu=config.fuse_bias_gelu and desc.bias_gelu is not None,
+        compiled_layers=config.compile_layers,
+    )
+    sch.meta["plan"] = plan
+    return sch

@@ -1,0 +1,373 @@
+"""Tensor parallelism: ``shard`` parameters, ``sync`` activations, and the helpers around them.
+
+Parameters are sliced to plain local tensors (Megatron style), one shard per rank of the node's
+``group``. Each sharded parameter carries a :class:`ShardSpec` (attribute ``_autoslapo_shard``, and
+``sch.meta["shards"][name]``) so that ``build`` can materialize it and ``Verify`` can gather it.
+
+Recipes (``tp`` = group size; ``W`` = weight):
+
+* column-parallel ``nn.Linear``: ``shard("weight", 0)``, ``shard("bias", 0)``,
+  ``sync("bwd_post", "all_reduce")`` (identity forward, all-reduce of the input gradient).
+  For GPT-2's ``Conv1D`` (weight stored ``[in, out]``): ``shard("weight", 1)``, ``shard("bias", 0)``,
+  ``shrink_attr("nf")``; for its fused q|k|v ``c_attn`` add ``chunks=3`` to both shards.
+* row-parallel: ``shard("weight", 1)`` (``Conv1D``: axis 0), ``sync("fwd_post", "all_reduce")``; the
+  unsharded bias is counted once (ranks other than 0 subtract a detached copy before the sum).
+* vocab-parallel embedding: ``vocab_parallel()`` (shards rows, masks ids of other ranks, all-reduces).
+* sequence parallelism: ``sync("fwd_post", "split", dim=1)`` where the sequence enters a TP block,
+  ``sync("fwd_pre", "all_gather", dim=1, bwd="reduce_scatter")`` before column-parallel layers,
+  ``sync("fwd_post", "reduce_scatter", dim=1)`` after row-parallel ones (instead of all_reduce),
+  ``allreduce_grads()`` on LayerNorms that now see a sequence shard, and
+  ``sync("fwd_post", "all_gather", dim=1)`` where the sequence leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoslapo.errors import ScheduleError
+from autoslapo.primitives import comm
+from autoslapo.schedule import Schedule, register_primitive
+
+__all__ = ["ShardSpec", "gather_shards", "shard_spec", "slice_shard"]
+
+SHARD_ATTR = "_autoslapo_shard"
+GRAD_SYNC_ATTR = "_autoslapo_grad_sync"
+MODES = ("fwd_pre", "fwd_post", "bwd_pre", "bwd_post")
+SYNC_OPS = ("all_reduce", "all_gather", "reduce_scatter", "split")
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How a parameter was sliced: this rank holds block ``rank`` of every one of ``chunks`` blocks.
+
+    ``full_shape`` is the unsharded shape; ``group`` the process group the shards live on.
+    """
+
+    axis: int
+    chunks: int
+    full_shape: tuple[int, ...]
+    world_size: int
+    rank: int
+    group: Any = None
+
+
+def shard_spec(param: torch.Tensor) -> ShardSpec | None:
+    """Return the ShardSpec recorded on ``param``, or None if it is not sharded."""
+    return getattr(param, SHARD_ATTR, None)
+
+
+def slice_shard(full: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
+    """Return this rank's shard of the full tensor ``full`` (a fresh, contiguous tensor)."""
+    if spec.world_size == 1:
+        return full.clone()
+    blocks = full.chunk(spec.chunks, dim=spec.axis)
+    part = blocks[0].shape[spec.axis] // spec.world_size
+    pieces = [b.narrow(spec.axis, spec.rank * part, part) for b in blocks]
+    return torch.cat(pieces, dim=spec.axis).contiguous()
+
+
+def gather_shards(local: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
+    """All-gather every rank's shard and reassemble the full tensor (no autograd).
+
+    The inverse of :func:`slice_shard`: block b of the result is the concatenation over ranks of
+    block b of each rank's shard.
+    """
+    if spec.world_size == 1:
+        return local.detach().clone()
+    parts = [torch.empty_like(local) for _ in range(spec.world_size)]
+    torch.distributed.all_gather(parts, local.detach().contiguous(), group=spec.group)
+    per_rank = [p.chunk(spec.chunks, dim=spec.axis) for p in parts]
+    blocks = [torch.cat([r[b] for r in per_rank], dim=spec.axis) for b in range(spec.chunks)]
+    return torch.cat(blocks, dim=spec.axis)
+
+
+def _param(sch: Schedule, name: str) -> nn.Parameter:
+    params = dict(sch.mod.named_parameters(recurse=False))
+    if name not in params:
+        valid = ", ".join(params) or "none"
+        raise ScheduleError(
+            f"{type(sch.mod).__name__} at {sch.path or '<root>'!r} has no parameter {name!r}; "
+            f"its own parameters: {valid} (address a child node for deeper ones)"
+        )
+    return params[name]
+
+
+def _set_everywhere(root: nn.Module, old: nn.Parameter, new: nn.Parameter) -> list[str]:
+    # A tied parameter (GPT-2's wte/lm_head) is one object in several modules; re-tie all of them.
+    places = []
+    for mpath, m in root.named_modules(remove_duplicate=False):
+        for pname, p in list(m._parameters.items()):
+            if p is old:
+                m._parameters[pname] = new
+                places.append(f"{mpath}.{pname}" if mpath else pname)
+    return places
+
+
+@register_primitive("shard")
+def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1) -> ShardSpec:
+    """Slice parameter ``param_name`` of this node to this rank's shard along ``axis``.
+
+    Takes: the parameter's name on this module, the axis, and ``chunks`` (3 for a fused q|k|v
+    weight: each block is sharded separately so every rank keeps matching q, k and v heads).
+    Returns: the recorded ShardSpec. Works on the meta device (``build`` materializes later).
+    Raises: ScheduleError for an unknown parameter, an axis out of range, a size that does not
+    divide by ``chunks * world_size``, or a parameter that is already sharded.
+    """
+    param = _param(sch, param_name)
+    where = f"{sch.path + '.' if sch.path else ''}{param_name}"
+    if shard_spec(param) is not None:
+        raise ScheduleError(f"{where} is already sharded ({shard_spec(param)}); shard each parameter once")
+    if not -param.dim() <= axis < param.dim():
+        raise ScheduleError(
+            f"shard axis must be in [-{param.dim()}, {param.dim()}) for {where} of shape "
+            f"{tuple(param.shape)}: got axis={axis}"
+        )
+    axis %= param.dim()
+    if chunks < 1:
+        raise ScheduleError(f"shard chunks must be >= 1: got chunks={chunks} for {where}")
+    world, size = sch.world_size, param.shape[axis]
+    if size % (chunks * world):
+        raise ScheduleError(
+            f"shard needs size % (chunks * tp) == 0: {where} has size {size} on axis {axis}, "
+            f"chunks={chunks}, tp={world} ({chunks * world}); pick a tp that divides {size // chunks}"
+            if size % chunks == 0
+            else f"shard needs size % (chunks * tp) == 0: {where} has size {size} on axis {axis}, "
+            f"chunks={chunks}; {size} is not divisible by chunks={chunks}"
+        )
+    spec = ShardSpec(axis, chunks, tuple(param.shape), world, sch.rank, sch.group)
+    with torch.no_grad():
+        local = slice_shard(param.data, spec)
+    new = nn.Parameter(local, requires_grad=param.requires_grad)
+    setattr(new, SHARD_ATTR, spec)
+    for k, v in vars(param).items():  # keep annotations and other tags
+        if k != SHARD_ATTR:
+            setattr(new, k, v)
+    places = _set_everywhere(sch.root().mod, param, new)
+    sch.meta.setdefault("shards", {})[param_name] = spec
+    if len(places) > 1:
+        sch.meta.setdefault("tied", {})[param_name] = places
+    return spec
+
+
+@register_primitive("shrink_attr")
+def shrink_attr(sch: Schedule, *names: str, by: int | None = None) -> dict[str, int]:
+    """Divide integer attributes of this module (``num_heads``, ``split_size``, ``nf``...) by ``by``.
+
+    Use it for sizes a forward uses explicitly after its weights were sharded. ``by`` defaults to
+    the group size. Returns the new values by name.
+    Raises: ScheduleError if an attribute is missing, not an int, or not divisible by ``by``.
+    """
+    by = sch.world_size if by is None else by
+    if by < 1:
+        raise ScheduleError(f"shrink_attr needs by >= 1: got by={by}")
+    new: dict[str, int] = {}
+    for name in names:
+        value = getattr(sch.mod, name, None)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ScheduleError(
+                f"shrink_attr needs an int attribute: {type(sch.mod).__name__}.{name} is {value!r}"
+            )
+        if value % by:
+            raise ScheduleError(
+                f"shrink_attr needs {name} % tp == 0: {type(sch.mod).__name__}.{name}={value}, tp={by}; "
+                f"pick a tp that divides {value}"
+            )
+        new[name] = value // by
+    for name, value in new.items():
+        setattr(sch.mod, name, value)
+        sch.meta.setdefault("shrunk", {})[name] = value
+    return new
+
+
+def _has_shards(mod: nn.Module) -> bool:
+    return any(shard_spec(p) is not None for p in mod.parameters())
+
+
+def _pick(args: tuple[Any, ...], kwargs: dict[str, Any], index: int | str) -> tuple[str, int | str]:
+    if isinstance(index, str):
+        if index in kwargs:
+            return "kw", index
+        raise ScheduleError(f"sync input {index!r} was not passed as a keyword argument")
+    if index < len(args):
+        return "pos", index
+    if index == 0:  # modules called with keywords only: take the first tensor keyword
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor):
+                return "kw", k
+    raise ScheduleError(f"sync input {index!r} not found among {len(args)} positional args / {list(kwargs)}")
+
+
+def _map_output(out: Any, index: int | str, fn: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    if isinstance(out, Mapping):  # dict or transformers ModelOutput (mutated in place)
+        key = index if isinstance(index, str) else list(out.keys())[index]
+        out[key] = fn(out[key])  # type: ignore[index]
+        return out
+    if isinstance(out, tuple | list) and not isinstance(index, str):
+        items = list(out)
+        items[index] = fn(items[index])
+        return type(out)(items) if isinstance(out, list) else tuple(items)
+    raise ScheduleError(f"sync cannot find output {index!r} in a {type(out).__name__}")
+
+
+@register_primitive("sync")
+def sync(
+    sch: Schedule,
+    mode: str,
+    op: str = "all_reduce",
+    *,
+    dim: int = -1,
+    bwd: str | None = None,
+    index: int | str = 0,
+    bias: str | None = "auto",
+) -> None:
+    """Insert an autograd-aware collective at this module's boundary.
+
+    Takes: ``mode`` (``fwd_pre`` input / ``fwd_post`` output: collective in the forward pass, its
+    adjoint in the backward; ``bwd_pre`` output gradient / ``bwd_post`` input gradient: identity
+    forward, collective on the gradient), ``op`` (all_reduce, all_gather, reduce_scatter, split),
+    ``dim`` for gather/scatter/split, ``bwd`` to override the backward op (e.g. ``reduce_scatter``
+    for a sequence-parallel all_gather), ``index`` of the input/output tensor (position or keyword),
+    and ``bias``: for a summing ``fwd_post`` on a module whose bias is not sharded, the name of that
+    bias to count once ("auto": ``"bias"`` when present; None: off).
+    Raises: ScheduleError for an unknown mode or op, a gradient-mode op other than all_reduce, or a
+    summing collective on a module without sharded parameters (it would multiply by the group size).
+    """
+    if mode not in MODES:
+        raise ScheduleError(f"sync mode must be one of {MODES}: got {mode!r}")
+    if op not in SYNC_OPS:
+        raise ScheduleError(f"sync op must be one of {SYNC_OPS}: got {op!r}")
+    if bwd is not None and bwd not in comm.OPS:
+        raise ScheduleError(f"sync bwd must be one of {comm.OPS}: got {bwd!r}")
+    if mode.startswith("bwd") and op != "all_reduce":
+        raise ScheduleError(
+            f"sync mode {mode!r} keeps the forward unchanged, so only all_reduce fits the gradient: "
+            f"got op={op!r}; use a fwd_* mode for {op}"
+        )
+    summing = (op in ("all_reduce", "reduce_scatter") and mode.startswith("fwd")) or mode.startswith("bwd")
+    if summing and not _has_shards(sch.mod):
+        raise ScheduleError(
+            f"sync({mode!r}, {op!r}) sums over the group, but {type(sch.mod).__name__} at "
+            f"{sch.path or '<root>'!r} has no sharded parameters, so every rank holds the full value "
+            f"and the sum would be tp={sch.world_size} times too large; shard its parameters first"
+        )
+    group, mod = sch.group, sch.mod
+    rank = sch.rank
+    bias_name = None
+    if summing and mode == "fwd_post" and bias is not None:
+        bias_name = "bias" if bias == "auto" else bias
+        b = mod._parameters.get(bias_name)
+        if b is None or shard_spec(b) is not None:
+            if bias != "auto":
+                raise ScheduleError(f"sync bias={bias!r}: no unsharded parameter of that name")
+            bias_name = None
+    sch.meta.setdefault("syncs", []).append(
+        {"mode": mode, "op": op, "dim": dim, "bwd": bwd, "index": index, "bias": bias_name}
+    )
+    if sch.world_size == 1:
+        return
+
+    def collective(t: torch.Tensor) -> torch.Tensor:
+        if mode.startswith("bwd"):
+            return comm.apply(t, "identity", bwd=op, dim=dim, group=group)
+        if bias_name is not None and rank != 0:
+            b = mod._parameters[bias_name]
+            if b is not None and t.shape[-1:] == b.shape:
+                t = t - b.detach()  # every rank added the bias; keep rank 0's only
+        return comm.apply(t, op, bwd=bwd, dim=dim, group=group)
+
+    if mode in ("fwd_pre", "bwd_post"):
+
+        def pre_hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            where, key = _pick(args, kwargs, index)
+            if where == "pos":
+                items = list(args)
+                items[key] = collective(items[key])  # type: ignore[index]
+                return tuple(items), kwargs
+            kwargs = dict(kwargs)
+            kwargs[key] = collective(kwargs[key])  # type: ignore[index]
+            return args, kwargs
+
+        handle = mod.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    else:
+
+        def post_hook(_m: nn.Module, _args: tuple[Any, ...], out: Any) -> Any:
+            return _map_output(out, index, collective)
+
+        handle = mod.register_forward_hook(post_hook)
+    sch.meta.setdefault("hooks", []).append(handle)
+
+
+@register_primitive("vocab_parallel")
+def vocab_parallel(sch: Schedule, param_name: str = "weight") -> ShardSpec:
+    """Make an embedding vocab-parallel: shard rows, zero ids owned by other ranks, all-reduce.
+
+    Takes: the embedding table's parameter name (rows = vocabulary). The module must look rows
+    up by its first input (``nn.Embedding``); a ``padding_idx`` is moved to local numbering.
+    Returns: the ShardSpec. Raises: ScheduleError as ``shard`` does.
+    """
+    spec = shard(sch, param_name, 0)
+    mod, group, world = sch.mod, sch.group, sch.world_size
+    part = spec.full_shape[0] // world
+    start = sch.rank * part
+    if hasattr(mod, "num_embeddings"):
+        setattr(mod, "num_embeddings", part)  # noqa: B010  (an int attribute, not a submodule)
+    pad = getattr(mod, "padding_idx", None)
+    if isinstance(pad, int):
+        setattr(mod, "padding_idx", pad - start if start <= pad < start + part else None)  # noqa: B010
+    sch.meta["vocab_parallel"] = {"start": start, "size": part}
+    if world == 1:
+        return spec
+    masks: list[torch.Tensor] = []
+
+    def pre_hook(_m: nn.Module, args: tuple[Any, ...]) -> Any:
+        ids = args[0]
+        mask = (ids < start) | (ids >= start + part)
+        masks.append(mask)
+        return ((ids - start).masked_fill(mask, 0), *args[1:])
+
+    def post_hook(_m: nn.Module, _args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+        mask = masks.pop()
+        out = out.masked_fill(mask.unsqueeze(-1), 0.0)
+        return comm.apply(out, "all_reduce", group=group)
+
+    sch.meta.setdefault("hooks", []).extend(
+        [mod.register_forward_pre_hook(pre_hook), mod.register_forward_hook(post_hook)]
+    )
+    return spec
+
+
+@register_primitive("allreduce_grads")
+def allreduce_grads(sch: Schedule, *names: str) -> list[str]:
+    """Sum the gradients of this module's parameters over the group during backward.
+
+    For replicated parameters that only see part of the data on each rank: LayerNorm weights under
+    sequence parallelism. Takes: parameter names relative to this node (default: all, recursively).
+    Returns: the names hooked. Raises: ScheduleError for a sharded or unknown parameter, or one that
+    already has its gradient synced.
+    """
+    params = dict(sch.mod.named_parameters())
+    chosen = list(names) or list(params)
+    for name in chosen:
+        if name not in params:
+            raise ScheduleError(f"allreduce_grads: no parameter {name!r} under {sch.path or '<root>'!r}; "
+                                f"valid: {', '.join(params)}")
+        p = params[name]
+        if shard_spec(p) is not None:
+            raise ScheduleError(f"allreduce_grads: {name!r} is sharded; its gradient is already per-shard")
+        if getattr(p, GRAD_SYNC_ATTR, False):
+            raise ScheduleError(f"allreduce_grads: {name!r} already has its gradient synced")
+    group, world = sch.group, sch.world_size
+    for name in chosen:
+        p = params[name]
+        setattr(p, GRAD_SYNC_ATTR, True)
+        if world > 1:
+            p.register_hook(lambda g: comm.all_reduce(g, group))
+    sch.meta.setdefault("grad_sync", []).extend(chosen)
+    return chosen

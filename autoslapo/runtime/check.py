@@ -1,0 +1,84 @@
+"""Can the runtime run this configuration here? Checked before any process starts.
+
+``ScheduleConfig.validate`` says whether a configuration makes sense for a model; this module adds
+what the runtime's engines cannot do together, and what this machine lacks. Pure apart from asking
+torch how many GPUs there are (only for ``device="cuda"``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from autoslapo.config import ScheduleConfig
+from autoslapo.errors import ConfigError
+from autoslapo.models.spec import ModelSpec
+
+__all__ = ["check_runnable", "resolve_device"]
+
+MAX_CPU_RANKS = 64
+
+
+def resolve_device(device: str, world_size: int) -> str:
+    """``auto`` -> ``cuda`` when at least one GPU is visible, else ``cpu``; others pass through.
+
+    Raises: ConfigError for an unknown device name.
+    """
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device must be auto, cpu or cuda: got {device!r}")
+    if device != "auto":
+        return device
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= 1 else "cpu"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return "cpu"
+
+
+def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cpu") -> None:
+    """Raise ConfigError (rule, values, fix) if the runtime cannot run ``config`` on ``device``.
+
+    Rules beyond ``config.validate(spec)``:
+    * fp16 needs dynamic loss scaling, which the runtime does not do: use bf16 or fp32;
+    * flash attention needs CUDA and the ``flash_attn`` package;
+    * ZeRO-2/3 with pp > 1: the pipeline's schedule accumulates gradients over micro-batches
+      itself, so only ZeRO 0-1 fit (already a ``ScheduleConfig`` rule, repeated for old configs);
+    * a pipeline needs at least as many micro-batches (``grad_accum``) as stages;
+    * cuda: one GPU per rank; cpu: at most 64 ranks.
+    """
+    config.validate(spec)
+    if config.precision == "fp16":
+        raise ConfigError(
+            "precision fp16 needs dynamic loss scaling, which the runtime does not do: got precision=fp16; "
+            "use bf16 or fp32"
+        )
+    if config.attn_kernel == "flash":
+        if device != "cuda":
+            raise ConfigError(f"attn_kernel flash needs a CUDA device: got device={device}; use sdpa or eager")
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("attn_kernel flash needs the flash_attn package, which is not installed; use sdpa")
+    if config.pp > 1 and config.zero_stage >= 2:
+        raise ConfigError(
+            f"zero_stage {config.zero_stage} cannot run with pipeline parallelism (pp={config.pp}): "
+            "pipelines support ZeRO 0-1; use zero_stage <= 1 or pp=1"
+        )
+    stages = config.pp * config.virtual_stages
+    if config.pp > 1 and config.grad_accum < config.pp:
+        raise ConfigError(
+            f"a pipeline needs at least one micro-batch per stage: got grad_accum={config.grad_accum} "
+            f"micro-batches for pp={config.pp} ({stages} stages); raise grad_accum to >= {config.pp}"
+        )
+    if device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        if config.world_size > have:
+            raise ConfigError(
+                f"the runtime runs one rank per GPU: got tp*pp*dp={config.world_size} ranks with {have} "
+                f"GPU(s) here; lower the degrees or run on CPU ranks"
+            )
+    elif config.world_size > MAX_CPU_RANKS:
+        raise ConfigError(
+            f"CPU trials run at most {MAX_CPU_RANKS} ranks: got tp*pp*dp={config.world_size}; "
+            "lower the degrees or use the sim backend"
+        )

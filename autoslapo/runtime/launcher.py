@@ -1,0 +1,355 @@
+"""Start ``world_size`` rank processes for one trial, watch them, and leave nothing behind.
+
+Each rank is ``python -m autoslapo.runtime.worker DIR RANK`` in its own session (so a kill of its
+process group also takes whatever it forked: compiler jobs, data workers). Ranks meet through a
+``TCPStore`` that rank 0 opens on a port the OS picks and announces in ``DIR/port`` (no port race);
+each writes its outcome to ``DIR/rank<R>.json``. This module imports no torch: the tuner calls it
+in-process and only the ranks pay for torch.
+
+Watching: the launcher polls every rank; it kills all of them (SIGKILL to each process group) when
+the deadline passes, when a rank's peak resident memory (``VmHWM``, the kernel's high-water mark,
+so a spike between polls is still seen) goes over the memory cap, or a few seconds after a rank
+failed while its peers still wait in a collective. Afterwards it unlinks the ``/dev/shm`` files the
+ranks created (torch's ``torch_<pid>_*`` segments, DeepSpeed's ``deepspeed_*_<port>_*`` buffers)
+and removes ``DIR``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from autoslapo.errors import ConfigError
+
+__all__ = ["LaunchOutcome", "launch"]
+
+Status = Literal["complete", "oom", "failed", "timeout"]
+SHM = Path("/dev/shm")
+POLL_S = 0.05
+# Messages of collectives whose peer went away (gloo, nccl, the TCP store).
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+             "recvBytes", "Socket Timeout")
+
+
+@dataclass
+class LaunchOutcome:
+    """What the ranks of one launch gave.
+
+    ``status``: complete (every rank returned), oom, failed or timeout; ``reason``: one line for
+    the non-complete ones. ``values``: each rank's return value (``None`` where it gave none).
+    ``peak_rss_bytes``: each rank's peak resident memory (0 if unknown). ``elapsed_s``: wall time
+    from start to the last rank's exit. ``logs``: the tail of each rank's output. ``launch_id``:
+    the value of ``AUTOSLAPO_LAUNCH_ID`` in every rank's environment (to look for strays).
+    """
+
+    status: Status
+    reason: str
+    values: list[Any]
+    peak_rss_bytes: list[int]
+    elapsed_s: float
+    logs: list[str] = field(default_factory=list)
+    launch_id: str = ""
+
+
+def _hwm_bytes(pid: int) -> int:
+    """Peak resident memory of ``pid`` from /proc (0 when it is gone or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _tree_pids(pid: int) -> list[int]:
+    """``pid`` and its descendants (via /proc/<pid>/task/*/children), best effort."""
+    out, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError, ValueError), open(f"/proc/{p}/task/{task}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+    return out
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _last_error_line(log: str) -> str:
+    """The last line of a log that looks like an exception (``Name: message``), else the last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        head = ln.split(":", 1)[0]
+        if head.endswith(("Error", "Exception", "Interrupt")) and " " not in head:
+            return ln
+    return lines[-1] if lines else ""
+
+
+def _child_env(device: str, threads: int, extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    # The ranks must import exactly what this process imports (tests put their own modules on it).
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["MKL_NUM_THREADS"] = str(threads)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("TORCH_EXTENSIONS_DIR", "/tmp/autoslapo-torch-ext")
+    env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env.update(extra or {})
+    return env
+
+
+def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        # Each rank leads its own session and process group: SIGKILL the group, then the pid in
+        # case it already left it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            p.kill()
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
+
+
+def _kill_strays(launch_id: str) -> set[int]:
+    """SIGKILL every process that carries this launch's id in its environment (daemons a rank
+    started in a session of their own, e.g. torch_shm_manager). Returns their pids."""
+    key = f"AUTOSLAPO_LAUNCH_ID={launch_id}".encode()
+    killed: set[int] = set()
+    for _ in range(3):  # a stray may fork while we look
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                env = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if key in env.split(b"\0"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry), signal.SIGKILL)
+                    killed.add(int(entry))
+                    found = True
+        if not found:
+            break
+        time.sleep(0.05)
+    return killed
+
+
+def _shm_names() -> set[str]:
+    try:
+        return set(os.listdir(SHM))
+    except OSError:
+        return set()
+
+
+def _clean_shm(before: set[str], pids: set[int], port: str | None) -> list[str]:
+    """Unlink /dev/shm entries that appeared during the launch and belong to its ranks."""
+    removed = []
+    for name in _shm_names() - before:
+        ours = any(name.startswith(f"torch_{pid}_") or f"_{pid}_" in name for pid in pids)
+        if port and name.startswith("deepspeed") and f"_{port}" in name:
+            ours = True
+        if ours:
+            with contextlib.suppress(OSError):
+                (SHM / name).unlink()
+                removed.append(name)
+    return removed
+
+
+def launch(
+    entry: str,
+    world_size: int,
+    payload: dict[str, Any] | None = None,
+    *,
+    timeout_s: float,
+    mem_cap_bytes: int | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+    grace_s: float = 5.0,
+    env: dict[str, str] | None = None,
+) -> LaunchOutcome:
+    """Run ``entry`` (``"package.module:function"``) on ``world_size`` fresh processes.
+
+    Takes: the entry, called on each rank as ``fn(ctx, payload)`` with an initialized default
+    process group (see ``autoslapo.runtime.worker``); a JSON-safe payload; the wall-clock limit;
+    an optional per-rank cap on peak resident memory; ``device`` "cpu" (gloo) or "cuda" (nccl, one
+    GPU per rank); threads per rank (default: this machine's cores shared out, at least 1); how
+    long peers of a failed rank may linger; extra environment.
+    Returns: a LaunchOutcome; never raises for what happens inside the ranks.
+    Raises: ConfigError for a bad world size, device or entry.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"world_size must be a positive integer: got {world_size!r}")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be cpu or cuda: got {device!r}")
+    if ":" not in entry:
+        raise ConfigError(f"entry must be 'module:function': got {entry!r}")
+    if mem_cap_bytes is not None and mem_cap_bytes <= 0:
+        raise ConfigError(f"mem_cap_bytes must be positive: got {mem_cap_bytes}")
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+    tmp = Path(tempfile.mkdtemp(prefix="autoslapo-trial-"))
+    shm_before = _shm_names()
+    procs: list[subprocess.Popen[bytes]] = []
+    seen_pids: set[int] = set()
+    start = time.monotonic()
+    deadline = start + timeout_s
+    status: Status | None = None
+    reason = ""
+    peaks = [0] * world_size
+    port: str | None = None
+    try:
+        request = {
+            "entry": entry,
+            "payload": payload or {},
+            "world_size": world_size,
+            "device": device,
+            "threads": threads,
+            "timeout_s": timeout_s,
+        }
+        (tmp / "request.json").write_text(json.dumps(request))
+        child_env = _child_env(device, threads, env)
+        child_env["AUTOSLAPO_LAUNCH_ID"] = tmp.name
+        for rank in range(world_size):
+            log = open(tmp / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed right after Popen
+            try:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "autoslapo.runtime.worker", str(tmp), str(rank)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=child_env,
+                        start_new_session=True,
+                    )
+                )
+            finally:
+                log.close()
+        failed_at: float | None = None
+        codes: list[int | None] = [None] * world_size
+        while True:
+            now = time.monotonic()
+            for p in procs:
+                seen_pids.update(_tree_pids(p.pid))
+            codes = [p.poll() for p in procs]
+            for r, p in enumerate(procs):
+                if codes[r] is None:
+                    peaks[r] = max(peaks[r], _hwm_bytes(p.pid))
+            if mem_cap_bytes is not None:
+                over = [r for r in range(world_size) if peaks[r] > mem_cap_bytes]
+                if over:
+                    r = over[0]
+                    status = "oom"
+                    reason = (
+                        f"rank {r} peak resident memory {peaks[r] / 2**20:.0f} MiB went over the "
+                        f"cap of {mem_cap_bytes / 2**20:.0f} MiB"
+                    )
+                    break
+            if all(c is not None for c in codes):
+                break
+            if failed_at is None and any(c not in (None, 0) for c in codes):
+                failed_at = now
+            if failed_at is not None and now - failed_at > grace_s:
+                break  # a rank died; its peers are stuck in a collective
+            if now > deadline:
+                status = "timeout"
+                reason = f"trial did not finish within its timeout of {timeout_s:g} s"
+                break
+            time.sleep(POLL_S)
+        elapsed = time.monotonic() - start
+        with contextlib.suppress(OSError):
+            port = (tmp / "port").read_text().strip() or None
+    finally:
+        _kill_all(procs)
+        seen_pids |= _kill_strays(tmp.name)
+        _clean_shm(shm_before, seen_pids, port)
+        results: list[dict[str, Any] | None] = []
+        logs: list[str] = []
+        for rank in range(world_size):
+            try:
+                results.append(json.loads((tmp / f"rank{rank}.json").read_text()))
+            except (OSError, ValueError):
+                results.append(None)
+            logs.append(_tail(tmp / f"rank{rank}.log"))
+        shutil.rmtree(tmp, ignore_errors=True)
+    for r, res in enumerate(results):
+        if res is not None:
+            peaks[r] = max(peaks[r], int(res.get("peak_rss_bytes") or 0))
+    values = [res.get("value") if res is not None and res.get("status") == "ok" else None for res in results]
+    if status is None:
+        # Exit codes as seen before the final kill: a rank without a code was killed by us.
+        status, reason = _classify(results, logs, codes, peaks, mem_cap_bytes)
+    return LaunchOutcome(status, reason, values, peaks, elapsed, logs, tmp.name)
+
+
+def _classify(
+    results: list[dict[str, Any] | None],
+    logs: list[str],
+    codes: list[int | None],
+    peaks: list[int],
+    mem_cap_bytes: int | None,
+) -> tuple[Status, str]:
+    """Status and reason once every rank has stopped (or the survivors were killed)."""
+    errors = [(r, res) for r, res in enumerate(results) if res is not None and res.get("status") != "ok"]
+    ooms = [(r, res) for r, res in errors if res.get("status") == "oom"]
+    if ooms:
+        r, res = ooms[0]
+        return "oom", f"rank {r}: {res.get('error', 'out of memory')}"
+    if mem_cap_bytes is not None:
+        for r, peak in enumerate(peaks):
+            if peak > mem_cap_bytes:
+                return "oom", (
+                    f"rank {r} peak resident memory {peak / 2**20:.0f} MiB went over the cap of "
+                    f"{mem_cap_bytes / 2**20:.0f} MiB"
+                )
+    if errors:
+        # The first rank to fail is the cause; its peers then fail on a broken connection.
+        # Errors that only report a lost peer are effects, never the cause, when another exists.
+        def order(e: tuple[int, dict[str, Any]]) -> tuple[bool, float]:
+            text = str(e[1].get("error", ""))
+            return any(m in text for m in PEER_LOST), float(e[1].get("time", 0.0))
+
+        r, res = min(errors, key=order)
+        return "failed", f"rank {r}: {res.get('error', 'unknown error')}"
+    # Ranks that stopped on their own without a result come first; the rest were killed by us.
+    missing = [r for r, res in enumerate(results) if res is None and codes[r] is not None]
+    missing += [r for r, res in enumerate(results) if res is None and codes[r] is None]
+    if missing:
+        r = missing[0]
+        code = codes[r]
+        if code == -signal.SIGKILL:
+            return "oom", f"rank {r} was killed by SIGKILL (the kernel's out-of-memory killer?) without a result"
+        if code is None:
+            return "failed", f"rank {r} gave no result before the launch ended"
+        why = _last_error_line(logs[r])
+        how = f"signal {-code}" if code is not None and code < 0 else f"code {code}"
+        return "failed", f"rank {r} exited with {how} without a result" + (f": {why}" if why else "")
+    return "complete", ""

@@ -1,0 +1,264 @@
+"""Training steps of a scheduled model on one rank, and the unscheduled reference they must match.
+
+``train(ctx, spec, config, ...)`` runs on every rank of a launch (``autoslapo.runtime.worker``): it
+builds the model on the meta device, applies the knob-driven schedule
+(``autoslapo.plan.apply_schedule``: TP/SP shards and collectives, kernel, fusion, checkpointing,
+pipeline cuts), materializes this rank's shards with ``autoslapo.build`` (values depend only on the
+seed and the module path, so every layout starts from the same weights), and trains:
+
+* pp == 1: DeepSpeed's engine (DP and ZeRO 0-3 over the dp group, gradient accumulation of
+  ``grad_accum`` micro-batches per optimizer step);
+* pp > 1: ``torch.distributed.pipelining`` stages (``build_pipeline``; ``grad_accum`` is the number
+  of micro-batches), gradients averaged over the dp group, AdamW or ZeRO-1's
+  ZeroRedundancyOptimizer.
+
+Data: step ``k`` uses ``example_batch(spec, global_batch, seed=mix(seed, k))``; data-parallel rank
+``d`` takes rows ``[d*B/dp, (d+1)*B/dp)`` and splits them into micro-batches in order, so the loss of
+a step is the mean of the micro-batch losses of the whole global batch, whatever the layout.
+Dropout is off by default so that the layouts can be compared step by step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from autoslapo.config import ScheduleConfig
+from autoslapo.models.spec import ModelSpec
+
+__all__ = ["loss_function", "reference_losses", "step_batch", "train", "train_entry", "train_many_entry"]
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _mix(seed: int, step: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/data/{step}".encode()).digest()[:4], "little")
+
+
+def step_batch(spec: ModelSpec, global_batch: int, step: int, seed: int) -> dict[str, torch.Tensor]:
+    """The whole global batch of optimizer step ``step`` (same on every rank)."""
+    from autoslapo.models.build import example_batch
+
+    return example_batch(spec, global_batch, seed=_mix(seed, step))
+
+
+def _micro_batches(batch: dict[str, torch.Tensor], dp_rank: int, dp: int, micro: int,
+                   accum: int, device: str) -> Iterator[dict[str, torch.Tensor]]:
+    rows = micro * accum
+    for i in range(accum):
+        a = dp_rank * rows + i * micro
+        yield {k: v[a:a + micro].to(device) for k, v in batch.items()}
+
+
+def loss_function(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``loss(logits, labels)`` as the family's transformers class computes it (mean over labelled
+    tokens; causal models predict the next token). The pipeline's last stage uses it."""
+    if spec.causal:
+        def causal(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
+        return causal
+
+    def masked(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    return masked
+
+
+def _autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.split(":")[0], dtype=DTYPES[precision])
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _build_scheduled(spec: ModelSpec, config: ScheduleConfig, groups: Any, *, seed: int,
+                     device: str, dropout: float | None) -> tuple[Any, nn.Module]:
+    """Meta-device model -> schedule -> this rank's shards on ``device``. Returns (schedule, model)."""
+    from autoslapo.build import materialize
+    from autoslapo.models.build import build_model
+    from autoslapo.plan import apply_schedule
+
+    with torch.device("meta"):
+        model = build_model(spec, attn_kernel=config.attn_kernel, seed=seed, dropout=dropout)
+    sch = apply_schedule(model, spec, config, groups)
+    # Materialize here rather than through build(): with pipeline cuts build() hands over to
+    # build_pipeline, which expects a model with real tensors.
+    materialize(sch.root().mod, seed=seed, device=device)
+    return sch, sch.root().mod
+
+
+def reference_losses(spec: ModelSpec, *, global_batch: int, micro_batch: int, steps: int, seed: int = 0,
+                     lr: float = 1e-3, dropout: float | None = 0.0, attn_kernel: str = "sdpa") -> list[float]:
+    """Losses of the unscheduled model trained in this process on the same data and weights.
+
+    One optimizer step = every micro-batch of the global batch, each loss scaled by 1/count and
+    its gradient accumulated, then AdamW (what DP x gradient accumulation computes).
+    """
+    from autoslapo.build import build
+    from autoslapo.models.build import build_model
+    from autoslapo.schedule import create_schedule
+
+    with torch.device("meta"):
+        model = build_model(spec, attn_kernel=attn_kernel, seed=seed, dropout=dropout)
+    model = build(create_schedule(model), seed=seed, device="cpu")
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    n = global_batch // micro_batch
+    out = []
+    for step in range(steps):
+        batch = step_batch(spec, global_batch, step, seed)
+        total = 0.0
+        for mb in _micro_batches(batch, 0, 1, micro_batch, n, "cpu"):
+            loss = model(**mb).loss
+            (loss / n).backward()
+            total += float(loss.detach())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(total / n)
+    return out
+
+
+def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warmup: int, seed: int = 0,
+          lr: float = 1e-3, dropout: float | None = 0.0) -> dict[str, Any]:
+    """Train ``steps`` optimizer steps of the scheduled model on this rank and time them.
+
+    Takes: the worker context (rank, device), the spec and knobs, the step counts, seed, learning
+    rate and dropout. Returns (JSON-safe): ``losses`` (global mean loss per step, on every rank),
+    ``step_times_s`` (the steps after ``warmup``, barrier to barrier), ``peak_memory_bytes`` (CUDA:
+    max allocated since set-up began; CPU: 0, the launcher reads the process's peak RSS),
+    ``setup_s`` and the applied ``plan``.
+    Raises: FloatingPointError when the loss stops being finite (``loss became nan at step k``).
+    """
+    from autoslapo.dist import build_groups
+    from autoslapo.runtime.engine import average_gradients, build_deepspeed_engine, build_pipeline_optimizer
+
+    device = ctx.device
+    dev_type = device.split(":")[0]
+    t_setup = time.perf_counter()
+    if dev_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    groups = build_groups(config.tp, config.pp, config.dp, device_type=dev_type)
+    sch, model = _build_scheduled(spec, config, groups, seed=seed, device=device, dropout=dropout)
+    plan = dict(sch.root().meta.get("plan", {}))
+    plan.pop("config", None)
+    accum, micro = config.grad_accum, config.micro_batch
+    engine: Any = None
+    runtime: Any = None
+    optimizer: Any = None
+    if config.pp == 1:
+        model.train()
+        engine = build_deepspeed_engine(model, config, groups, lr=lr, device_type=dev_type)
+    else:
+        from autoslapo.primitives.pipeline import build_pipeline
+
+        runtime = build_pipeline(
+            sch, pp_group=groups.pp_group, n_microbatches=accum, schedule=config.pipeline_schedule,
+            virtual_stages=config.virtual_stages, loss_fn=loss_function(spec), device=device,
+        )
+        for m in runtime.modules:
+            m.train()
+        params = runtime.parameters()
+        optimizer = build_pipeline_optimizer(params, config, groups, lr=lr)
+    del sch, model  # a pipeline rank keeps only its own stages' parameters
+    gc.collect()
+    setup_s = time.perf_counter() - t_setup
+
+    losses: list[float] = []
+    times: list[float] = []
+    world = dist.get_world_size()
+    for step in range(steps):
+        batch = step_batch(spec, config.global_batch, step, seed)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if engine is not None:
+            total = torch.zeros((), device=device)
+            for mb in _micro_batches(batch, groups.dp_rank, config.dp, micro, accum, device):
+                with _autocast(device, config.precision):
+                    loss = engine(**mb).loss
+                engine.backward(loss)
+                engine.step()
+                total += loss.detach().float()
+            local = total / accum
+            share = 1.0 / world  # every tp rank holds the same loss; average over dp
+        else:
+            rows = micro * accum
+            a = groups.dp_rank * rows
+            ids = batch["input_ids"][a:a + rows].to(device)
+            labels = batch["labels"][a:a + rows].to(device)
+            with _autocast(device, config.precision):
+                if runtime.has_first:
+                    out = runtime.step(ids, target=labels if runtime.has_last else None)
+                else:
+                    out = runtime.step(target=labels if runtime.has_last else None)
+            average_gradients(params, groups.dp_group, config.dp)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            has_loss = runtime.has_last and out is not None
+            local = out.detach().float() if has_loss else torch.zeros((), device=device)
+            share = 1.0 / (config.dp * config.tp)  # only the last stage's ranks contribute
+        _sync(device)
+        dist.barrier()
+        t1 = time.perf_counter()
+        # Outside the timed region: the global loss for the record and the finiteness check.
+        value = (local * share).to(device).reshape(1)
+        dist.all_reduce(value)
+        v = float(value.item())
+        if not math.isfinite(v):
+            raise FloatingPointError(f"loss became {v} at step {step}")
+        losses.append(v)
+        if step >= warmup:
+            times.append(t1 - t0)
+    peak = int(torch.cuda.max_memory_allocated()) if dev_type == "cuda" else 0
+    if engine is not None and hasattr(engine, "destroy"):
+        engine.destroy()
+    del engine, runtime, optimizer
+    gc.collect()
+    return {
+        "rank": ctx.rank,
+        "losses": losses,
+        "step_times_s": times,
+        "peak_memory_bytes": peak,
+        "setup_s": setup_s,
+        "plan": plan if ctx.rank == 0 else {},
+    }
+
+
+def _unpack(payload: dict[str, Any]) -> tuple[ModelSpec, ScheduleConfig, dict[str, Any]]:
+    spec = ModelSpec.from_dict(payload["spec"])
+    config = ScheduleConfig.from_dict(payload["config"])
+    kw = {k: payload[k] for k in ("steps", "warmup", "seed", "lr", "dropout") if k in payload}
+    return spec, config, kw
+
+
+def train_entry(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """Launcher entry for one trial: payload ``{spec, config, steps, warmup, seed, lr, dropout}``."""
+    spec, config, kw = _unpack(payload)
+    return train(ctx, spec, config, **kw)
+
+
+def train_many_entry(ctx: Any, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Launcher entry for several configurations on one world, one after the other (for tests).
+
+    Payload: ``{"runs": [one train_entry payload per configuration]}``; every configuration must
+    use the launch's whole world. Returns each run's ``train`` result, in order.
+    """
+    out = []
+    for run in payload["runs"]:
+        spec, config, kw = _unpack(run)
+        out.append(train(ctx, spec, config, **kw))
+    return out

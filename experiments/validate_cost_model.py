@@ -1,0 +1,195 @@
+"""Validate the cost model against published runs and against runs measured on this machine.
+
+Part 1: every row of ``autoslapo/cost/data/published_throughput.csv`` (a copy of
+``shared/reference/published_throughput.csv``): the schedule that matches the run (see
+``autoslapo.cost.published``) is estimated and compared. Targets: mean absolute percentage error
+<= 15 %, no row off by more than 30 %.
+
+Part 2 (``--local``): at least 12 configurations of a small model on 1-2 CPU ranks, trained for
+real by the runtime (``autoslapo.runtime``), against the estimate made with this machine's profile
+(``autoslapo profile``, measured first when none is given). Targets: Spearman rank correlation of
+throughput >= 0.9; predicted peak memory within 15 % of the measured peak RSS.
+
+Run: ``.venv/bin/python experiments/validate_cost_model.py [--local] [--profile PATH]``; writes
+``experiments/results/cost_model_validation.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.cost import estimate
+from autoslapo.cost.published import check_all
+from autoslapo.models.spec import ModelSpec
+
+OUT = Path(__file__).parent / "results" / "cost_model_validation.txt"
+
+# The local model: small enough for 2 cores, large enough that compute outweighs Python overhead.
+LOCAL_MODEL = ModelSpec(family="gpt2", hidden=256, layers=4, heads=4, ffn=1024, seq_len=128, vocab=2048,
+                        preset="gpt2-local", max_positions=128)
+
+
+def local_configs() -> list[ScheduleConfig]:
+    """Real configurations on 1-2 CPU ranks: micro-batch, tp, pp, dp, ckpt ratio, ZeRO, kernel."""
+    f = "fp32"
+    return [
+        ScheduleConfig(dp=1, micro_batch=4, precision=f),
+        ScheduleConfig(dp=1, micro_batch=16, precision=f),
+        ScheduleConfig(dp=2, micro_batch=2, precision=f),
+        ScheduleConfig(dp=2, micro_batch=8, precision=f),
+        ScheduleConfig(dp=2, micro_batch=16, precision=f),
+        ScheduleConfig(dp=2, micro_batch=8, ckpt_ratio=1.0, precision=f),
+        ScheduleConfig(dp=2, micro_batch=8, ckpt_ratio=0.5, precision=f),
+        ScheduleConfig(dp=2, micro_batch=8, zero_stage=2, precision=f),
+        ScheduleConfig(dp=2, micro_batch=4, grad_accum=4, zero_stage=1, precision=f),
+        ScheduleConfig(dp=2, micro_batch=8, attn_kernel="eager", precision=f),
+        ScheduleConfig(tp=2, micro_batch=4, precision=f),
+        ScheduleConfig(tp=2, micro_batch=16, precision=f),
+        ScheduleConfig(pp=2, micro_batch=4, grad_accum=4, precision=f),
+        ScheduleConfig(pp=2, micro_batch=8, grad_accum=4, precision=f),
+    ]
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = sum((a - mx) ** 2 for a in rx) ** 0.5
+    sy = sum((b - my) ** 2 for b in ry) ** 0.5
+    return cov / (sx * sy)
+
+
+def published_part(lines: list[str]) -> bool:
+    checks = check_all()
+    lines.append("## Published runs (autoslapo/cost/data/published_throughput.csv)")
+    lines.append(f"{'source':26} {'params':>7} {'gpus':>5} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>4} {'ga':>4} "
+                 f"{'metric':30} {'published':>10} {'predicted':>10} {'error':>7}")
+    for c in checks:
+        r, cfg = c.row, c.estimate.config
+        lines.append(f"{r['source']:26} {r['params_b']:>7} {r['gpus']:>5} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>4} "
+                     f"{cfg.micro_batch:>4} {cfg.grad_accum:>4} {r['metric']:30} {c.published:>10.1f} "
+                     f"{c.predicted:>10.1f} {c.error:>+7.1%}")
+    errs = [abs(c.error) for c in checks]
+    mape, worst = statistics.fmean(errs), max(errs)
+    ok = mape <= 0.15 and worst <= 0.30
+    lines.append(f"MAPE {mape:.1%} (target <= 15%), max |error| {worst:.1%} (target <= 30%): "
+                 f"{'PASS' if ok else 'FAIL'}")
+    lines.append("Schedules: Megatron rows: fp16, full recomputation, eager attention with Megatron's fused "
+                 "elementwise kernels (compile_layers), ZeRO 0, micro-batch = the fastest that fits for the "
+                 "given global batch. BERT rows: fp16 AMP, eager attention, fused kernels, no recompute, "
+                 "one micro-batch a step, per-GPU batch = the fastest that fits (256).")
+    return ok
+
+
+def _measure(model: ModelSpec, cfg: ScheduleConfig, steps: int, warmup: int, timeout: float) -> dict[str, Any]:
+    """Train ``cfg`` for real on CPU ranks with the runtime; median step time and peak RSS."""
+    try:
+        from autoslapo.runtime import run_trial  # type: ignore[attr-defined]
+    except ImportError:
+        run_trial = None
+    if run_trial is not None:
+        res = run_trial(model, cfg, steps=steps, warmup=warmup, timeout_s=timeout, device="cpu", dropout=0.0)
+        return {"status": res.status, "reason": res.reason, "step_time_s": res.step_time_s,
+                "samples_per_s": res.samples_per_s, "peak_memory_bytes": res.peak_memory_bytes}
+    from autoslapo.runtime.launcher import launch
+
+    payload = {"spec": model.to_dict(), "config": cfg.to_dict(), "steps": steps, "warmup": warmup, "seed": 0,
+               "dropout": 0.0}
+    out = launch("autoslapo.runtime.train:train_entry", cfg.world_size, payload, timeout_s=timeout)
+    if out.status != "complete":
+        return {"status": out.status, "reason": out.reason}
+    times = [statistics.median(v["step_times_s"]) for v in out.values]
+    step = max(times)
+    return {"status": "complete", "reason": "", "step_time_s": step, "samples_per_s": cfg.global_batch / step,
+            "peak_memory_bytes": max(out.peak_rss_bytes)}
+
+
+def local_part(lines: list[str], profile_path: Path | None, steps: int, warmup: int) -> bool:
+    from autoslapo.cost.profile import load_profile, measure_profile, save_profile
+
+    if profile_path is not None and profile_path.exists():
+        prof = load_profile(profile_path)
+    else:
+        prof = measure_profile(2)
+        if profile_path is not None:
+            save_profile(prof, profile_path)
+    lines.append("")
+    lines.append(f"## This machine: {LOCAL_MODEL.preset} (h={LOCAL_MODEL.hidden}, L={LOCAL_MODEL.layers}, "
+                 f"s={LOCAL_MODEL.seq_len}, V={LOCAL_MODEL.vocab}) on CPU ranks, gloo, fp32")
+    lines.append(f"profile: {prof['peak_tflops_fp32'] * 1e3:.1f} GFLOP/s a rank, copy {prof['hbm_gbps']:.1f} GB/s, "
+                 f"allreduce {prof['intra_node_gbps']:.2f} GB/s + {prof['coll_latency_s'] * 1e6:.0f} us a hop, "
+                 f"op {prof['op_latency_s'] * 1e6:.0f} us, process {prof['fixed_overhead_bytes'] / 2**20:.0f} MiB")
+    lines.append(f"{'tp':>2} {'pp':>2} {'dp':>2} {'mb':>3} {'ga':>3} {'ckpt':>4} {'zero':>4} {'attn':>5} "
+                 f"{'pred/s':>8} {'meas/s':>8} {'err':>7} {'pred MiB':>9} {'meas MiB':>9} {'err':>7}")
+    pred_t, meas_t, mem_err = [], [], []
+    for cfg in local_configs():
+        world = cfg.world_size
+        cluster = ClusterSpec(gpus=world, gpu_type="cpu", gpus_per_node=world).with_profile(prof)
+        est = estimate(LOCAL_MODEL, cfg, cluster, profile=prof, dropout=False)  # the runtime trains with dropout 0
+        m = _measure(LOCAL_MODEL, cfg, steps, warmup, timeout=600)
+        head = (f"{cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>2} {cfg.micro_batch:>3} {cfg.grad_accum:>3} "
+                f"{cfg.ckpt_ratio:>4} {cfg.zero_stage:>4} {cfg.attn_kernel:>5} ")
+        if m["status"] != "complete":
+            lines.append(head + f"{est.samples_per_s:>8.1f}  {m['status']}: {m['reason'][:80]}")
+            print(lines[-1], flush=True)
+            continue
+        pm, mm = est.memory_per_device_bytes, m["peak_memory_bytes"]
+        pred_t.append(est.samples_per_s)
+        meas_t.append(m["samples_per_s"])
+        me = pm / mm - 1 if mm else float("nan")
+        mem_err.append(abs(me))
+        lines.append(head + f"{est.samples_per_s:>8.1f} {m['samples_per_s']:>8.1f} "
+                     f"{est.samples_per_s / m['samples_per_s'] - 1:>+7.1%} {pm / 2**20:>9.0f} {mm / 2**20:>9.0f} {me:>+7.1%}")
+        print(lines[-1], flush=True)
+    if len(pred_t) < 3:
+        lines.append(f"only {len(pred_t)} configurations completed: no statistics")
+        return False
+    rho = spearman(pred_t, meas_t)
+    worst_mem = max(mem_err)
+    ok = rho >= 0.9 and worst_mem <= 0.15 and len(pred_t) >= 12
+    lines.append(f"{len(pred_t)} configurations measured: Spearman {rho:.3f} (target >= 0.9); memory error mean "
+                 f"{statistics.fmean(mem_err):.1%}, max {worst_mem:.1%} (target <= 15%): {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--local", action="store_true", help="also measure real runs on this machine")
+    p.add_argument("--profile", type=Path, default=None, help="device profile to use (measured if missing)")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args(argv)
+    lines = ["# Cost model validation", ""]
+    ok = published_part(lines)
+    if args.local:
+        ok = local_part(lines, args.profile, args.steps, args.warmup) and ok
+    else:
+        lines += ["", "## This machine: not run (pass --local)"]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""Search spaces: the knobs of ``ScheduleConfig``, their domains, and the rules tying them to a cluster.
+
+Pure data and pure functions (no optuna, ray or sqlalchemy import). A ``SearchSpace`` is written
+once per model family (or read from a user's TOML/JSON file); ``bind(model, cluster, global_batch)``
+turns it into a ``BoundSpace`` whose domains are fixed for a whole study, so an Optuna sampler sees
+the same distributions on every trial (no "dynamic value space" errors). Points of the product
+that break a rule are never configurations: ``BoundSpace.derive`` returns an ``Invalid`` with the
+reason, and the tuner tells the sampler so without running anything.
+
+Derived knobs: ``dp = gpus / (tp * pp)`` and ``grad_accum = global_batch / (micro_batch * dp)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import (
+    ATTN_KERNELS,
+    CKPT_PLACEMENTS,
+    PIPELINE_SCHEDULES,
+    PRECISIONS,
+    ScheduleConfig,
+)
+from autoslapo.errors import ConfigError, UsageError
+from autoslapo.models.spec import ModelSpec
+
+#: Knobs a space may search or fix; ``dp`` and ``grad_accum`` are always derived.
+TUNABLE: tuple[str, ...] = tuple(f.name for f in fields(ScheduleConfig) if f.name not in ("dp", "grad_accum"))
+#: Knobs whose domains are ordered numbers (the tuner samples them as an index, so TPE/GP/CMA-ES
+#: see their order); the others are categorical.
+ORDINAL: frozenset[str] = frozenset({"tp", "pp", "micro_batch", "ckpt_ratio", "zero_stage", "virtual_stages"})
+#: ``"auto"`` domains filled in per model and cluster by ``bind``.
+AUTO = "auto"
+
+_CHOICES: dict[str, tuple[Any, ...]] = {
+    "attn_kernel": ATTN_KERNELS,
+    "pipeline_schedule": PIPELINE_SCHEDULES,
+    "ckpt_placement": CKPT_PLACEMENTS,
+    "precision": PRECISIONS,
+    "zero_stage": (0, 1, 2, 3),
+    "fuse_bias_gelu": (False, True),
+    "compile_layers": (False, True),
+    "sequence_parallel": (False, True),
+}
+_POSITIVE_INT = ("tp", "pp", "micro_batch", "virtual_stages")
+_SPACE_KEYS = ("name", "version", "description", "knobs", "fixed", "rules")
+_RULE_KEYS = ("tp_within_node", "max_micro_batch", "batch_per_gpu", "min_global_batch", "max_global_batch")
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A point of the product that is not a runnable configuration, and why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Knob domains for one family (cluster-independent; ``"auto"`` resolved by ``bind``).
+
+    ``knobs``: knob -> tuple of values to search (or ``"auto"`` for tp, pp, micro_batch).
+    ``fixed``: knob -> the one value used. Knobs in neither take ``ScheduleConfig``'s default,
+    except ``precision``, which falls back to fp16 on devices without bf16.
+    ``rules``: ``tp_within_node`` (default true), ``max_micro_batch`` (64), and the default global
+    batch: ``batch_per_gpu`` x gpus, clipped to [``min_global_batch``, ``max_global_batch``].
+    """
+
+    name: str
+    version: str = "1"
+    description: str = ""
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    rules: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"search space {self.name!r}"
+        knobs = {k: _check_domain(k, v, where) for k, v in dict(self.knobs).items()}
+        fixed = {k: _check_value(k, v, where, "fixed") for k, v in dict(self.fixed).items()}
+        both = sorted(set(knobs) & set(fixed))
+        if both:
+            raise ConfigError(f"a knob is either searched or fixed: {both} are both in {where}; remove one")
+        rules = {"tp_within_node": True, "max_micro_batch": 64, "batch_per_gpu": 8,
+                 "min_global_batch": 8, "max_global_batch": 4096}
+        for k, v in dict(self.rules).items():
+            if k not in _RULE_KEYS:
+                raise ConfigError(f"unknown rule {k!r} in {where}: valid rules are {', '.join(_RULE_KEYS)}")
+            if k == "tp_within_node":
+                if not isinstance(v, bool):
+                    raise ConfigError(f"rules.tp_within_node must be true or false: got {v!r} in {where}")
+            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"rules.{k} must be a positive integer: got {v!r} in {where}")
+            rules[k] = v
+        object.__setattr__(self, "knobs", knobs)
+        object.__setattr__(self, "fixed", fixed)
+        object.__setattr__(self, "rules", rules)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe dict; ``space_from_dict(s.to_dict()) == s``."""
+        return {"name": self.name, "version": self.version, "description": self.description,
+                "knobs": {k: v if v == AUTO else list(v) for k, v in self.knobs.items()},
+                "fixed": dict(self.fixed), "rules": dict(self.rules)}
+
+    def default_global_batch(self, gpus: int) -> int:
+        """``batch_per_gpu`` x gpus clipped to the space's bounds."""
+        r = self.rules
+        return int(min(max(r["batch_per_gpu"] * gpus, r["min_global_batch"]), max(r["max_global_batch"], gpus)))
+
+    def bind(self, model: ModelSpec, cluster: ClusterSpec, global_batch: int | None = None) -> BoundSpace:
+        """Fix the domains for ``model`` on ``cluster`` with ``global_batch`` sequences a step.
+
+        Values that can never be valid on this cluster (tp not dividing the heads, pp not dividing
+        the layers, tp across nodes...) are dropped here, so the domains stay small; they are the
+        same on every call with the same inputs. Raises UsageError for a bad global batch.
+        """
+        gb = self.default_global_batch(cluster.gpus) if global_batch is None else global_batch
+        if not isinstance(gb, int) or gb < 1:
+            raise UsageError(f"--global-batch must be a positive integer: got {gb!r}")
+        if not self.rules["tp_within_node"] and not cluster.allow_cross_node_tp:
+            cluster = replace(cluster, allow_cross_node_tp=True)
+        domains: dict[str, tuple[Any, ...]] = {}
+        for knob, dom in self.knobs.items():
+            values = _auto_domain(knob, model, cluster, self.rules) if dom == AUTO else tuple(dom)
+            kept = tuple(v for v in values if _statically_ok(knob, v, model, cluster, self.rules))
+            if not kept:
+                raise ConfigError(
+                    f"no value of {knob} in {self.name!r} can run {model.preset} on {cluster.gpus} "
+                    f"{cluster.gpu_type}: domain {list(values)}; widen the domain in the space file"
+                )
+            domains[knob] = kept
+        fixed = dict(self.fixed)
+        if "precision" not in fixed and "precision" not in domains and not cluster.device.bf16:
+            fixed["precision"] = "fp16"
+        return BoundSpace(self, model, cluster, gb, domains, fixed)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _auto_domain(knob: str, model: ModelSpec, cluster: ClusterSpec, rules: Mapping[str, Any]) -> tuple[int, ...]:
+    if knob == "tp":
+        return tuple(_divisors(math.gcd(model.kv_heads, cluster.gpus)))
+    if knob == "pp":
+        return tuple(_divisors(math.gcd(model.layers, cluster.gpus)))
+    if knob == "micro_batch":
+        return tuple(2**i for i in range(int(math.log2(rules["max_micro_batch"])) + 1))
+    raise ConfigError(f"{knob} has no automatic domain: only tp, pp and micro_batch do; list its values")
+
+
+def _statically_ok(knob: str, v: Any, model: ModelSpec, cluster: ClusterSpec, rules: Mapping[str, Any]) -> bool:
+    if knob == "tp":
+        within = v <= cluster.devices_per_node or cluster.allow_cross_node_tp
+        return bool(cluster.gpus % v == 0 and model.heads % v == 0 and model.kv_heads % v == 0
+                    and model.ffn % v == 0 and within)
+    if knob == "pp":
+        return bool(cluster.gpus % v == 0 and model.layers % v == 0)
+    if knob == "micro_batch":
+        return bool(v <= rules["max_micro_batch"])
+    if knob == "attn_kernel" and v == "flash":
+        return cluster.device.flash_attention
+    if knob == "precision" and v == "bf16":
+        return cluster.device.bf16
+    return True
+
+
+@dataclass(frozen=True)
+class BoundSpace:
+    """A space bound to a model, a cluster and a global batch: fixed domains and the rules."""
+
+    space: SearchSpace
+    model: ModelSpec
+    cluster: ClusterSpec
+    global_batch: int
+    domains: Mapping[str, tuple[Any, ...]]
+    fixed: Mapping[str, Any]
+
+    @property
+    def size(self) -> int:
+        """Points in the product of the domains (valid or not)."""
+        return math.prod(len(v) for v in self.domains.values())
+
+    def derive(self, params: Mapping[str, Any]) -> ScheduleConfig | Invalid:
+        """The configuration for one point (knob -> value), or ``Invalid`` with the reason.
+
+        Knobs that do not matter for the point take one canonical value, so two points that run
+        the same way give the same config (and the same ``config_hash``).
+        """
+        knobs: dict[str, Any] = {**self.fixed, **params}
+        tp, pp = int(knobs.get("tp", 1)), int(knobs.get("pp", 1))
+        gpus = self.cluster.gpus
+        if gpus % (tp * pp):
+            return Invalid(f"tp*pp must divide --gpus: got tp={tp}, pp={pp} for {gpus}")
+        dp = gpus // (tp * pp)
+        mb = int(knobs.get("micro_batch", 1))
+        if self.global_batch % (mb * dp):
+            return Invalid(f"micro_batch*dp must divide the global batch: got {mb}*{dp} for {self.global_batch}")
+        knobs["dp"] = dp
+        knobs["grad_accum"] = self.global_batch // (mb * dp)
+        if pp == 1:
+            knobs["pipeline_schedule"], knobs["virtual_stages"] = "1f1b", 1
+        elif knobs.get("pipeline_schedule", "1f1b") != "interleaved":
+            knobs["virtual_stages"] = 1
+        if tp == 1:
+            knobs["sequence_parallel"] = False
+        if dp == 1:
+            knobs["zero_stage"] = 0  # nothing to partition over one replica
+        layers = self.model.layers
+        n_ckpt = round(float(knobs.get("ckpt_ratio", 0.0)) * layers)
+        knobs["ckpt_ratio"] = n_ckpt / layers
+        if n_ckpt in (0, layers):
+            knobs["ckpt_placement"] = "front"
+        try:
+            return ScheduleConfig(**knobs).validate(self.model, self.cluster)
+        except ConfigError as err:
+            return Invalid(str(err))
+
+    def params_of(self, config: ScheduleConfig) -> dict[str, Any] | None:
+        """A point of the domains that derives ``config``, or None if the space cannot reach it."""
+        params: dict[str, Any] = {}
+        for knob, dom in self.domains.items():
+            v = getattr(config, knob)
+            if knob == "ckpt_ratio":
+                n = round(v * self.model.layers)
+                match = [c for c in dom if round(c * self.model.layers) == n]
+                if not match:
+                    return None
+                v = match[0]
+            elif v not in dom:
+                # Canonicalised knobs (e.g. the schedule when pp=1) may take any domain value.
+                v = dom[0]
+            params[knob] = v
+        derived = self.derive(params)
+        if isinstance(derived, Invalid) or derived != config:
+            return None
+        return params
+
+    def points(self) -> Iterator[dict[str, Any]]:
+        """Every point of the product, in a fixed order."""
+        names = list(self.domains)
+        for combo in itertools.product(*(self.domains[n] for n in names)):
+            yield dict(zip(names, combo, strict=True))
+
+    def configs(self) -> list[ScheduleConfig]:
+        """Every distinct valid configuration, in a fixed order (deduplicated by config hash)."""
+        seen: set[ScheduleConfig] = set()  # frozen dataclass: equal iff the config hashes are equal
+        out: list[ScheduleConfig] = []
+        for point in self.points():
+            cfg = self.derive(point)
+            if isinstance(cfg, ScheduleConfig) and cfg not in seen:
+                seen.add(cfg)
+                out.append(cfg)
+        return out
+
+
+# --- parsing and validation of space descriptions ---------------------------------------------
+
+def _check_value(knob: str, v: Any, where: str, what: str) -> Any:
+    if knob not in TUNABLE:
+        raise ConfigError(
+            f"unknown knob {knob!r} in {where}: valid knobs are {', '.join(TUNABLE)} "
+            "(dp and grad_accum are derived from --gpus and --global-batch)"
+        )
+    if knob in _POSITIVE_INT:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{what} {knob} values must be positive integers: got {v!r} in {where}")
+    elif knob == "ckpt_ratio":
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
+            raise ConfigError(f"{what} ckpt_ratio values must be numbers in [0, 1]: got {v!r} in {where}")
+        v = float(v)
+    elif v not in _CHOICES[knob] or isinstance(v, bool) != isinstance(_CHOICES[knob][0], bool):
+        allowed = ", ".join(json.dumps(c) for c in _CHOICES[knob])
+        raise ConfigError(f"{what} {knob} must be one of {allowed}: got {json.dumps(v)} in {where}")
+    return v
+
+
+def _check_domain(knob: str, dom: Any, where: str) -> Any:
+    if dom == AUTO:
+        if knob not in ("tp", "pp", "micro_batch"):
+            raise ConfigError(f"knobs.{knob} = \"auto\" is only for tp, pp and micro_batch in {where}; list its values")
+        return AUTO
+    if not isinstance(dom, (list, tuple)) or not dom:
+        raise ConfigError(f"knobs.{knob} must be a non-empty list of values or \"auto\": got {dom!r} in {where}")
+    values = tuple(_check_value(knob, v, where, "knobs") for v in dom)
+    if len(set(values)) != len(values):
+        raise ConfigError(f"knobs.{knob} lists a value twice: {list(values)} in {where}; list each once")
+    return tuple(sorted(values)) if knob in ORDINAL else values
+
+
+def space_from_dict(d: Mapping[str, Any], *, source: str = "") -> SearchSpace:
+    """Build a ``SearchSpace`` from plain data (what a TOML/JSON space file holds).
+
+    Raises ConfigError naming the key, the value and the fix.
+    """
+    where = source or "the space description"
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"a search space must be a table of keys: got {type(d).__name__} in {where}")
+    unknown = sorted(set(d) - set(_SPACE_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} in {where}: valid keys are {', '.join(_SPACE_KEYS)}")
+    name = d.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a search space needs a name (a non-empty string): got {name!r} in {where}")
+    for key in ("knobs", "fixed", "rules"):
+        if not isinstance(d.get(key, {}), Mapping):
+            raise ConfigError(f"{key} must be a table (knob = value): got {d[key]!r} in {where}")
+    return SearchSpace(name=name, version=str(d.get("version", "1")), description=str(d.get("description", "")),
+                       knobs=dict(d.get("knobs", {})), fixed=dict(d.get("fixed", {})), rules=dict(d.get("rules", {})))
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Read a search space from a ``.toml`` or ``.json`` file (parsed as data, never executed).
+
+    Raises UsageError for a missing or unreadable file, ConfigError for bad contents.
+    """
+    p = Path(path)
+    if p.suffix not in (".toml", ".json"):
+        raise UsageError(f"--space must be a .toml or .json file: got {str(p)!r}")
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise UsageError(f"--space must be a readable file: {str(p)!r}: {err.strerror}") from None
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        first = str(err).splitlines()[0]
+        raise ConfigError(f"the space file must be valid {p.suffix[1:].upper()}: {str(p)!r}: {first}") from None
+    return space_from_dict(data, source=str(p))

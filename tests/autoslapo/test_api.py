@@ -1,0 +1,139 @@
+"""``autoslapo.api``: best() from the store, and apply_best() on two real gloo ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoslapo.api import best, best_trial
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.errors import UsageError
+from autoslapo.models.spec import ModelSpec
+
+GiB = 1024**3
+
+# bert-tiny on 2 CPU ranks. The fastest is tensor-parallel so that apply_best must shard; the
+# measured one is slower; the lightest leaves the most memory free.
+FAST = ScheduleConfig(tp=2, dp=1, micro_batch=2, grad_accum=2, attn_kernel="eager", precision="fp32")
+MEASURED = ScheduleConfig(dp=2, micro_batch=2, zero_stage=1, attn_kernel="eager", precision="fp32")
+LIGHT = ScheduleConfig(dp=2, micro_batch=1, grad_accum=2, ckpt_ratio=1.0, attn_kernel="eager", precision="fp32")
+
+
+def make_store(url: str) -> None:
+    from store import open_store
+
+    spec = ModelSpec.from_name("bert-tiny")
+    cluster = ClusterSpec(2, gpu_type="cpu")
+    with open_store(url) as db:
+        db.create_study("tiny", model=spec.to_dict(), cluster=cluster.to_dict(), space_name="bert",
+                        space_version="1", objective="samples_per_s", backend="sim",
+                        model_signature=spec.signature(), cluster_fingerprint=cluster.fingerprint())
+        rows = [(FAST, 300.0, 11.5 * GiB, False), (MEASURED, 200.0, 9.0 * GiB, True),
+                (LIGHT, 100.0, 2.0 * GiB, False)]
+        for i, (config, value, memory, measured) in enumerate(rows):
+            db.add_trial("tiny", i, config.to_dict(), {"status": "complete", "samples_per_s": value,
+                                                       "peak_memory_bytes": int(memory), "measured": measured})
+        db.add_trial("tiny", 3, ScheduleConfig(dp=2, micro_batch=64).to_dict(),
+                     {"status": "oom", "reason": "out of memory"})
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    u = f"sqlite:///{tmp_path / 'api.db'}"
+    make_store(u)
+    return u
+
+
+def test_best_returns_the_fastest_config(url: str) -> None:
+    assert best("bert-tiny", gpus=2, storage=url) == FAST
+    assert best(ModelSpec.from_name("bert-tiny"), gpus=2, gpu_type="cpu", storage=url) == FAST
+    assert best_trial("bert-tiny", gpus=2, storage=url).samples_per_s == 300.0
+
+
+def test_best_filters(url: str) -> None:
+    assert best("bert-tiny", gpus=2, storage=url, measured_only=True) == MEASURED
+    # 12 GiB devices: FAST peaks at 11.5 GiB (0.5 free), MEASURED at 9 (3 free), LIGHT at 2 (10 free).
+    assert best("bert-tiny", gpus=2, storage=url, min_headroom_bytes=1 * GiB) == MEASURED
+    assert best("bert-tiny", gpus=2, storage=url, min_headroom_fraction=0.5) == LIGHT
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"gpus": 4}, "run `autoslapo tune bert-tiny --gpus 4`"),
+    ({"gpus": 2, "gpu_type": "a100-80gb"}, "2 x a100-80gb"),
+    ({"gpus": 2, "min_headroom_fraction": 0.95}, "passes the filters"),
+    ({"gpus": 0}, "gpus must be a positive integer"),
+])
+def test_best_says_what_to_do_when_nothing_matches(url: str, kwargs: dict[str, Any], needle: str) -> None:
+    with pytest.raises(UsageError) as err:
+        best("bert-tiny", storage=url, **kwargs)
+    assert needle in str(err.value)
+
+
+def test_best_on_a_missing_store_creates_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "none.db"
+    with pytest.raises(UsageError, match="no store at"):
+        best("bert", gpus=64, storage=f"sqlite:///{target}")
+    assert not target.exists()
+
+
+def test_apply_best_needs_a_launched_job(url: str) -> None:
+    from autoslapo.api import apply_best
+
+    with pytest.raises(UsageError, match="inside a launched job of 2 ranks"):
+        apply_best("bert-tiny", gpus=2, storage=url)
+
+
+def _train_two_steps(url: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from autoslapo.api import apply_best
+    from autoslapo.models.build import example_batch
+
+    job = apply_best("bert-tiny", gpus=2, storage=url, lr=1e-2, **kwargs)
+    cfg = job.config
+    rows = job.local_rows(cfg.global_batch)
+    losses = []
+    for _ in range(3):
+        batch = example_batch(job.spec, cfg.global_batch, seed=0)  # one batch, repeated: the loss must fall
+        mine = {k: v[rows] for k, v in batch.items()}
+        total = torch.zeros(())
+        micro = cfg.micro_batch
+        for i in range(cfg.grad_accum):
+            with job.autocast():
+                loss = job.engine(**{k: v[i * micro:(i + 1) * micro] for k, v in mine.items()}).loss
+            job.engine.backward(loss)
+            job.engine.step()
+            total += loss.detach()
+        value = (total / cfg.grad_accum / (cfg.dp * cfg.tp)).reshape(1)
+        dist.all_reduce(value)
+        losses.append(float(value))
+    local_params = sum(p.numel() for p in job.model.parameters())
+    return {"config": cfg.to_dict(), "losses": losses, "params": local_params, "tp": job.groups.tp,
+            "plan_tp": job.plan.get("tp"), "trial": job.trial.number}
+
+
+def _both(url: str) -> list[dict[str, Any]]:
+    # One launch for both look-ups: starting ranks (and importing DeepSpeed) is most of the cost.
+    return [_train_two_steps(url, {}), _train_two_steps(url, {"measured_only": True})]
+
+
+def test_apply_best_trains_the_tuned_schedule_on_two_ranks(url: str) -> None:
+    from autoslapo.dist import spawn
+
+    ranks = spawn(_both, 2, url, timeout=300.0)
+    tp_out = [r[0] for r in ranks]
+    dp_out = [r[1] for r in ranks]
+    assert all(r["config"] == FAST.to_dict() and r["trial"] == 0 for r in tp_out)
+    assert all(r["tp"] == 2 and r["plan_tp"] == 2 for r in tp_out)
+    assert tp_out[0]["losses"] == tp_out[1]["losses"]
+    assert tp_out[0]["losses"][-1] < tp_out[0]["losses"][0]
+
+    assert all(r["config"] == MEASURED.to_dict() and r["trial"] == 1 for r in dp_out)
+    assert dp_out[0]["losses"] == dp_out[1]["losses"]
+    assert dp_out[0]["losses"][-1] < dp_out[0]["losses"][0]
+    # Tensor parallelism shards the layers: each tp rank holds fewer parameters than a dp replica.
+    assert tp_out[0]["params"] < dp_out[0]["params"]

@@ -1,0 +1,99 @@
+"""``autoslapo estimate`` and ``autoslapo profile``: output, flags, errors, profiles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoslapo.cli import main
+from autoslapo.cost.profile import load_profile, save_profile
+from autoslapo.errors import UsageError
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_estimate_bert_64_a100_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                    tmp_path: Path) -> None:
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    d = _json(capsys, ["estimate", "bert", "--gpus", "64", "--gpu-type", "a100-80gb", "--json"])
+    for key in ("samples_per_s", "tokens_per_s", "tflops_per_device", "hw_tflops_per_device",
+                "memory_per_device_bytes", "fits", "config"):
+        assert key in d
+    assert d["fits"] and d["config"]["tp"] * d["config"]["pp"] * d["config"]["dp"] == 64
+    pure = _json(capsys, ["estimate", "bert", "--gpus", "64", "--gpu-type", "a100-80gb", "--tp", "1",
+                          "--pp", "1", "--dp", "64", "--seq-len", "128", "--json"])
+    assert abs(pure["samples_per_s"] / 35774 - 1) <= 0.30
+    assert pure["config"]["dp"] == 64 and pure["model"]["seq_len"] == 128
+
+
+def test_estimate_fixed_knobs_are_kept(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    d = _json(capsys, ["estimate", "gpt2-large", "--gpus", "16", "--gpu-type", "a100-40gb", "--tp", "4",
+                       "--micro-batch", "2", "--global-batch", "64", "--ckpt-ratio", "0.5", "--zero-stage", "1",
+                       "--attn", "eager", "--json"])
+    c = d["config"]
+    assert (c["tp"], c["micro_batch"], c["ckpt_ratio"], c["zero_stage"], c["attn_kernel"]) == (4, 2, 0.5, 1, "eager")
+    assert c["micro_batch"] * c["grad_accum"] * c["dp"] == 64
+    assert main(["estimate", "gpt2-large", "--gpus", "16", "--tp", "2"]) == 0
+    assert "samples/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["estimate", "bert", "--gpus", "8", "--gpu-type", "tpu"], "--gpu-type"),
+    (["estimate", "nosuchmodel", "--gpus", "8"], "unknown model"),
+    (["estimate", "bert", "--gpus", "8", "--tp", "3"], "no valid schedule"),
+    (["estimate", "llama-70b", "--gpus", "1", "--gpu-type", "v100-16gb"], "fits in memory"),
+])
+def test_estimate_bad_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str,
+                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_estimate_uses_profile(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                               tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = ["estimate", "bert-tiny", "--gpus", "2", "--gpu-type", "cpu", "--dp", "2", "--micro-batch", "4", "--json"]
+    base = _json(capsys, argv)
+    prof = {"gpu_type": "cpu", "peak_tflops": 0.002, "peak_tflops_fp32": 0.002, "hbm_gbps": 1.0,
+            "intra_node_gbps": 0.1, "inter_node_gbps": 0.1, "fixed_overhead_bytes": 500 * 2**20,
+            "gemm_curve": [[1e6, 0.001], [1e9, 0.002]], "memory_bytes": 4 * 2**30}
+    path = save_profile(prof, tmp_path / "p.json")
+    slow = _json(capsys, [*argv, "--profile", str(path)])
+    assert slow["samples_per_s"] < base["samples_per_s"]
+    assert slow["memory"]["overhead"] == 500 * 2**20 and slow["cluster"]["memory_bytes"] == 4 * 2**30
+    monkeypatch.setenv("AUTOSLAPO_PROFILE", str(path))
+    assert _json(capsys, argv)["samples_per_s"] == slow["samples_per_s"]
+    wrong = save_profile({**prof, "gpu_type": "a100-80gb"}, tmp_path / "w.json")
+    assert main([*argv, "--profile", str(wrong)]) == 2
+    assert "profile is for" in capsys.readouterr().err
+
+
+def test_load_profile_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not found"):
+        load_profile(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(UsageError, match="JSON"):
+        load_profile(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(UsageError, match="not an autoslapo profile"):
+        load_profile(tmp_path / "other.json")
+
+
+@pytest.mark.slow
+def test_profile_measures_this_machine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cpu.json"
+    assert main(["profile", "--ranks", "2", "--quick", "--profile", str(out)]) == 0
+    prof = load_profile(out)
+    assert prof["gpu_type"] == "cpu" and prof["peak_tflops_fp32"] > 0 and prof["intra_node_gbps"] > 0
+    assert prof["fixed_overhead_bytes"] > 50 * 2**20 and len(prof["gemm_curve"]) >= 3
+    assert "saved" in capsys.readouterr().out

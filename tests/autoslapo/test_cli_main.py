@@ -1,0 +1,41 @@
+"""The CLI dispatcher: fast help, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from autoslapo.cli import SUBCOMMANDS, main
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autoslapo", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_top_level_help_lists_every_command_without_heavy_imports() -> None:
+    code = (
+        "import sys; from autoslapo.cli import main\n"
+        "try: main(['--help'])\nexcept SystemExit: pass\n"
+        "print([m for m in ('torch','ray','sqlalchemy','optuna','transformers') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    for name in SUBCOMMANDS:
+        assert name in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([name, "--help"])
+    assert e.value.code == 0
+    assert "usage: autoslapo" in capsys.readouterr().out
+
+
+def test_unknown_command_is_one_line_exit_2() -> None:
+    r = _run("frobnicate")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "invalid choice" in r.stderr
+    assert "Traceback" not in r.stderr

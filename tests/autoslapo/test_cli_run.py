@@ -1,0 +1,60 @@
+"""``autoslapo run``: one real trial, JSON output, and impossible configurations refused up front."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autoslapo.result import TrialResult
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "autoslapo", "run", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_run_prints_a_complete_trial_as_json() -> None:
+    r = _run("llama-tiny", "--gpus", "2", "--tp", "2", "--steps", "3", "--seq-len", "32", "--json",
+             "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = TrialResult.from_dict(json.loads(r.stdout))
+    assert result.status == "complete"
+    assert result.samples_per_s > 0 and result.tokens_per_s == pytest.approx(result.samples_per_s * 32)
+    assert result.tflops_per_device > 0 and result.peak_memory_bytes > 0
+    assert result.final_loss is not None and 0 < result.final_loss < 20
+    assert result.extra["plan"]["tp"] == 2
+    assert len(result.extra["step_times_s"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("llama-tiny", "--gpus", "4", "--tp", "3"), "multiple of tp*pp"),
+        (("bert-tiny", "--gpus", "3", "--tp", "3"), "tp must divide the attention heads"),
+        (("gpt2-tiny", "--gpus", "2", "--pp", "2", "--grad-accum", "1"), "micro-batch per stage"),
+        (("gpt2-tiny", "--gpus", "1", "--mem-cap", "lots"), "--mem-cap"),
+        (("no-such-model", "--gpus", "1"), "unknown model"),
+    ],
+)
+def test_impossible_configurations_exit_2_with_one_line_before_starting(args: tuple[str, ...], match: str) -> None:
+    t0 = time.monotonic()
+    r = _run(*args, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0], r.stderr
+    assert r.stdout == ""
+    assert time.monotonic() - t0 < 60
+
+
+def test_parse_bytes() -> None:
+    from autoslapo.cli.run import parse_bytes
+
+    assert parse_bytes("2GiB") == 2 * 2**30
+    assert parse_bytes("800m") == 800 * 2**20
+    assert parse_bytes("123") == 123

@@ -1,0 +1,66 @@
+"""``autoslapo tune`` and ``autoslapo best`` end to end on the sim backend."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoslapo.cli import main
+
+
+def test_tune_then_best_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    rc = main(["tune", "bert", "--gpus", "64", "--trials", "20", "--storage", url, "--study", "cli"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "study cli: 20 trials launched" in out.out
+    assert "speedup over deepspeed-style baseline" in out.out and "speedup over megatron-style baseline" in out.out
+    assert "20/20" in out.err  # the progress line reached the budget
+    rc = main(["best", "bert", "--gpus", "64", "--json", "--storage", url])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["model"] == "bert-large" and doc["gpus"] == 64
+    assert doc["config"]["tp"] * doc["config"]["pp"] * doc["config"]["dp"] == 64
+    assert doc["samples_per_s"] > 0 and doc["measured"] is False
+    rc = main(["best", "bert", "--gpus", "64", "--storage", url])
+    assert rc == 0 and "samples/s" in capsys.readouterr().out
+
+
+def test_resume_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    base = ["tune", "bert-base", "--gpus", "8", "--gpu-type", "v100-32gb", "--storage", url, "--no-baselines"]
+    assert main([*base, "--trials", "5", "--study", "s"]) == 0
+    assert main([*base, "--trials", "9", "--study", "s", "--resume"]) == 0
+    assert "study s: 9 trials launched" in capsys.readouterr().out
+    assert main([*base, "--trials", "3", "--study", "nope", "--resume"]) == 2
+    assert "no study named 'nope'" in capsys.readouterr().err
+    assert main([*base, "--trials", "0"]) == 2
+    assert "--trials must be a positive integer" in capsys.readouterr().err
+    assert main(["best", "bert", "--gpus", "3", "--storage", url]) == 1
+    assert "no complete trial" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "bert", "--gpus", "8", "--sampler", "bogus"])
+    assert e.value.code == 2
+
+
+def test_user_space_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "s.toml"
+    space.write_text('name = "mine"\n[knobs]\ntp = [1, 2]\nmicro_batch = [1, 2]\n')
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    rc = main(["tune", "bert-base", "--gpus", "8", "--space", str(space), "--trials", "50", "--storage", url,
+               "--no-baselines"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "stopped by exhausted" in out
+    space.write_text('name = "mine"\n[knobs]\ntp = [3]\n')
+    assert main(["tune", "bert-base", "--gpus", "8", "--space", str(space), "--storage", url]) == 2
+    assert "no value of tp" in capsys.readouterr().err
+
+
+def test_cli_modules_import_nothing_heavy() -> None:
+    code = ("import sys, autoslapo.cli.tune, autoslapo.cli.best; "
+            "print([m for m in ('optuna', 'ray', 'sqlalchemy', 'torch') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,37 @@
+"""dist: spawn returns by rank and re-raises a rank's error; build_groups orders ranks pp, dp, tp."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from autoslapo.dist import build_groups, spawn
+from autoslapo.errors import ConfigError, ScheduleError
+
+
+def _coords(tp: int, pp: int, dp: int) -> tuple[int, int, int, int, list[int]]:
+    g = build_groups(tp=tp, pp=pp, dp=dp)
+    ranks = dist.get_process_group_ranks(g.tp_group)
+    return g.rank, g.tp_rank, g.dp_rank, g.pp_rank, ranks
+
+
+def _fail_on_rank1() -> int:
+    if dist.get_rank() == 1:
+        raise ScheduleError("shard needs size % tp == 0: got 10 for tp=4\nsecond line")
+    dist.barrier()
+    return 0
+
+
+def test_spawn_groups_and_errors() -> None:
+    out = spawn(_coords, 4, 2, 1, 2, timeout=120)
+    assert [o[:4] for o in out] == [(0, 0, 0, 0), (1, 1, 0, 0), (2, 0, 1, 0), (3, 1, 1, 0)]
+    assert out[2][4] == [2, 3]
+    with pytest.raises(ScheduleError, match=r"^rank 1: shard needs size % tp == 0: got 10 for tp=4$"):
+        spawn(_fail_on_rank1, 2, timeout=60)
+    with pytest.raises(ConfigError, match="world_size >= 1"):
+        spawn(_fail_on_rank1, 0)
+
+
+def test_build_groups_needs_a_group() -> None:
+    with pytest.raises(ConfigError, match="initialized process group"):
+        build_groups(2)

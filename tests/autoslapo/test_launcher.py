@@ -1,0 +1,179 @@
+"""The launcher: results from every rank, failed / timeout / oom outcomes, and nothing left behind.
+
+The entries below run inside the rank processes (they import this module by name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoslapo.errors import ConfigError
+from autoslapo.runtime.launcher import launch
+
+HERE = "tests.autoslapo.test_launcher"
+
+
+# -- entries (run on the ranks) -------------------------------------------------------------------
+
+
+def _record(ctx: Any, payload: dict[str, Any], **more: Any) -> None:
+    path = Path(payload["dir"]) / f"pids{ctx.rank}.json"
+    path.write_text(json.dumps({"pid": os.getpid(), **more}))
+
+
+def sum_ranks(ctx: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(t)
+    return {"rank": ctx.rank, "sum": t.item(), "world": dist.get_world_size(), "device": ctx.device}
+
+
+def crash_on_rank_1(ctx: Any, payload: dict[str, Any]) -> int:
+    import torch.distributed as dist
+
+    _record(ctx, payload)
+    if ctx.rank == 1:
+        raise ValueError("rank one gives up on purpose")
+    dist.barrier()  # rank 0 waits for a peer that never comes
+    return 0
+
+
+def hang_with_child_and_shm(ctx: Any, payload: dict[str, Any]) -> None:
+    import torch
+    import torch.multiprocessing as tmp_mp
+
+    # A grandchild process and a /dev/shm segment that only a clean-up removes.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    tmp_mp.set_sharing_strategy("file_system")
+    shared = torch.zeros(1024).share_memory_()
+    _record(ctx, payload, child=child.pid)
+    time.sleep(600)
+    del shared
+
+
+def allocate(ctx: Any, payload: dict[str, Any]) -> int:
+    import torch
+
+    x = torch.ones(int(payload["bytes"]), dtype=torch.uint8)
+    time.sleep(0.3)
+    return int(x[0])
+
+
+def allocate_impossible(ctx: Any, payload: dict[str, Any]) -> int:
+    import torch
+
+    x = torch.empty(2**60, dtype=torch.uint8)  # the allocator refuses: an out-of-memory error
+    return int(x.numel())
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _strays(launch_id: str) -> list[int]:
+    """Processes whose environment carries this launch's id."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"AUTOSLAPO_LAUNCH_ID={launch_id}".encode() in env and _alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def _recorded(d: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(d.glob("pids*.json"))]
+
+
+# -- tests ----------------------------------------------------------------------------------------
+
+
+def test_every_rank_returns_its_value() -> None:
+    out = launch(f"{HERE}:sum_ranks", 2, timeout_s=120)
+    assert out.status == "complete", out.reason
+    assert [v["rank"] for v in out.values] == [0, 1]
+    assert all(v["sum"] == 1.0 and v["world"] == 2 and v["device"] == "cpu" for v in out.values)
+    assert all(p > 10 * 2**20 for p in out.peak_rss_bytes)
+    assert not Path("/tmp", out.launch_id).exists()
+    assert _strays(out.launch_id) == []
+
+
+def test_a_crashing_rank_makes_the_launch_failed_with_its_reason(tmp_path: Path) -> None:
+    out = launch(f"{HERE}:crash_on_rank_1", 2, {"dir": str(tmp_path)}, timeout_s=120, grace_s=2)
+    assert out.status == "failed"
+    assert out.reason.startswith("rank 1: ValueError: rank one gives up on purpose")
+    assert "\n" not in out.reason
+    assert all(not _alive(r["pid"]) for r in _recorded(tmp_path))
+    assert _strays(out.launch_id) == []
+
+
+def test_a_hang_times_out_and_its_processes_and_shm_files_are_gone(tmp_path: Path) -> None:
+    shm_before = set(os.listdir("/dev/shm"))
+    t0 = time.monotonic()
+    out = launch(f"{HERE}:hang_with_child_and_shm", 2, {"dir": str(tmp_path)}, timeout_s=30)
+    assert out.status == "timeout"
+    assert "30 s" in out.reason
+    assert time.monotonic() - t0 < 60
+    recs = _recorded(tmp_path)
+    assert len(recs) == 2, out.logs  # both ranks got as far as the hang
+    for r in recs:
+        assert not _alive(r["pid"]) and not _alive(r["child"])
+    assert _strays(out.launch_id) == []
+    pids = {r["pid"] for r in recs}
+    left = [n for n in set(os.listdir("/dev/shm")) - shm_before if any(f"torch_{p}_" in n for p in pids)]
+    assert left == []
+
+
+def test_going_over_the_memory_cap_is_oom() -> None:
+    out = launch(f"{HERE}:allocate", 2, {"bytes": 700 * 2**20}, timeout_s=120, mem_cap_bytes=500 * 2**20)
+    assert out.status == "oom"
+    assert "cap of 500 MiB" in out.reason
+    assert _strays(out.launch_id) == []
+
+
+def test_staying_under_the_cap_completes() -> None:
+    out = launch(f"{HERE}:allocate", 1, {"bytes": 64 * 2**20}, timeout_s=120, mem_cap_bytes=2 * 2**30)
+    assert out.status == "complete", out.reason
+    assert out.peak_rss_bytes[0] >= 64 * 2**20
+
+
+def test_an_allocation_the_allocator_refuses_is_oom() -> None:
+    out = launch(f"{HERE}:allocate_impossible", 1, timeout_s=120)
+    assert out.status == "oom", out.reason
+    assert "rank 0" in out.reason
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"world_size": 0},
+        {"world_size": 2, "device": "tpu"},
+        {"world_size": 2, "entry": "no_colon"},
+        {"world_size": 2, "mem_cap_bytes": 0},
+    ],
+)
+def test_bad_arguments_are_rejected_before_anything_starts(kwargs: dict[str, Any]) -> None:
+    entry = kwargs.pop("entry", f"{HERE}:sum_ranks")
+    with pytest.raises(ConfigError):
+        launch(entry, timeout_s=10, **kwargs)

@@ -1,0 +1,244 @@
+"""cut_pipeline_stage misuse, stage building, and PP=2 on real gloo ranks against the unpipelined model."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import autoslapo.primitives.pipeline  # noqa: F401  (registers cut_pipeline_stage)
+from autoslapo.errors import ScheduleError
+from autoslapo.primitives.pipeline import (
+    PathAdapter,
+    build_stage_modules,
+    pipeline_cuts,
+    stage_bounds,
+)
+from autoslapo.schedule import create_schedule
+
+
+def _ce(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+
+
+def _seq() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(4)])
+
+
+def _bert() -> nn.Module:
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        tie_word_embeddings=False,
+    )
+    return BertForMaskedLM(cfg)
+
+
+def _gpt2(tied: bool = True) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=512,
+        n_embd=64,
+        n_layer=4,
+        n_head=4,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=tied,
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+# family -> (builder, layer-list prefix, batch maker, loss fn, reference forward)
+FAMILIES: dict[str, tuple[Callable[[], nn.Module], str]] = {
+    "seq": (_seq, ""),
+    "bert": (_bert, "bert.encoder.layer."),
+    "gpt2": (_gpt2, "transformer.h."),
+}
+
+
+def _batch(family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    if family == "seq":
+        return torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    return torch.randint(0, 512, (8, 16), generator=g), torch.randint(0, 512, (8, 16), generator=g)
+
+
+def _loss_fn(family: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return nn.functional.mse_loss if family == "seq" else _ce
+
+
+def _forward(family: str, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x) if family == "seq" else model(input_ids=x).logits
+
+
+# -- cuts and stages (one process) ------------------------------------------------------------------
+
+
+def test_cut_records_in_layer_order() -> None:
+    sch = create_schedule(_bert())
+    sch["bert.encoder.layer.2"].cut_pipeline_stage()
+    sch["bert.encoder.layer.0"].cut_pipeline_stage()
+    assert pipeline_cuts(sch) == ["bert.encoder.layer.0", "bert.encoder.layer.2"]
+    assert sch["bert.encoder.layer.2"].meta["pipeline_cut"] is True
+
+
+def test_cut_misuse_errors() -> None:
+    sch = create_schedule(_bert())
+    with pytest.raises(ScheduleError, match="got the root"):
+        sch.cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="child of BertEncoder"):
+        sch["bert.encoder.layer"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="child of BertLayer"):
+        sch["bert.encoder.layer.0.attention"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="last of 4 children"):
+        sch["bert.encoder.layer.3"].cut_pipeline_stage()
+    sch["bert.encoder.layer.1"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="already a pipeline cut"):
+        sch["bert.encoder.layer.1"].cut_pipeline_stage()
+    seq = create_schedule(nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), nn.Linear(2, 2)))
+    seq["0"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="one layer list"):
+        seq["0.0"].cut_pipeline_stage()
+
+
+def test_stage_bounds() -> None:
+    assert stage_bounds(4, [1]) == [(0, 2), (2, 4)]
+    assert stage_bounds(4, [0, 1, 2]) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    with pytest.raises(ScheduleError, match="increasing"):
+        stage_bounds(4, [2, 1])
+
+
+@pytest.mark.parametrize("family", ["seq", "bert", "gpt2"])
+def test_stages_chained_equal_model(family: str) -> None:
+    build, prefix = FAMILIES[family]
+    model = build()
+    x, _ = _batch(family)
+    ref = _forward(family, model, x)
+    sch = create_schedule(model)
+    for i in (0, 2):
+        sch[f"{prefix}{i}"].cut_pipeline_stage()
+    stages, _ = build_stage_modules(sch)
+    assert [s.bounds for s in stages] == [(0, 1), (1, 3), (3, 4)]
+    h: Any = x
+    for s in stages:
+        h = s(h)
+    torch.testing.assert_close(h, ref)
+    owned = {id(p) for s in stages for p in s.parameters()}
+    assert owned == {id(p) for p in model.parameters()}  # the same parameter objects, all of them
+
+
+def test_build_stage_errors() -> None:
+    sch = create_schedule(_seq())
+    with pytest.raises(ScheduleError, match="needs pipeline cuts"):
+        build_stage_modules(sch)
+    sch["1"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="adapter's layer list"):
+        build_stage_modules(sch, PathAdapter(layers_path="layers"))
+    wrapped = create_schedule(nn.Sequential(nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])))
+    wrapped["0.0"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="no pipeline adapter"):
+        build_stage_modules(wrapped)
+
+
+# -- PP=2 on gloo ranks -----------------------------------------------------------------------------
+
+
+def _pp_worker(cases: list[tuple[str, str, int]], tied: bool) -> list[dict[str, Any]]:
+    """On each rank: pipeline every case and compare loss and this rank's gradients to the reference."""
+    import torch.distributed as dist
+
+    from autoslapo.primitives.pipeline import build_pipeline
+
+    results = []
+    for family, schedule, virtual in cases:
+        build, prefix = FAMILIES[family]
+        model = _gpt2(tied) if family == "gpt2" else build()
+        ref = copy.deepcopy(model)
+        x, y = _batch(family)
+        loss_fn = _loss_fn(family)
+        ref_loss = loss_fn(_forward(family, ref, x), y)
+        ref_loss.backward()
+        sch = create_schedule(model)
+        for c in [1] if virtual == 1 else [0, 1, 2]:
+            sch[f"{prefix}{c}"].cut_pipeline_stage()
+        rt = build_pipeline(
+            sch,
+            pp_group=dist.group.WORLD,
+            n_microbatches=4,
+            schedule=schedule,
+            virtual_stages=virtual,
+            loss_fn=loss_fn,
+        )
+        loss = rt.step(x, target=y)
+        names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        ref_params = dict(ref.named_parameters(remove_duplicate=False))
+        worst = 0.0
+        for p in rt.parameters():
+            r = ref_params[names[id(p)]].grad
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            worst = max(worst, (g - r).abs().max().item() if r is not None else g.abs().max().item())
+        results.append(
+            {
+                "case": (family, schedule, virtual),
+                "loss": None if loss is None else loss.item(),
+                "ref_loss": ref_loss.item(),
+                "grad_diff": worst,
+                "n_params": len(rt.parameters()),
+                "total": len(ref_params),
+            }
+        )
+        # the same cuts with the other stage layout: the stage count no longer fits
+        wrong = {"schedule": "gpipe"} if virtual > 1 else {"schedule": "interleaved", "virtual_stages": 2}
+        with pytest.raises(ScheduleError, match=r"pp_size \* virtual_stages"):
+            build_pipeline(sch, pp_group=dist.group.WORLD, n_microbatches=4, loss_fn=loss_fn, **wrong)
+    return results
+
+
+def _check(per_rank: list[list[dict[str, Any]]]) -> None:
+    for r0, r1 in zip(*per_rank, strict=True):
+        assert r0["case"] == r1["case"]
+        assert r0["loss"] is None and r1["loss"] == pytest.approx(r1["ref_loss"], rel=1e-5), r1
+        assert max(r0["grad_diff"], r1["grad_diff"]) < 1e-5, (r0, r1)
+        assert r0["n_params"] + r1["n_params"] >= r0["total"] - 1  # every parameter lives on a rank
+
+
+def test_pp2_matches_unpipelined() -> None:
+    from autoslapo.dist import spawn
+
+    cases = [
+        ("seq", "gpipe", 1),
+        ("seq", "1f1b", 1),
+        ("seq", "interleaved", 2),
+        ("bert", "1f1b", 1),
+        ("gpt2", "gpipe", 1),
+    ]
+    _check(spawn(_pp_worker, 2, cases, True, timeout=180))
+
+
+@pytest.mark.slow
+def test_pp2_all_schedules_all_families() -> None:
+    from autoslapo.dist import spawn
+
+    cases = [
+        (f, s, 2 if s == "interleaved" else 1) for f in FAMILIES for s in ("gpipe", "1f1b", "interleaved")
+    ]
+    _check(spawn(_pp_worker, 2, cases, True, timeout=400))

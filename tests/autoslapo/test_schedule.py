@@ -1,0 +1,82 @@
+"""The schedule tree, the primitive registry, replace, annotate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import autoslapo
+import autoslapo.schedule as schedule_mod
+from autoslapo import create_schedule, list_primitives
+from autoslapo.errors import ScheduleError
+from autoslapo.schedule import register_primitive
+from tests.conftest import tiny_bert, tiny_mlp
+
+
+def test_tree_paths_and_lookup() -> None:
+    model = tiny_bert()
+    sch = create_schedule(model)
+    assert [p for p, _ in sch.named_schedules()] == [p for p, _ in model.named_modules()]
+    node = sch["encoder.layer.0.attention.self.query"]
+    assert node.mod is model.encoder.layer[0].attention.self.query and node.name == "query"
+    assert sch["encoder"]["layer.1"] is sch["encoder.layer.1"] and node.root() is sch
+    assert "encoder.layer.1.output" in sch and "encoder.layer.9" not in sch
+    assert (sch.world_size, sch.rank, sch.group) == (1, 0, None)
+    with pytest.raises(ScheduleError, match=r"did you mean 'encoder.layer.0.attention"):
+        sch["encoder.layer.0.atention"]
+    with pytest.raises(AttributeError, match=r"primitives: .*shard"):
+        sch.no_such_primitive  # noqa: B018
+
+
+def test_registry() -> None:
+    names = list_primitives()
+    assert names == sorted(names)
+    for name in ("replace", "replace_all", "shard", "sync", "checkpoint", "fork_rng", "annotate"):
+        assert name in names
+
+    @register_primitive("test_only_noop")
+    def noop(sch: autoslapo.Schedule, x: int) -> int:
+        return x + len(sch.children)
+
+    try:
+        assert create_schedule(tiny_mlp())["1"].test_only_noop(1) == 1
+        with pytest.raises(ScheduleError, match="already registered"):
+            register_primitive("test_only_noop")(lambda sch: None)
+    finally:
+        schedule_mod._PRIMITIVES.pop("test_only_noop")
+        delattr(autoslapo.Schedule, "test_only_noop")
+    with pytest.raises(ScheduleError, match="clashes"):
+        register_primitive("refresh")(lambda sch: None)
+
+
+def test_replace_and_replace_all_keep_paths() -> None:
+    model = tiny_mlp()
+    sch = create_schedule(model)
+    node = sch["1"].replace(nn.Sequential(nn.Linear(16, 32)))
+    assert model[1] is node.mod and "1.0" in sch and sch["1.0"].path == "1.0"
+    done = sch.replace_all(nn.Linear, lambda old: nn.Linear(old.in_features, old.out_features, bias=False))
+    assert done == ["0", "1.0", "3"]
+    assert all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear))
+    assert model(torch.randn(2, 16)).shape == (2, 16)
+    with pytest.raises(ScheduleError, match=r"needs an nn.Module"):
+        sch["0"].replace(3)
+
+
+def test_annotate() -> None:
+    sch = create_schedule(tiny_mlp())
+    sch["1"].annotate("weight", "zero_stage", 3)
+    sch["1"].shard("weight", 0)
+    assert sch["1"].mod.weight._autoslapo_annotations == {"zero_stage": 3}  # survives shard
+    assert sch["1"].meta["annotations"]["weight"] == {"zero_stage": 3}
+    with pytest.raises(ScheduleError, match="no parameter 'w'"):
+        sch["1"].annotate("w", "k", 1)
+
+
+def test_import_autoslapo_is_light() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, autoslapo; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

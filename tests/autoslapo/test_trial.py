@@ -1,0 +1,72 @@
+"""run_trial: statuses that are data (oom, failed, timeout), checks before launch, step statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoslapo.config import ScheduleConfig
+from autoslapo.errors import ConfigError
+from autoslapo.models.spec import ModelSpec
+from autoslapo.runtime import check_runnable, run_trial, summarize_steps
+
+GPT2 = ModelSpec.from_name("gpt2-tiny", seq_len=32)
+
+
+def test_a_non_finite_loss_comes_back_failed_with_the_step() -> None:
+    r = run_trial(GPT2, ScheduleConfig(precision="fp32"), steps=4, warmup=1, timeout_s=300, device="cpu",
+                  lr=1e30)
+    assert r.status == "failed"
+    assert r.reason.startswith("loss became") and "at step" in r.reason
+    assert r.final_loss is None and r.samples_per_s == 0.0
+
+
+def test_a_memory_cap_below_the_runtime_comes_back_oom() -> None:
+    r = run_trial(GPT2, ScheduleConfig(precision="fp32", dp=2), steps=3, warmup=1, timeout_s=300,
+                  device="cpu", mem_cap_bytes=150 * 2**20)
+    assert r.status == "oom"
+    assert "cap of 150 MiB" in r.reason
+    assert r.extra["memory_kind"] == "cpu_peak_rss"
+
+
+def test_a_trial_longer_than_its_timeout_comes_back_timeout() -> None:
+    r = run_trial(GPT2, ScheduleConfig(precision="fp32", dp=2), steps=3, warmup=1, timeout_s=2, device="cpu")
+    assert r.status == "timeout"
+    assert "2 s" in r.reason
+
+
+@pytest.mark.parametrize(
+    ("spec", "config", "match"),
+    [
+        (ModelSpec.from_name("llama-tiny"), ScheduleConfig(tp=4, dp=1), "tp must divide the attention heads"),
+        (GPT2, ScheduleConfig(tp=3), "tp must divide the attention heads"),
+        (GPT2, ScheduleConfig(precision="fp16"), "fp16"),
+        (GPT2, ScheduleConfig(pp=2, grad_accum=1), "micro-batch per stage"),
+        (GPT2, ScheduleConfig(attn_kernel="flash"), "flash needs a CUDA device"),
+    ],
+)
+def test_configurations_the_runtime_cannot_run_are_rejected_before_launch(
+    spec: ModelSpec, config: ScheduleConfig, match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        check_runnable(spec, config, device="cpu")
+    with pytest.raises(ConfigError, match=match):
+        run_trial(spec, config, steps=2, warmup=1, timeout_s=5, device="cpu")
+
+
+def test_pipelines_with_zero_2_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="pipelines support ZeRO 0-1"):
+        ScheduleConfig(pp=2, grad_accum=2, zero_stage=2)
+
+
+@pytest.mark.parametrize(("steps", "warmup"), [(2, 2), (3, -1), (1, 1)])
+def test_bad_step_counts_are_rejected(steps: int, warmup: int) -> None:
+    with pytest.raises(ConfigError, match="more steps than warm-up"):
+        run_trial(GPT2, ScheduleConfig(), steps=steps, warmup=warmup, device="cpu")
+
+
+def test_step_statistics_are_median_and_interquartile_range() -> None:
+    assert summarize_steps([]) == (0.0, 0.0)
+    assert summarize_steps([2.0]) == (2.0, 0.0)
+    med, iqr = summarize_steps([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert med == 3.0
+    assert iqr == pytest.approx(2.0)

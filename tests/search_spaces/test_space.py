@@ -1,0 +1,155 @@
+"""Search spaces: every sampled point is valid or named invalid; domains are fixed; files are data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.errors import ConfigError, UsageError
+from autoslapo.models.spec import ModelSpec
+from search_spaces import SPACES, BoundSpace, Invalid, get_space, load_space, space_for, space_from_dict
+
+CASES = [
+    ("bert", ClusterSpec(gpus=64, gpu_type="a100-80gb")),
+    ("bert-base", ClusterSpec(gpus=8, gpu_type="v100-16gb")),
+    ("gpt2-xl", ClusterSpec(gpus=64, gpu_type="a100-80gb")),
+    ("llama-70b", ClusterSpec(gpus=256, gpu_type="a100-80gb")),
+    ("llama-tiny", ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4)),
+    ("bert-tiny", ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4)),
+    ("opt-1.3b", ClusterSpec(gpus=16, gpu_type="h100-80gb")),
+]
+
+
+def _bound(i: int) -> BoundSpace:
+    name, cluster = CASES[i]
+    spec = ModelSpec.from_name(name)
+    return space_for(spec.family).bind(spec, cluster)
+
+
+@st.composite
+def points(draw: st.DrawFn) -> tuple[BoundSpace, dict]:
+    b = _bound(draw(st.integers(0, len(CASES) - 1)))
+    return b, {k: draw(st.sampled_from(v)) for k, v in b.domains.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(points())
+def test_every_sampled_point_is_a_valid_config_or_named_invalid(case: tuple[BoundSpace, dict]) -> None:
+    b, point = case
+    cfg = b.derive(point)
+    if isinstance(cfg, Invalid):
+        assert cfg.reason and "\n" not in cfg.reason
+        return
+    cfg.validate(b.model, b.cluster)  # raises if any rule is broken
+    assert cfg.tp * cfg.pp * cfg.dp == b.cluster.gpus
+    assert cfg.micro_batch * cfg.dp * cfg.grad_accum == b.global_batch
+    assert b.model.heads % cfg.tp == 0 and b.model.kv_heads % cfg.tp == 0
+    assert cfg.tp <= b.cluster.devices_per_node
+    assert b.model.layers % (cfg.pp * cfg.virtual_stages) == 0
+    # the canonical config is reachable from the space again
+    assert b.params_of(cfg) is not None
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_domains_are_fixed_for_a_study(i: int) -> None:
+    a, b = _bound(i), _bound(i)
+    assert dict(a.domains) == dict(b.domains)
+    assert all(len(v) >= 1 for v in a.domains.values())
+
+
+def test_configs_are_distinct_and_valid() -> None:
+    b = _bound(5)
+    cfgs = b.configs()
+    hashes = [c.config_hash() for c in cfgs]
+    assert len(hashes) == len(set(hashes)) > 50
+    for c in cfgs:
+        assert isinstance(c, ScheduleConfig)
+        c.validate(b.model, b.cluster)
+
+
+def test_invalid_points_say_why() -> None:
+    spec = ModelSpec.from_name("bert-tiny")
+    b = get_space("bert").bind(spec, ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4), global_batch=8)
+    bad = b.derive({**{k: v[0] for k, v in b.domains.items()}, "tp": 1, "pp": 1, "micro_batch": 64})
+    assert isinstance(bad, Invalid) and "global batch" in bad.reason
+
+
+def test_tp_stays_within_a_node_unless_the_space_allows_it() -> None:
+    spec = ModelSpec.from_name("llama-70b")
+    cluster = ClusterSpec(gpus=64, gpu_type="a100-80gb", gpus_per_node=4)
+    assert max(get_space("llama").bind(spec, cluster).domains["tp"]) == 4
+    d = get_space("llama").to_dict()
+    d["rules"]["tp_within_node"] = False
+    assert max(space_from_dict(d).bind(spec, cluster).domains["tp"]) == 8  # 8 key/value heads
+
+
+def test_flash_dropped_where_the_device_has_none() -> None:
+    spec = ModelSpec.from_name("bert-base")
+    b = get_space("bert").bind(spec, ClusterSpec(gpus=8, gpu_type="v100-16gb"))
+    assert "flash" not in b.domains["attn_kernel"]
+    assert b.fixed["precision"] == "fp16"
+
+
+def test_round_trip_and_registry() -> None:
+    for space in SPACES.values():
+        assert space_from_dict(json.loads(json.dumps(space.to_dict()))) == space
+    with pytest.raises(UsageError, match="valid spaces are"):
+        get_space("bret")
+
+
+def test_space_files_toml_and_json(tmp_path: Path) -> None:
+    toml = tmp_path / "mine.toml"
+    toml.write_text('name = "mine"\n[knobs]\ntp = [1, 2]\nmicro_batch = [1, 2, 4]\n[fixed]\nattn_kernel = "sdpa"\n')
+    space = load_space(toml)
+    spec = ModelSpec.from_name("bert-tiny")
+    b = space.bind(spec, ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4))
+    assert set(b.domains) == {"tp", "micro_batch"}
+    assert all(c.attn_kernel == "sdpa" and c.pp == 1 for c in b.configs())
+    js = tmp_path / "mine.json"
+    js.write_text(json.dumps(space.to_dict()))
+    assert load_space(js) == space
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('name = "x"\n[knobs]\ntpp = [1]\n', "unknown knob 'tpp'"),
+        ('name = "x"\n[knobs]\ntp = [0, 2]\n', "tp values must be positive integers: got 0"),
+        ('name = "x"\n[knobs]\nattn_kernel = ["fast"]\n', "attn_kernel must be one of"),
+        ('name = "x"\n[knobs]\nckpt_ratio = [1.5]\n', r"ckpt_ratio values must be numbers in \[0, 1\]"),
+        ('name = "x"\nfoo = 1\n', "unknown key 'foo'"),
+        ('name = "x"\n[knobs]\ntp = [1]\n[fixed]\ntp = 2\n', "either searched or fixed"),
+        ('name = "x"\n[rules]\nmax_micro_batch = -1\n', "rules.max_micro_batch must be a positive integer"),
+        ('name = "x"\n[knobs]\nzero_stage = "auto"\n', "only for tp, pp and micro_batch"),
+        ('name = [\n', "valid TOML"),
+    ],
+)
+def test_bad_space_files_give_one_line_errors(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match) as info:
+        load_space(p)
+    assert "\n" not in str(info.value)
+
+
+def test_space_file_is_never_executed(tmp_path: Path) -> None:
+    p = tmp_path / "evil.json"
+    p.write_text('{"name": "__import__(\'os\').system(\'touch pwned\')", "knobs": {"tp": [1]}}')
+    load_space(p)
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+    with pytest.raises(UsageError, match=r"\.toml or \.json"):
+        load_space(tmp_path / "space.py")
+
+
+def test_search_spaces_import_is_pure() -> None:
+    code = "import sys, search_spaces; bad=[m for m in ('optuna','ray','sqlalchemy','torch') if m in sys.modules]; print(bad)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,120 @@
+"""Fixtures for the store suite: every contract test runs on SQLite and on a private PostgreSQL.
+
+The PostgreSQL server is real (tests/pgserver.py starts it on a free port for the session and
+removes it afterwards). Where it cannot start, its tests skip, except under CI=true, where a
+missing server is a failure rather than a silently smaller suite.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pgserver import PgServer, unavailable_reason
+
+_counter = itertools.count()
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """A private PostgreSQL server for the whole session (skipped, or failed under CI, if impossible)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        if _ci():
+            pytest.fail(f"CI=true needs the PostgreSQL tests to run: {reason}")
+        pytest.skip(reason)
+    server = PgServer()
+    try:
+        server.start()
+    except Exception as err:  # noqa: BLE001 - any failure to start decides skip vs fail
+        if _ci():
+            pytest.fail(f"CI=true needs the PostgreSQL tests to run: {err}")
+        pytest.skip(f"PostgreSQL did not start: {err}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend a contract test runs against."""
+    return str(request.param)
+
+
+@pytest.fixture
+def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A URL to a fresh, empty database on ``backend``."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    server: PgServer = request.getfixturevalue("pg_server")
+    name = f"t{os.getpid()}_{next(_counter)}"
+    url = server.create_database(name)
+    try:
+        yield url
+    finally:
+        server.drop_database(name)
+
+
+def model_dict(preset: str = "bert-large", **overrides: Any) -> dict[str, Any]:
+    """A model description as ModelSpec.to_dict() gives it."""
+    model = dict(family="bert", preset=preset, hidden=1024, layers=24, heads=16, kv_heads=16, ffn=4096,
+                 seq_len=512, vocab=30522)
+    model.update(overrides)
+    return model
+
+
+def cluster_dict(gpus: int = 8, gpu_type: str = "a100-80gb", memory_bytes: int = 80 * 2**30) -> dict[str, Any]:
+    """A cluster description as ClusterSpec.to_dict() gives it."""
+    return dict(gpus=gpus, gpus_per_node=min(gpus, 8), gpu_type=gpu_type, memory_bytes=memory_bytes)
+
+
+def study_kwargs(preset: str = "bert-large", gpus: int = 8, gpu_type: str = "a100-80gb",
+                 memory_bytes: int = 80 * 2**30) -> dict[str, Any]:
+    """Keyword arguments for Store.create_study."""
+    return dict(
+        model=model_dict(preset),
+        cluster=cluster_dict(gpus, gpu_type, memory_bytes),
+        space_name="transformer",
+        space_version="1",
+        objective="samples_per_s",
+        backend="sim",
+        model_signature=f"sig-{preset}",
+        cluster_fingerprint=f"fp-{gpus}-{gpu_type}",
+    )
+
+
+def config(i: int) -> dict[str, Any]:
+    """A schedule config that differs for every ``i``."""
+    return dict(tp=2 ** (i % 4), pp=1, dp=8 // 2 ** (i % 4), micro_batch=i, ckpt_ratio=0.5, attention="sdpa")
+
+
+def result(i: int, status: str = "complete", *, measured: bool = False, peak: int | None = None) -> dict[str, Any]:
+    """A result dict as TrialResult.to_dict() gives it, with throughput growing with ``i``."""
+    return dict(
+        status=status,
+        reason="" if status == "complete" else f"{status} at step 1",
+        samples_per_s=100.0 + i if status == "complete" else None,
+        tokens_per_s=(100.0 + i) * 512 if status == "complete" else None,
+        tflops_per_device=50.0 + i / 10,
+        hw_tflops_per_device=60.0 + i / 10,
+        peak_memory_bytes=peak if peak is not None else (10 + i % 60) * 2**30,
+        step_time_s=0.5,
+        step_time_spread_s=0.01,
+        final_loss=7.5,
+        measured=measured,
+        host="node-1",
+    )

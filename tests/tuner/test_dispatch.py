@@ -1,0 +1,50 @@
+"""Ray Tune dispatch: trials run as Ray trials, placed across the nodes of a multi-node cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.models.spec import ModelSpec
+from store import Store
+from tuner import TuneOptions, tune
+
+BASE = ModelSpec.from_name("bert-base")
+V100_16 = ClusterSpec(gpus=16, gpu_type="v100-32gb")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sim_trials_through_local_ray(store: Store) -> None:
+    out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=4, dispatch="ray", max_concurrent=2,
+                           baselines=False, study="ray"), store)
+    rows = [t for t in store.trials("ray") if t.status != "pruned"]
+    assert out.launched == len(rows) == 4 and len({t.config_hash for t in rows}) == 4
+    assert all(t.status == "complete" and t.result["extra"]["ray_node_id"] for t in rows)
+    # the local Ray this study started is stopped again
+    import ray
+
+    assert not ray.is_initialized()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trials_are_placed_across_the_nodes_of_a_ray_cluster(store: Store) -> None:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=6, dispatch="ray", max_concurrent=2,
+                               ray_address=cluster.address, baselines=False, study="multi"), store)
+        rows = [t for t in store.trials("multi") if t.status != "pruned"]
+        assert out.launched == len(rows) == 6
+        nodes = {t.result["extra"]["ray_node_id"] for t in rows}
+        assert len(nodes) == 2, nodes  # one CPU a node, two at once: both nodes ran trials
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()

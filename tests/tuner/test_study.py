@@ -1,0 +1,167 @@
+"""End-to-end simulated studies: budget, pruning, deduplication, resume, warm start, samplers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.models.spec import ModelSpec
+from autoslapo.result import TrialResult
+from search_spaces import space_from_dict
+from store import Store
+from tuner import SimEvaluator, StudyRunner, TuneOptions, tune
+from tuner.evaluators import cost_prior
+
+BERT = ModelSpec.from_name("bert")
+A100_64 = ClusterSpec(gpus=64, gpu_type="a100-80gb")
+TINY = ModelSpec.from_name("bert-tiny")
+CPU4 = ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4)
+# A mid-sized case for the slower paths (fewer configurations to rank than BERT-large on 64).
+BASE = ModelSpec.from_name("bert-base")
+V100_16 = ClusterSpec(gpus=16, gpu_type="v100-32gb")
+
+
+def _launched(store: Store, study: str) -> list:
+    return [t for t in store.trials(study) if t.status != "pruned"]
+
+
+def test_sim_tune_ends_with_exactly_the_budget_of_distinct_trials(store: Store) -> None:
+    out = tune(TuneOptions(model=BERT, cluster=A100_64, trials=25, baselines=True), store)
+    launched = _launched(store, out.study)
+    assert out.launched == len(launched) == 25 and out.stop_reason == "budget"
+    assert len({t.config_hash for t in launched}) == 25
+    assert all(ScheduleConfig.from_dict(t.config).validate(BERT, A100_64) for t in launched)
+    best = max(t.samples_per_s or 0 for t in launched)
+    assert out.best_result is not None and out.best_result.samples_per_s == pytest.approx(best)
+    b = out.baselines
+    assert set(b) == {"deepspeed", "megatron"}
+    assert b["deepspeed"]["config"]["tp"] == 1 and b["deepspeed"]["config"]["dp"] == 64
+    assert b["megatron"]["config"]["tp"] == 8 and b["megatron"]["config"]["ckpt_ratio"] == 1.0
+    for v in b.values():
+        assert v["speedup"] == pytest.approx(best / v["samples_per_s"])
+    stored = store.trials(f"{out.study}.baselines")
+    assert {t.result["extra"]["baseline"] for t in stored} == {"deepspeed", "megatron"}
+
+
+def test_prior_top_prediction_is_tried_first(store: Store) -> None:
+    runner = StudyRunner(TuneOptions(model=BERT, cluster=A100_64, trials=5, baselines=False), store)
+    top = runner.proposer.ranking()[0]
+    runner.run()
+    first = store.trials(runner.name)[0]
+    assert first.config_hash == store.find_trial(runner.name, top.to_dict()).config_hash  # type: ignore[union-attr]
+
+
+def test_predicted_oom_is_pruned_and_not_counted(store: Store) -> None:
+    llama = ModelSpec.from_name("gpt2-xl")
+    cluster = ClusterSpec(gpus=16, gpu_type="v100-16gb")
+    out = tune(TuneOptions(model=llama, cluster=cluster, trials=15, baselines=False, seed=3), store)
+    rows = store.trials(out.study)
+    pruned = [t for t in rows if t.status == "pruned"]
+    assert out.launched == len(rows) - len(pruned) == 15
+    assert out.pruned == len(pruned) and all("GiB" in t.reason for t in pruned)
+    prior = cost_prior(llama, cluster)
+    for t in rows:
+        assert prior(ScheduleConfig.from_dict(t.config)).fits == (t.status != "pruned")
+    assert len({t.config_hash for t in rows}) == len(rows)
+
+
+def test_small_space_ends_with_every_feasible_config(store: Store) -> None:
+    space = space_from_dict({"name": "small", "knobs": {"tp": [1, 2], "micro_batch": [1, 2, 4]},
+                             "fixed": {"attn_kernel": "sdpa"}})
+    out = tune(TuneOptions(model=TINY, cluster=CPU4, trials=50, space=space, baselines=False), store)
+    feasible = space.bind(TINY, CPU4).configs()
+    assert out.stop_reason == "exhausted"
+    assert out.launched == len(feasible) == len(_launched(store, out.study))
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "cmaes", "nsga2", "gp"])
+def test_every_sampler_runs_distinct_valid_trials(store: Store, sampler: str) -> None:
+    if sampler == "cmaes":
+        pytest.importorskip("cmaes")
+    if sampler == "gp":
+        pytest.importorskip("scipy")
+    out = tune(TuneOptions(model=TINY, cluster=CPU4, trials=12, sampler=sampler, baselines=False,
+                           prior_seeds=0), store)
+    launched = _launched(store, out.study)
+    assert len(launched) == len({t.config_hash for t in launched}) == 12
+    for t in launched:
+        ScheduleConfig.from_dict(t.config).validate(TINY, CPU4)
+
+
+def test_patience_and_timeout_stop_early(store: Store) -> None:
+    out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=500, patience=5, baselines=False,
+                           study="p"), store)
+    assert out.stop_reason == "patience" and out.launched < 500
+    t0 = time.monotonic()
+    out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=100000, timeout_s=1.0, baselines=False,
+                           study="t", warm_start=False), store)
+    assert out.stop_reason == "timeout" and time.monotonic() - t0 < 30
+
+
+@dataclass
+class SlowSim:
+    """A real cost-model evaluator that is not instant (so trials are written as running first)."""
+
+    inner: SimEvaluator
+    name: str = "slow-sim"
+    instant: bool = False
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        return self.inner.evaluate(config)
+
+
+def test_resume_retries_interrupted_trials_and_keeps_finished_ones(store: Store) -> None:
+    opts = TuneOptions(model=BASE, cluster=V100_16, trials=8, study="r", baselines=False)
+    tune(opts, store, evaluator=SlowSim(SimEvaluator(BASE, V100_16)))
+    finished = {t.number: t for t in store.trials("r")}
+    # a tuner killed mid-trial leaves a running row behind
+    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=20, study="r", resume=True,
+                                     baselines=False), store, evaluator=SlowSim(SimEvaluator(BASE, V100_16)))
+    p, number = runner.propose()  # type: ignore[misc]
+    assert store.get_trial("r", number).status == "running"  # type: ignore[union-attr]
+    del runner
+    out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=20, study="r", resume=True, baselines=False),
+               store, evaluator=SlowSim(SimEvaluator(BASE, V100_16)))
+    rows = _launched(store, "r")
+    assert out.launched == len(rows) == 20 and len({t.config_hash for t in rows}) == 20
+    retried = store.get_trial("r", number)
+    assert retried is not None and retried.status == "complete"
+    assert retried.config_hash == store.find_trial("r", p.config.to_dict()).config_hash  # type: ignore[union-attr]
+    for n, t in finished.items():  # finished trials were kept, not re-run
+        again = store.get_trial("r", n)
+        assert again is not None and again.ended_at == t.ended_at
+    # resuming a finished study runs nothing more
+    out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=20, study="r", resume=True, baselines=False), store)
+    assert out.launched == 20 and len(_launched(store, "r")) == 20
+
+
+def test_warm_start_from_a_nearby_gpu_count(store: Store) -> None:
+    tune(TuneOptions(model=BASE, cluster=ClusterSpec(gpus=8, gpu_type="v100-32gb"), trials=10, study="w8", baselines=False), store)
+    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=5, study="w16", baselines=False), store)
+    sources = [s for _, s in runner.proposer._queue]
+    assert sources[0] == "warm" and "prior" in sources
+    runner.run()
+    assert len(_launched(store, "w16")) == 5
+
+
+def test_missing_optional_sampler_dependency_is_a_usage_error(store: Store) -> None:
+    import importlib.util
+
+    from autoslapo.errors import UsageError
+
+    for sampler, module in (("cmaes", "cmaes"), ("gp", "scipy")):
+        if importlib.util.find_spec(module) is None:
+            with pytest.raises(UsageError, match=f"needs {module}|needs the {module}"):
+                tune(TuneOptions(model=TINY, cluster=CPU4, trials=2, sampler=sampler, baselines=False), store)
+
+
+def test_resume_refuses_another_cluster(store: Store) -> None:
+    tune(TuneOptions(model=BASE, cluster=V100_16, trials=2, study="x", baselines=False), store)
+    from autoslapo.errors import UsageError
+
+    with pytest.raises(UsageError, match="same model and cluster"):
+        tune(TuneOptions(model=BASE, cluster=ClusterSpec(gpus=8, gpu_type="v100-32gb"), trials=2, study="x", resume=True), store)

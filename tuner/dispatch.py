@@ -1,0 +1,145 @@
+"""Ray Tune dispatch: the study's proposer is the Tune searcher; Ray places and runs the trials.
+
+The only module that talks to Ray. ``run_with_ray`` joins ``--ray-address`` or starts a local
+Ray (stopped again at the end), runs a ``tune.Tuner`` whose search algorithm asks the study's
+Optuna proposer (so the cost-model filter, deduplication and store writes are the same as inline)
+with ``max_concurrent_trials``, each trial reserving the devices it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any
+
+from autoslapo.config import ScheduleConfig
+from autoslapo.result import TrialResult
+
+if TYPE_CHECKING:
+    from tuner.evaluators import Evaluator
+    from tuner.proposer import Proposal
+    from tuner.study import StudyRunner
+
+_METRIC = "samples_per_s"
+# Tune pickles its search algorithm into the experiment's state file; the study it drives (with
+# its store connection) stays in this process, so the searcher pickles as a key into this table.
+_RUNNERS: dict[int, tuple[StudyRunner, float]] = {}
+
+
+def _trainable(params: dict[str, Any], evaluator: Evaluator) -> None:
+    """One Ray trial: score the configuration and report the whole result as JSON."""
+    import ray
+    from ray import tune
+
+    config = ScheduleConfig.from_dict(params["config"])
+    result = evaluator.evaluate(config)
+    node = ray.get_runtime_context().get_node_id()
+    extra = {**result.extra, "ray_node_id": node}
+    result = TrialResult.from_dict({**result.to_dict(), "host": result.host or socket.gethostname(),
+                                    "extra": extra})
+    tune.report({_METRIC: result.samples_per_s, "trial_result": json.dumps(result.to_dict())})
+
+
+def _searcher(runner: StudyRunner, started: float) -> Any:
+    from ray.tune.search import Searcher
+
+    class StudySearcher(Searcher):  # type: ignore[misc]
+        """Hands Ray the study's proposals; stores and tells each outcome.
+
+        Holds only a key into ``_RUNNERS`` (module level, so the class pickles by reference).
+        """
+
+        def __init__(self, key: int) -> None:
+            super().__init__(metric=_METRIC, mode="max")
+            self.live: dict[str, tuple[Proposal, int]] = {}
+            self.stop: str | None = None
+            self.key = key
+
+        def __getstate__(self) -> dict[str, Any]:
+            return {"key": self.key, "_metric": self._metric, "_mode": self._mode}
+
+        def __setstate__(self, state: dict[str, Any]) -> None:
+            self.__dict__.update(state)
+            self.live, self.stop = {}, None
+
+        def suggest(self, trial_id: str) -> dict[str, Any] | None:
+            runner, started = _RUNNERS[self.key]
+            in_flight = len(self.live)
+            if runner.launched + in_flight >= runner.o.trials:
+                return Searcher.FINISHED if in_flight == 0 else None
+            why = runner.should_stop(started)
+            if why is not None:
+                self.stop = why
+                return Searcher.FINISHED
+            nxt = runner.propose()
+            if nxt is None:
+                self.stop = "exhausted"
+                return Searcher.FINISHED
+            self.live[trial_id] = nxt
+            return {"config": nxt[0].config.to_dict(), "number": nxt[1]}
+
+        def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None,
+                              error: bool = False) -> None:
+            if trial_id not in self.live:
+                return
+            runner, _ = _RUNNERS[self.key]
+            proposal, number = self.live.pop(trial_id)
+            if result and not error and "trial_result" in result:
+                tr = TrialResult.from_dict(json.loads(result["trial_result"]))
+            else:
+                tr = TrialResult.failure("failed", "the Ray trial raised or was lost before reporting")
+            runner.complete(proposal, number, tr)
+
+    StudySearcher.__module__ = __name__
+    StudySearcher.__qualname__ = "StudySearcher"
+    globals()["StudySearcher"] = StudySearcher  # pickled by reference, not by value
+    _RUNNERS[id(runner)] = (runner, started)
+    return StudySearcher(id(runner))
+
+
+def trial_resources(runner: StudyRunner) -> dict[str, float]:
+    """What one trial reserves: a CPU, plus its devices when the evaluator runs on GPUs."""
+    cluster = runner.o.cluster
+    if runner.evaluator.name == "sim" or cluster.gpu_type == "cpu":
+        return {"cpu": 1}
+    return {"cpu": 1, "gpu": float(min(cluster.gpus, cluster.gpus_per_node))}
+
+
+def run_with_ray(runner: StudyRunner, started: float) -> str:
+    """Run the rest of ``runner``'s budget through Ray Tune; returns the stop reason."""
+    import ray
+    from ray import tune
+
+    o = runner.o
+    owned = not ray.is_initialized()
+    if owned:
+        if o.ray_address:
+            ray.init(address=o.ray_address, log_to_driver=False)
+        else:
+            ray.init(address="local", num_cpus=max(2, o.max_concurrent), include_dashboard=False,
+                     log_to_driver=False)
+    storage = tempfile.mkdtemp(prefix="autoslapo-ray-")
+    try:
+        searcher = _searcher(runner, started)
+        remaining = o.trials - runner.launched
+        time_left = None if o.timeout_s is None else max(1.0, o.timeout_s - (time.monotonic() - started))
+        tuner = tune.Tuner(
+            tune.with_resources(tune.with_parameters(_trainable, evaluator=runner.evaluator),
+                                trial_resources(runner)),
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
+                                        max_concurrent_trials=o.max_concurrent, time_budget_s=time_left,
+                                        metric=_METRIC, mode="max"),
+            run_config=tune.RunConfig(storage_path=storage, name=runner.name.replace("/", "_"), verbose=0),
+        )
+        tuner.fit()
+        if searcher.stop:
+            return str(searcher.stop)
+        return runner.should_stop(started) or "exhausted"
+    finally:
+        _RUNNERS.pop(id(runner), None)
+        shutil.rmtree(storage, ignore_errors=True)
+        if owned:
+            ray.shutdown()

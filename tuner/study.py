@@ -1,0 +1,300 @@
+"""A study: the proposer picks, an evaluator scores (inline or through Ray), the store remembers.
+
+Budget (documented choice): ``trials`` counts *launched* trials, i.e. distinct configurations
+actually evaluated (statuses complete, oom, failed, timeout). Configurations the cost model
+predicts cannot fit are not launched: they are stored as ``pruned`` with the reason and told to
+the sampler as infeasible, but do not count. Points that break a rule (tp not dividing the heads,
+a micro-batch that does not fill the batch) are not configurations at all and are never stored.
+A study therefore ends with exactly ``trials`` launched trials, or with every configuration
+predicted to fit when the space holds fewer, or earlier on ``timeout_s`` or ``patience``.
+
+Resume: trials a killed tuner left ``running`` are marked ``failed`` (interrupted) and run again
+first under their own numbers; finished trials are told to the sampler and never re-run (the
+store refuses a second row for a configuration), so a resumed study also ends at its budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.errors import UsageError
+from autoslapo.models.spec import ModelSpec
+from autoslapo.result import TrialResult
+from search_spaces import BoundSpace, SearchSpace, space_for
+from tuner.evaluators import Evaluator, cost_prior, make_evaluator
+from tuner.proposer import SAMPLERS, Proposal, Proposer
+
+if TYPE_CHECKING:
+    from store import Store
+
+LAUNCHED = ("complete", "oom", "failed", "timeout")
+INTERRUPTED_PREFIX = "interrupted"
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Everything one ``autoslapo tune`` needs (the CLI builds it; tests build it directly)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    backend: str = "sim"
+    trials: int = 100
+    timeout_s: float | None = None
+    patience: int | None = None
+    sampler: str = "tpe"
+    seed: int = 0
+    global_batch: int | None = None
+    space: SearchSpace | None = None
+    study: str | None = None
+    resume: bool = False
+    warm_start: bool = True
+    prior_seeds: int | None = None  # how many of the cost model's best predictions go first
+    dispatch: str = "inline"  # "inline" or "ray"
+    ray_address: str | None = None
+    max_concurrent: int = 1
+    steps: int = 4
+    trial_timeout_s: float = 300.0
+    baselines: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trials, int) or self.trials < 1:
+            raise UsageError(f"--trials must be a positive integer: got {self.trials!r}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise UsageError(f"--timeout must be positive seconds: got {self.timeout_s!r}")
+        if self.patience is not None and self.patience < 1:
+            raise UsageError(f"--patience must be a positive number of trials: got {self.patience!r}")
+        if self.sampler not in SAMPLERS:
+            raise UsageError(f"--sampler must be one of {', '.join(SAMPLERS)}: got {self.sampler!r}")
+        if self.dispatch not in ("inline", "ray"):
+            raise UsageError(f"dispatch must be inline or ray: got {self.dispatch!r}")
+        if self.max_concurrent < 1:
+            raise UsageError(f"--max-concurrent must be a positive integer: got {self.max_concurrent!r}")
+
+
+@dataclass
+class Progress:
+    """A snapshot for the live progress bar."""
+
+    launched: int
+    budget: int
+    best: float
+    counts: dict[str, int]
+    last: str = ""
+
+
+@dataclass
+class TuneOutcome:
+    """What a finished (or stopped) study gave."""
+
+    study: str
+    launched: int
+    pruned: int
+    best_config: ScheduleConfig | None
+    best_result: TrialResult | None
+    stop_reason: str
+    elapsed_s: float
+    counts: dict[str, int]
+    baselines: dict[str, Any] = field(default_factory=dict)
+    asks: int = 0
+
+
+def default_study_name(model: ModelSpec, cluster: ClusterSpec, backend: str) -> str:
+    """``<preset>-<gpus>x<gpu_type>-<backend>``: the name a study gets when none is given."""
+    return f"{model.preset}-{cluster.gpus}x{cluster.gpu_type}-{backend}"
+
+
+class StudyRunner:
+    """Runs one study against a store. Use ``run()``; ``propose``/``complete`` serve the Ray searcher."""
+
+    def __init__(self, options: TuneOptions, store: Store, *, evaluator: Evaluator | None = None,
+                 progress: Callable[[Progress], None] | None = None) -> None:
+        self.o = options
+        self.store = store
+        self.progress = progress
+        space = options.space or space_for(options.model.family)
+        self.space = space
+        self.bound: BoundSpace = space.bind(options.model, options.cluster, options.global_batch)
+        self.evaluator = evaluator or make_evaluator(options.backend, options.model, options.cluster,
+                                                     steps=options.steps, timeout_s=options.trial_timeout_s)
+        self.name = self._open_study()
+        self.proposer = Proposer(self.bound, sampler=options.sampler, seed=options.seed,
+                                 prior=cost_prior(options.model, options.cluster),
+                                 concurrency=options.max_concurrent)
+        self.proposer.on_pruned = self._record_pruned
+        self._pending_pruned: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
+        self._numbers: dict[str, int] = {}  # config hash -> stored trial number (retries)
+        self._started: set[int] = set()  # trial numbers written as running
+        self.counts: dict[str, int] = {}
+        self.launched = 0
+        self.pruned = 0
+        self.best = 0.0
+        self.best_config: ScheduleConfig | None = None
+        self.best_result: TrialResult | None = None
+        self._since_best = 0
+        self._next_number = 0
+        self._load()
+
+    # --- study lifecycle -------------------------------------------------------------------
+    def _open_study(self) -> str:
+        o = self.o
+        name = o.study or default_study_name(o.model, o.cluster, o.backend)
+        sig, fp = o.model.signature(), o.cluster.fingerprint()
+        if o.resume:
+            rec = self.store.get_study(name)  # StorageError listing known studies if absent
+            if (rec.model_signature, rec.cluster_fingerprint) != (sig, fp):
+                raise UsageError(
+                    f"--resume needs the same model and cluster as the study: {name!r} tuned {rec.model_name} "
+                    f"on {rec.gpus}x {rec.gpu_type}; pass the same MODEL, --gpus and --gpu-type"
+                )
+            return name
+        if o.study is None and self.store.has_study(name):
+            i = 2
+            while self.store.has_study(f"{name}-{i}"):
+                i += 1
+            name = f"{name}-{i}"
+        self.store.create_study(
+            name, model=o.model.to_dict(), cluster=o.cluster.to_dict(), space_name=self.space.name,
+            space_version=self.space.version, objective="samples_per_s", backend=o.backend,
+            model_signature=sig, cluster_fingerprint=fp,
+        )
+        return name
+
+    def _load(self) -> None:
+        """Bring the sampler up to date with the stored trials (resume) or similar studies (warm)."""
+        self.store.mark_stale_running(self.name)
+        retries: list[tuple[ScheduleConfig, int]] = []
+        for t in self.store.trials(self.name):
+            self._next_number = max(self._next_number, t.number + 1)
+            config = ScheduleConfig.from_dict(t.config)
+            if t.status == "failed" and t.reason.startswith(INTERRUPTED_PREFIX):
+                retries.append((config, t.number))
+                continue
+            result = TrialResult.from_dict(t.result) if t.result else TrialResult.failure(t.status, t.reason)  # type: ignore[arg-type]
+            self.proposer.add_known(config, result, own=True)
+            self._count(config, result)
+        for config, number in retries:
+            self._numbers[config.config_hash()] = number
+        self.proposer.enqueue([c for c, _ in retries], "retry")
+        if self.launched == 0 and not self.o.resume and self.o.warm_start:
+            from tuner.resume import warm_start
+
+            warm_start(self.store, self.name, self.proposer, self.o.model, self.o.cluster)
+        k = self.o.prior_seeds if self.o.prior_seeds is not None else min(10, max(3, self.o.trials // 10))
+        if k:
+            self.proposer.enqueue(self.proposer.ranking()[:k], "prior")
+
+    def _count(self, config: ScheduleConfig, result: TrialResult) -> None:
+        self.counts[result.status] = self.counts.get(result.status, 0) + 1
+        if result.status == "pruned":
+            self.pruned += 1
+            return
+        self.launched += 1
+        if result.status == "complete" and result.samples_per_s > self.best:
+            self.best, self.best_config, self.best_result = result.samples_per_s, config, result
+            self._since_best = 0
+        else:
+            self._since_best += 1
+
+    # --- store writes ----------------------------------------------------------------------
+    def _take_number(self, config: ScheduleConfig) -> int:
+        number = self._numbers.get(config.config_hash())
+        if number is None:
+            number = self._next_number
+            self._next_number += 1
+        return number
+
+    def _record_pruned(self, config: ScheduleConfig, reason: str) -> None:
+        result = TrialResult.failure("pruned", reason, measured=False)
+        self._pending_pruned.append((self._take_number(config), config.to_dict(), result.to_dict()))
+        self._count(config, result)
+
+    def flush(self) -> None:
+        """Write the buffered ``pruned`` rows in one transaction (they are cheap to re-derive)."""
+        if self._pending_pruned:
+            self.store.add_trials(self.name, self._pending_pruned)
+            self._pending_pruned = []
+
+    # --- the loop's two halves (also used by the Ray searcher) ------------------------------
+    def propose(self) -> tuple[Proposal, int] | None:
+        """The next proposal and its trial number, written as ``running`` (unless instant)."""
+        p = self.proposer.propose()
+        if p is None:
+            self.flush()
+            return None
+        retry = p.config.config_hash() in self._numbers
+        number = self._take_number(p.config)
+        self.flush()
+        if retry or not self.evaluator.instant or self.o.dispatch == "ray":
+            self.store.start_trial(self.name, number, p.config.to_dict(), restart=retry)
+            self._started.add(number)
+        return p, number
+
+    def complete(self, proposal: Proposal, number: int, result: TrialResult) -> None:
+        """Store a finished trial, tell the sampler, and report progress."""
+        cfg = proposal.config.to_dict()
+        if number in self._started:
+            self.store.finish_trial(self.name, number, result.to_dict())
+            self._started.discard(number)
+        else:  # instant trials are written once, when they finish
+            self.store.add_trial(self.name, number, cfg, result.to_dict())
+        self._numbers.pop(proposal.config.config_hash(), None)
+        self.proposer.complete(proposal, result)
+        self._count(proposal.config, result)
+        if self.progress is not None:
+            self.progress(Progress(self.launched, self.o.trials, self.best, dict(self.counts),
+                                   f"#{number} {result.status}"))
+
+    def should_stop(self, started: float) -> str | None:
+        """Why the study stops now, or None to go on."""
+        if self.launched >= self.o.trials:
+            return "budget"
+        if self.o.timeout_s is not None and time.monotonic() - started >= self.o.timeout_s:
+            return "timeout"
+        if self.o.patience is not None and self.best > 0 and self._since_best >= self.o.patience:
+            return "patience"
+        return None
+
+    # --- running ---------------------------------------------------------------------------
+    def run(self) -> TuneOutcome:
+        """Run the study to its budget (or a stop) and score the baselines; returns the outcome."""
+        started = time.monotonic()
+        self.store.set_study_status(self.name, "running")
+        stop = self.should_stop(started)
+        if stop is None:
+            if self.o.dispatch == "ray":
+                from tuner.dispatch import run_with_ray
+
+                stop = run_with_ray(self, started)
+            else:
+                stop = self._run_inline(started)
+        self.flush()
+        outcome = TuneOutcome(self.name, self.launched, self.pruned, self.best_config, self.best_result,
+                              stop, time.monotonic() - started, dict(self.counts), asks=self.proposer.asks)
+        if self.o.baselines:
+            from tuner.baselines import score_baselines
+
+            outcome.baselines = score_baselines(self, outcome)
+        self.store.set_study_status(self.name, "complete" if stop in ("budget", "exhausted") else "stopped")
+        return outcome
+
+    def _run_inline(self, started: float) -> str:
+        while True:
+            stop = self.should_stop(started)
+            if stop:
+                return stop
+            nxt = self.propose()
+            if nxt is None:
+                return "exhausted"
+            proposal, number = nxt
+            self.complete(proposal, number, self.evaluator.evaluate(proposal.config))
+
+
+def tune(options: TuneOptions, store: Store, *, evaluator: Evaluator | None = None,
+         progress: Callable[[Progress], None] | None = None) -> TuneOutcome:
+    """Run (or resume) a study; returns its outcome. Raises UsageError/StorageError for bad input."""
+    return StudyRunner(options, store, evaluator=evaluator, progress=progress).run()
