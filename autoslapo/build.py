@@ -15,16 +15,19 @@ Initializer, first that applies: ``init_weights(module)`` if given; the root mod
 for parameters with 2+ dims and zeros for the rest (buffers are zeroed).
 
 Pipeline stages: when the schedule has pipeline cuts (``root.meta["pipeline_cuts"]`` non-empty, or a
-node with ``meta["pipeline_cut"]``), ``build`` materializes a meta model (same scheme) and returns
-``autoslapo.primitives.pipeline.build_pipeline(root, device=device, **pipeline_options)`` (helper
-2b's: ``pp_group=``, ``n_microbatches=``, ``schedule=``, ... pass through), a PipelineRuntime.
-Materializing only this stage's modules (``materialize(stage, prefix=stage_path)``) is the next step.
+node with ``meta["pipeline_cut"]``), ``build`` materializes only the modules of this rank's stage(s)
+of a meta model (same scheme; other stages stay on meta, so a model larger than one process's memory
+builds across the pipeline) and returns ``autoslapo.primitives.pipeline.build_pipeline(root,
+device=device, **pipeline_options)`` (``pp_group=``, ``n_microbatches=``, ``schedule=``, ... pass
+through), a PipelineRuntime. A parameter a stage shares with another (BERT's and GPT-2's tied
+input/output embeddings) is initialized by its first holder in ``named_modules`` order, so the last
+stage's copy equals the first stage's and the unscheduled model's.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -82,6 +85,16 @@ def _is_meta(t: torch.Tensor | None) -> bool:
     return t is not None and t.is_meta
 
 
+def _select(
+    modules: Collection[nn.Module] | None,
+) -> tuple[set[int], set[int]] | None:
+    if modules is None:
+        return None
+    mods = {id(m) for top in modules for m in top.modules()}
+    params = {id(p) for top in modules for p in top.parameters()}
+    return mods, params
+
+
 def materialize(
     model: nn.Module,
     *,
@@ -90,20 +103,37 @@ def materialize(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     prefix: str = "",
+    modules: Collection[nn.Module] | None = None,
 ) -> nn.Module:
     """Replace every meta tensor of ``model`` by real values, only this rank's shard of each.
 
     Takes: the module (a whole model, or a pipeline stage with ``prefix`` = its path in the full
     model so seeds match), the initializer, the seed, the target device and an optional floating
-    dtype. Returns: ``model`` (changed in place). Tied parameters stay tied.
+    dtype; ``modules``: submodules of ``model`` to materialize (default: all), e.g. this rank's
+    pipeline stages. Everything else stays on meta, except parameters those submodules share with
+    others (tied embeddings): such a parameter is initialized by the first module that holds it in
+    ``model.named_modules()`` order, exactly as when the whole model is built.
+    Returns: ``model`` (changed in place). Tied parameters stay tied.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     init = _initializer(model, init_weights)
+    only = _select(modules)
     done: dict[int, nn.Parameter] = {}  # id(meta param) -> materialized param (keeps ties)
     for mpath, module in model.named_modules():
-        metas = {n: p for n, p in module._parameters.items() if _is_meta(p) and id(p) not in done}
-        tied = {n: p for n, p in module._parameters.items() if p is not None and id(p) in done}
+        own = module._parameters.items()
+        if only is not None and id(module) not in only[0] and not any(
+            p is not None and id(p) in only[1] for _, p in own
+        ):
+            continue
+        metas = {
+            n: p
+            for n, p in own
+            if _is_meta(p) and id(p) not in done and (only is None or id(p) in only[1])
+        }
+        tied = {n: p for n, p in own if p is not None and id(p) in done}
         bufs = {n: b for n, b in module._buffers.items() if _is_meta(b)}
+        if only is not None and id(module) not in only[0]:
+            bufs = {}  # a tie owner outside the selection: only the shared parameter is needed
         if not metas and not bufs:
             for n, p in tied.items():
                 module._parameters[n] = done[id(p)]
@@ -118,6 +148,7 @@ def materialize(
             )
         for n, b in bufs.items():
             module._buffers[n] = torch.zeros(b.shape, dtype=b.dtype)
+        # Parameters left out of the selection stay meta while the initializer runs (a no-op there).
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(path_seed(seed, full_path))
             init(module)
@@ -140,6 +171,16 @@ def materialize(
             assert buf is not None
             module._buffers[n] = buf.to(device)
     return model
+
+
+def _local_stages(root: Schedule, options: dict[str, Any]) -> list[nn.Module] | None:
+    """This rank's stage modules, or None when the options do not say which rank this is."""
+    from autoslapo.primitives import pipeline
+
+    pp_group = options.get("pp_group")
+    if pp_group is None:  # build_pipeline will say what is missing
+        return None
+    return list(pipeline.local_stage_modules(root, pp_group, options.get("pp_rank"), options.get("adapter")))
 
 
 def build(
@@ -167,7 +208,10 @@ def build(
         from autoslapo.primitives import pipeline
 
         if on_meta:  # values by (seed, path), so every stage sees the same weights as one model would
-            materialize(model, init_weights=init_weights, seed=seed, dtype=dtype)
+            mine = _local_stages(root, pipeline_options)
+            materialize(model, init_weights=init_weights, seed=seed, device=device, dtype=dtype, modules=mine)
+            if dtype is not None:  # other stages' meta tensors too, so shared-parameter buffers agree
+                model.to(dtype)
         return pipeline.build_pipeline(root, device=device, **pipeline_options)  # type: ignore[return-value]
     if pipeline_options:
         raise ScheduleError(

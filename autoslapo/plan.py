@@ -6,8 +6,8 @@ applies primitives to the schedule tree, in this order:
 
 1. tensor parallelism (Megatron layout): q/k/v (or the fused q|k|v, block-wise) and the MLP's input
    projections column-parallel, the attention output and MLP output projections row-parallel, the
-   head counts a forward reads shrunk; the token embedding and LM head vocabulary-parallel when the
-   vocabulary divides by tp (else they stay replicated);
+   head counts a forward reads shrunk; the token embedding and LM head vocabulary-parallel (the
+   vocabulary padded to a multiple of tp);
 2. bias + GeLU fusion (``fuse_bias_gelu``), before any hook goes on the traced modules;
 3. the collectives: at the input of each column-parallel region an identity whose gradient is
    all-reduced, at the output of each row-parallel one an all-reduce. With ``sequence_parallel``
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
     from autoslapo.models.spec import ModelSpec
 
-__all__ = ["apply_schedule", "chunk_bounds", "checkpointed_layers", "cut_points"]
+__all__ = ["apply_schedule", "checkpointed_layers", "chunk_bounds", "cut_points"]
 
 
 def chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
@@ -141,20 +141,10 @@ def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) ->
 
 
 def _vocab_parallel(sch: Schedule, desc: FamilyDescription) -> None:
+    # A vocabulary tp does not divide (BERT's 30522 on tp=8) is padded to the next multiple, as
+    # Megatron does; the head all-gathers whole logits for the model's own loss and drops the pad.
     sch[desc.embed_tokens].vocab_parallel()
-    head = sch[desc.lm_head]
-    from autoslapo.primitives.tp import shard_spec
-
-    for name in ("weight", "bias"):
-        p = head.mod._parameters.get(name)
-        if p is not None and shard_spec(p) is None:  # a tied weight was sharded with the embedding
-            head.shard(name, 0)
-    if isinstance(head.mod, nn.Linear):
-        head.mod.out_features //= head.world_size
-    # Local vocabulary logits -> whole logits for the model's own loss; the input gradient is a
-    # per-rank partial sum over the local vocabulary.
-    head.sync("fwd_post", "all_gather", dim=-1)
-    head.sync("bwd_post", "all_reduce")
+    sch[desc.lm_head].vocab_parallel_head()
 
 
 # -- fusion ---------------------------------------------------------------------------------------
@@ -212,8 +202,8 @@ def apply_schedule(
     ``ParallelGroups``: its ``tp_group`` becomes the schedule's group when a model is given);
     ``compiler`` for ``fuse_bias_gelu`` and ``compile_layers`` ("inductor"; "eager" rewrites
     without generating code, and compiles layers with "aot_eager").
-    Returns: the schedule root; ``root.meta["plan"]`` records what was applied (and what was not:
-    e.g. a vocabulary that tp does not divide stays replicated).
+    Returns: the schedule root; ``root.meta["plan"]`` records what was applied (and what was not,
+    under ``skipped``: e.g. ``fuse_bias_gelu`` on a family without bias + GeLU).
     Raises: ConfigError when the knobs do not fit the model (``config.validate``); ScheduleError
     when the model does not match the spec or the schedule's group size differs from ``config.tp``.
     """
@@ -244,9 +234,7 @@ def apply_schedule(
     if tp > 1:
         for layer in layers:
             _shard_layer(layer, desc)
-    vocab_parallel = tp > 1 and spec.vocab % tp == 0
-    if tp > 1 and not vocab_parallel:
-        plan["skipped"].append(f"vocab-parallel embedding: vocab {spec.vocab} % tp {tp} != 0 (kept replicated)")
+    vocab_parallel = tp > 1
 
     # 2. fusion
     if config.fuse_bias_gelu:

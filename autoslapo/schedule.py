@@ -42,6 +42,7 @@ class Schedule:
         children: child nodes by attribute name (ModuleList children by index: "0", "1", ...).
         group: the tensor-parallel ProcessGroup, or ``None`` (world size 1).
         meta: per-node metadata (annotations, pipeline cut flags, applied primitives, ...).
+        cache: on the root, data derived from the module tree (cleared by :meth:`refresh`).
     """
 
     def __init__(
@@ -59,6 +60,9 @@ class Schedule:
         self.parent = parent
         self.group = group
         self.meta: dict[str, Any] = {}
+        # Facts derived from the whole module tree (e.g. where each parameter is held), kept on the
+        # root by the primitives that need them and dropped whenever a subtree is rebuilt.
+        self.cache: dict[str, Any] = {}
         self.children: dict[str, Schedule] = {}
         self._build_children()
 
@@ -80,8 +84,10 @@ class Schedule:
     def refresh(self) -> None:
         """Rebuild the subtree from ``self.mod`` after a submodule was swapped.
 
-        Children whose module object is unchanged keep their node (and its ``meta``).
+        Children whose module object is unchanged keep their node (and its ``meta``). Clears the
+        root's :attr:`cache`, since the module tree may have changed.
         """
+        self.root().cache.clear()
         self._build_children(keep=self.children)
 
     def root(self) -> Schedule:

@@ -9,7 +9,7 @@ from typing import Any
 
 from autoslapo.errors import StorageError
 from store._records import FINISHED_STATUSES, StudyRecord, TrialRecord, check_trial_status, clean_json
-from store._schema import StudyRow, TrialRow
+from store._schema import StudyRow
 
 _FLOAT_METRICS = (
     "samples_per_s",
@@ -97,8 +97,8 @@ def study_record(row: StudyRow) -> StudyRecord:
     )
 
 
-def trial_record(row: TrialRow, study: str) -> TrialRecord:
-    """A frozen record of a trial row of ``study``."""
+def trial_record(row: Any, study: str) -> TrialRecord:
+    """A frozen record of a trial row of ``study`` (an ORM ``TrialRow`` or a Core row of its table)."""
     return TrialRecord(
         study=study,
         number=row.number,

@@ -164,7 +164,8 @@ def probe_sqlite(path: Path, version_table: str) -> str | None:
         with _readonly(path) as conn:
             rows = conn.execute("PRAGMA quick_check").fetchall()
             if rows != [("ok",)]:
-                problem = "; ".join(str(r[0]) for r in rows[:2])
+                text = " ".join(str(r[0]) for r in rows[:3]).replace("*** in database main ***", "")
+                problem = " ".join(text.split())[:160]
                 raise sqlite3.DatabaseError(f"database disk image is malformed ({problem})")
             has_table = conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (version_table,)

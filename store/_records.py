@@ -34,6 +34,10 @@ class DuplicateTrial(StorageError):
         super().__init__(message)
         self.existing = existing
 
+    def __reduce__(self) -> tuple[type[DuplicateTrial], tuple[str, TrialRecord]]:
+        # Default exception pickling passes only ``args``; Ray and multiprocessing need both.
+        return (DuplicateTrial, (str(self), self.existing))
+
 
 def clean_json(value: Any) -> Any:
     """Return ``value`` with tuples as lists and NaN/inf floats as ``None`` (strict JSON).

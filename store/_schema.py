@@ -113,8 +113,9 @@ class TrialRow(Base):
         UniqueConstraint("study_id", "number"),
         UniqueConstraint("study_id", "config_hash"),
         CheckConstraint(f"status IN ({_in(TRIAL_STATUSES)})", name="status"),
-        # Revision 0002: serves best() (status filter, then ordered by the default metric).
+        # Revision 0002: serve best() for the two usual objectives (a top-k walk per study).
         Index("ix_autoslapo_trials_best", "study_id", "status", "samples_per_s"),
+        Index("ix_autoslapo_trials_best_tokens", "study_id", "status", "tokens_per_s"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

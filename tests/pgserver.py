@@ -98,8 +98,18 @@ class PgServer:
             os.chown(self.dir, user.pw_uid, user.pw_gid)
         os.chmod(self.dir, 0o700)
         data = self.dir / "data"
-        self._run(str(self.bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
-                  "-E", "UTF8", "--no-sync")
+        self._run(
+            str(self.bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         options = (
             "-c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
             f"-c full_page_writes=off -c max_connections=200 -k {self.dir}"
@@ -108,8 +118,19 @@ class PgServer:
         for _ in range(3):  # the free port may be taken between probing and binding
             self.port = free_port()
             try:
-                self._run(str(self.bin_dir / "pg_ctl"), "-D", str(data), "-l", str(self.dir / "log"),
-                          "-o", f"-p {self.port} {options}", "-w", "-t", "60", "start")
+                self._run(
+                    str(self.bin_dir / "pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-l",
+                    str(self.dir / "log"),
+                    "-o",
+                    f"-p {self.port} {options}",
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                )
                 return self
             except subprocess.CalledProcessError as err:
                 last = err
@@ -142,8 +163,9 @@ class PgServer:
     def _admin(self, sql: str) -> None:
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
-                             autocommit=True) as conn:
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
             conn.execute(sql)  # type: ignore[arg-type]
 
     def create_database(self, name: str) -> str:

@@ -29,7 +29,7 @@ def _valid(runner: StudyRunner, **knobs: Any) -> ScheduleConfig | None:
     dp = gpus // (knobs["tp"] * knobs["pp"])
     if dp * knobs["tp"] * knobs["pp"] != gpus or gb % (knobs["micro_batch"] * dp):
         return None
-    precision = "bf16" if b.cluster.device.bf16 else "fp16"
+    precision = b.fixed.get("precision", "bf16" if b.cluster.device.bf16 else "fp16")
     try:
         return ScheduleConfig(dp=dp, grad_accum=gb // (knobs["micro_batch"] * dp), precision=precision,
                               **knobs).validate(b.model, b.cluster)
@@ -86,20 +86,29 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
     """
     out: dict[str, Any] = {}
     tuned = outcome.best_result.samples_per_s if outcome.best_result else 0.0
+    store, name = runner.store, f"{runner.name}.baselines"
+    # A resumed study reuses baselines already scored (a real baseline trial is expensive).
+    earlier = {}
+    if store.has_study(name):
+        for t in store.trials(name):
+            if t.status != "running" and "tp" in t.config:
+                earlier[ScheduleConfig.from_dict(t.config)] = TrialResult.from_dict(
+                    {**t.result, "extra": {k: v for k, v in t.result.get("extra", {}).items()
+                                           if k not in ("baseline", "tuned_samples_per_s", "speedup")}})
     rows = []
-    for i, (name, pick) in enumerate((("deepspeed", deepspeed_config), ("megatron", megatron_config))):
+    for i, (kind, pick) in enumerate((("deepspeed", deepspeed_config), ("megatron", megatron_config))):
         config = pick(runner)
         if config is None:
-            result = TrialResult.failure("oom", f"no {name}-style configuration fits", measured=False)
+            result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False)
         else:
-            result = runner.proposer.measured.get(config) or runner.evaluator.evaluate(config)
+            result = (runner.proposer.measured.get(config) or earlier.get(config)
+                      or runner.evaluator.evaluate(config))
         speedup = tuned / result.samples_per_s if result.status == "complete" and tuned else None
-        out[name] = {"config": config.to_dict() if config else None, "status": result.status,
+        out[kind] = {"config": config.to_dict() if config else None, "status": result.status,
                      "samples_per_s": result.samples_per_s, "speedup": speedup, "reason": result.reason}
-        extra = {**result.extra, "baseline": name, "tuned_samples_per_s": tuned, "speedup": speedup}
+        extra = {**result.extra, "baseline": kind, "tuned_samples_per_s": tuned, "speedup": speedup}
         stored = TrialResult.from_dict({**result.to_dict(), "extra": extra})
-        rows.append((i, config.to_dict() if config else {"baseline": name}, stored.to_dict()))
-    store, name = runner.store, f"{runner.name}.baselines"
+        rows.append((i, config.to_dict() if config else {"baseline": kind}, stored.to_dict()))
     if store.has_study(name):
         store.delete_study(name)
     o = runner.o

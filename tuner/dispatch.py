@@ -65,7 +65,13 @@ def _searcher(runner: StudyRunner, started: float) -> Any:
             self.__dict__.update(state)
             self.live, self.stop = {}, None
 
-        def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        def save(self, checkpoint_path: str) -> None:
+            """Nothing to save: the store is the study's memory (resume reads it)."""
+
+        def restore(self, checkpoint_path: str) -> None:
+            """Nothing to restore: see ``save``."""
+
+        def suggest(self, trial_id: str) -> Any:  # a config dict, None (wait) or Searcher.FINISHED
             runner, started = _RUNNERS[self.key]
             in_flight = len(self.live)
             if runner.launched + in_flight >= runner.o.trials:
@@ -101,26 +107,38 @@ def _searcher(runner: StudyRunner, started: float) -> Any:
 
 
 def trial_resources(runner: StudyRunner) -> dict[str, float]:
-    """What one trial reserves: a CPU, plus its devices when the evaluator runs on GPUs."""
+    """What one trial reserves: a CPU for an estimate; its ranks for a real trial.
+
+    A real trial runs ``cluster.gpus`` ranks on one machine (the runtime's launcher is local):
+    that many CPUs on a CPU cluster, or that many GPUs (capped at a node) plus a CPU.
+    """
     cluster = runner.o.cluster
-    if runner.evaluator.name == "sim" or cluster.gpu_type == "cpu":
+    if runner.evaluator.instant:
         return {"cpu": 1}
+    if cluster.gpu_type == "cpu":
+        return {"cpu": float(cluster.gpus)}
     return {"cpu": 1, "gpu": float(min(cluster.gpus, cluster.gpus_per_node))}
 
 
 def run_with_ray(runner: StudyRunner, started: float) -> str:
     """Run the rest of ``runner``'s budget through Ray Tune; returns the stop reason."""
+    import os
+
+    # The legacy reporter honours verbose=0; the new one prints tables into the CLI's output.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
     from ray import tune
 
     o = runner.o
+    resources = trial_resources(runner)
     owned = not ray.is_initialized()
     if owned:
         if o.ray_address:
             ray.init(address=o.ray_address, log_to_driver=False)
         else:
-            ray.init(address="local", num_cpus=max(2, o.max_concurrent), include_dashboard=False,
-                     log_to_driver=False)
+            # Logical CPUs: enough for max_concurrent trials of this size, at least 2.
+            cpus = max(2, int(o.max_concurrent * resources["cpu"]))
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     storage = tempfile.mkdtemp(prefix="autoslapo-ray-")
     try:
         searcher = _searcher(runner, started)
@@ -128,7 +146,7 @@ def run_with_ray(runner: StudyRunner, started: float) -> str:
         time_left = None if o.timeout_s is None else max(1.0, o.timeout_s - (time.monotonic() - started))
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(_trainable, evaluator=runner.evaluator),
-                                trial_resources(runner)),
+                                resources),
             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
                                         max_concurrent_trials=o.max_concurrent, time_budget_s=time_left,
                                         metric=_METRIC, mode="max"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -37,13 +37,28 @@ class Evaluator(Protocol):
     def evaluate(self, config: ScheduleConfig) -> TrialResult: ...
 
 
-def cost_prior(model: ModelSpec, cluster: ClusterSpec) -> Prior:
-    """The cost model as a prior: predicted fit and throughput of a configuration."""
+def cost_prior(model: ModelSpec, cluster: ClusterSpec, *, runtime_device: str | None = None) -> Prior:
+    """The cost model as a prior: predicted fit and throughput of a configuration.
+
+    With ``runtime_device`` ("cpu" or "cuda") a configuration the real runtime refuses on that
+    device (``check_runnable``: fp16, flash without CUDA, fewer micro-batches than stages...) is
+    predicted not to fit either, so a real study never spends a trial on it.
+    """
     from autoslapo.cost import device_perf, estimate
 
     perf = device_perf(cluster)
+    check: Callable[..., None] | None = None
+    if runtime_device is not None:
+        from autoslapo.runtime import check_runnable
+
+        check = check_runnable
 
     def predict(config: ScheduleConfig) -> Prediction:
+        if check is not None:
+            try:
+                check(model, config, device=runtime_device)
+            except UsageError as err:
+                return Prediction(False, 0.0, 0, f"the runtime cannot run it: {err}")
         e = estimate(model, config, cluster, perf=perf, validate=False)
         reason = "" if e.fits else (
             f"predicted {e.memory_per_device_bytes / 2**30:.1f} GiB per device exceeds "
@@ -85,9 +100,11 @@ class LocalEvaluator:
             from autoslapo.runtime import run_trial
         except ImportError as err:  # the runtime is an optional piece of a partial install
             return TrialResult.failure("failed", f"the trial runtime is unavailable: {err}", host=socket.gethostname())
+        device = "cpu" if self.cluster.gpu_type == "cpu" else "cuda"
         try:
-            return run_trial(self.model, config, steps=self.steps, timeout_s=self.timeout_s, **self.options)
-        except Exception as err:  # noqa: BLE001 - a trial that cannot run is data, not a crash
+            return run_trial(self.model, config, steps=self.steps, timeout_s=self.timeout_s, device=device,
+                             **self.options)
+        except Exception as err:  # a trial that cannot run is data, not a crash
             return TrialResult.failure("failed", f"{type(err).__name__}: {err}", host=socket.gethostname())
 
 
@@ -117,7 +134,7 @@ class PerturbedSimEvaluator:
 
     The truth differs from the search's prior in three ways: device and link figures scaled by
     up to +-30-50%; a hidden multiplicative effect per knob value (e.g. the fused kernel or ZeRO-3
-    being slower or faster than modelled, up to +-``knob_effect``); and per-trial noise of
+    being slower or faster than modelled, up to +-``knob_effect``, 15% by default); and per-trial noise of
     ``noise`` (relative standard deviation, fixed per configuration so a replay agrees).
     """
 
@@ -125,7 +142,7 @@ class PerturbedSimEvaluator:
     cluster: ClusterSpec
     seed: int = 0
     noise: float = 0.03
-    knob_effect: float = 0.25
+    knob_effect: float = 0.15
     name: str = "perturbed-sim"
     instant: bool = True
 

@@ -123,7 +123,8 @@ class StudyRunner:
                                                      steps=options.steps, timeout_s=options.trial_timeout_s)
         self.name = self._open_study()
         self.proposer = Proposer(self.bound, sampler=options.sampler, seed=options.seed,
-                                 prior=cost_prior(options.model, options.cluster),
+                                 prior=cost_prior(options.model, options.cluster,
+                                                  runtime_device=self._runtime_device()),
                                  concurrency=options.max_concurrent)
         self.proposer.on_pruned = self._record_pruned
         self._pending_pruned: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
@@ -138,6 +139,11 @@ class StudyRunner:
         self._since_best = 0
         self._next_number = 0
         self._load()
+
+    def _runtime_device(self) -> str | None:
+        if self.o.backend == "sim" or self.evaluator.name not in ("local", "ray"):
+            return None
+        return "cpu" if self.o.cluster.gpu_type == "cpu" else "cuda"
 
     # --- study lifecycle -------------------------------------------------------------------
     def _open_study(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from typing import Any
 
 from autoslapo.errors import UsageError
 
@@ -63,7 +64,7 @@ def _config(args: argparse.Namespace, device: str) -> object:
             f"--gpus must be a multiple of tp*pp: got --gpus {args.gpus} for tp={args.tp}, pp={args.pp} "
             f"({args.tp * args.pp}); pick degrees whose product divides {args.gpus}"
         )
-    precision = args.precision if args.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    precision: Any = args.precision if args.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
     grad_accum = args.grad_accum if args.grad_accum is not None else max(1, args.pp)
     return ScheduleConfig(
         tp=args.tp, pp=args.pp, dp=args.gpus // (args.tp * args.pp), micro_batch=args.micro_batch,

@@ -53,9 +53,13 @@ def element_bytes(config: ScheduleConfig) -> int:
 
 
 def state_bytes_per_param(config: ScheduleConfig) -> tuple[int, int, int]:
-    """(weight, gradient, optimizer) bytes per parameter before ZeRO partitioning (Adam/LAMB)."""
+    """(weight, gradient, optimizer) bytes per parameter before ZeRO partitioning (Adam/LAMB).
+
+    fp32 with ZeRO >= 1: DeepSpeed's ZeRO optimizer keeps its own fp32 partition of the weights
+    (``single_partition_of_fp32_groups``, a clone even when the model is fp32), so 4 + 8.
+    """
     if config.precision == "fp32":
-        return 4, 4, 8
+        return 4, 4, (12 if config.zero_stage >= 1 else 8)
     return 2, 2, 12
 
 

@@ -130,7 +130,8 @@ def _memory_calibration(torch: Any) -> dict[str, Any]:
     for b in (4, 16):
         if not _reset_hwm():
             return {}
-        step(b)
+        for _ in range(4):  # as a trial does: repeated steps fragment the heap the allocator keeps
+            step(b)
         peaks[b] = _hwm_bytes()
     pred = {b: estimate_activation_bytes(spec, ScheduleConfig(micro_batch=b, precision="fp32"), dropout=False)
             for b in peaks}

@@ -28,7 +28,7 @@ ATTN_IMPLEMENTATIONS: dict[str, str] = {
 }
 
 
-def _token_ids(spec: ModelSpec) -> dict[str, int]:
+def _token_ids(spec: ModelSpec) -> dict[str, Any]:
     # The published configs' special ids (GPT-2's 50256, LLaMA's 1/2) fall outside the tiny presets'
     # vocabularies; keep them inside so transformers does not warn and generation stays valid.
     last = spec.vocab - 1

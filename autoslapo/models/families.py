@@ -246,7 +246,9 @@ def _positions(hidden: torch.Tensor) -> torch.Tensor:
 def _causal_mask(config: Any, hidden: torch.Tensor, pos: torch.Tensor) -> Any:
     from transformers.masking_utils import create_causal_mask
 
-    return create_causal_mask(config=config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=pos)
+    return create_causal_mask(
+        config=config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=pos
+    )
 
 
 def _chain(parts: Mapping[str, nn.Module], paths: tuple[str, ...], hidden: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ Compiling costs tens of seconds cold, so the "eager" compiler exists to check th
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,13 +31,17 @@ __all__ = ["COMPILERS", "FusedLinearGelu", "bias_gelu", "extract_region", "fuse"
 
 COMPILERS = ("eager", "inductor", "aot_eager")
 
-_GELU_TYPES: tuple[type, ...] = (nn.GELU,)
-try:  # transformers' GELUActivation wraps F.gelu; treat it as GeLU when present
-    from transformers.activations import GELUActivation
 
-    _GELU_TYPES = (nn.GELU, GELUActivation)
-except ImportError:  # pragma: no cover - transformers is a dependency
-    pass
+
+def _gelu_types() -> tuple[type, ...]:
+    """nn.GELU, plus transformers' GELUActivation (it wraps exact F.gelu) when transformers is loaded.
+
+    Looked up in ``sys.modules`` rather than imported: a model holding a GELUActivation has already
+    imported it, and importing transformers here would add seconds to ``import autoslapo.schedule``.
+    """
+    acts = sys.modules.get("transformers.activations")
+    gelu_activation = getattr(acts, "GELUActivation", None)
+    return (nn.GELU,) if gelu_activation is None else (nn.GELU, gelu_activation)
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -90,7 +95,7 @@ def _linear_gelu(gm: fx.GraphModule, match: Match) -> tuple[nn.Linear, str] | No
         act = gm.get_submodule(str(second.target))
         if isinstance(act, nn.GELU):
             return lin, act.approximate
-        if isinstance(act, _GELU_TYPES):
+        if isinstance(act, _gelu_types()):
             return lin, "none"
         return None
     if second.op == "call_function" and second.target is F.gelu:

@@ -42,6 +42,8 @@ __all__ = [
     "build_pipeline",
     "build_stage_modules",
     "cut_pipeline_stage",
+    "local_stage_indices",
+    "local_stage_modules",
     "pipeline_cuts",
     "register_pipeline_adapter",
     "stage_bounds",
@@ -403,6 +405,27 @@ def build_stage_modules(
     return stages, adapter
 
 
+def local_stage_indices(num_stages: int, pp_size: int, pp_rank: int) -> list[int]:
+    """Global indices of the stages pipeline rank ``pp_rank`` holds (stage ``s`` on ``s % pp_size``)."""
+    return [s for s in range(num_stages) if s % pp_size == pp_rank]
+
+
+def local_stage_modules(
+    sch: Schedule, pp_group: Any, pp_rank: int | None = None, adapter: PipelineAdapter | None = None
+) -> list[StageModule]:
+    """This rank's stage modules, as :func:`build_pipeline` will place them (no communication).
+
+    Takes: the schedule, the pipeline group, this rank's index in it (default: its rank there) and
+    the adapter. Raises: ScheduleError as :func:`build_stage_modules` does.
+    """
+    import torch.distributed as dist
+
+    pp_size = int(dist.get_world_size(pp_group))
+    rank = int(dist.get_rank(pp_group)) if pp_rank is None else pp_rank
+    stages, _ = build_stage_modules(sch, adapter)
+    return [stages[s] for s in local_stage_indices(len(stages), pp_size, rank)]
+
+
 @dataclass(frozen=True)
 class TiedParam:
     """A parameter used by stages on more than one pipeline rank (e.g. tied input/output embeddings).
@@ -547,7 +570,7 @@ def build_pipeline(
             f"interleaved 1F1B needs n_microbatches divisible by pp_size: got {n_microbatches} for pp_size={pp_size}"
         )
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    mine = [s for s in range(n) if s % pp_size == rank]
+    mine = local_stage_indices(n, pp_size, rank)
     modules = [stages_all[s] for s in mine]
     pstages: list[Any] = [PipelineStage(stages_all[s], s, n, dev, group=pp_group) for s in mine]
     sched: Any

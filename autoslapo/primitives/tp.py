@@ -33,7 +33,7 @@ from autoslapo.errors import ScheduleError
 from autoslapo.primitives import comm
 from autoslapo.schedule import Schedule, register_primitive
 
-__all__ = ["ShardSpec", "gather_shards", "shard_spec", "slice_shard"]
+__all__ = ["ShardSpec", "gather_shards", "param_places", "shard_spec", "slice_shard"]
 
 SHARD_ATTR = "_autoslapo_shard"
 GRAD_SYNC_ATTR = "_autoslapo_grad_sync"
@@ -45,7 +45,9 @@ SYNC_OPS = ("all_reduce", "all_gather", "reduce_scatter", "split")
 class ShardSpec:
     """How a parameter was sliced: this rank holds block ``rank`` of every one of ``chunks`` blocks.
 
-    ``full_shape`` is the unsharded shape; ``group`` the process group the shards live on.
+    ``full_shape`` is the unsharded shape; ``group`` the process group the shards live on; ``pad``
+    the zero rows appended along ``axis`` before slicing (a vocabulary padded to a multiple of tp,
+    as Megatron does): the last rank's shard ends with them, and gathering drops them again.
     """
 
     axis: int
@@ -54,6 +56,7 @@ class ShardSpec:
     world_size: int
     rank: int
     group: Any = None
+    pad: int = 0
 
 
 def shard_spec(param: torch.Tensor) -> ShardSpec | None:
@@ -65,8 +68,19 @@ def slice_shard(full: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
     """Return this rank's shard of the full tensor ``full`` (a fresh, contiguous tensor)."""
     if spec.world_size == 1:
         return full.clone()
+    if spec.pad:
+        shape = list(full.shape)
+        shape[spec.axis] = spec.pad
+        full = torch.cat([full, full.new_zeros(shape)], dim=spec.axis)
+    part = full.shape[spec.axis] // spec.chunks // spec.world_size
+    if full.is_meta:  # only the shape matters; torch.cat on meta is slow (it runs Python refs)
+        shape = list(full.shape)
+        shape[spec.axis] = part * spec.chunks
+        return torch.empty(shape, dtype=full.dtype, device="meta")
+    if spec.chunks == 1:
+        local = full.narrow(spec.axis, spec.rank * part, part)
+        return local.clone(memory_format=torch.contiguous_format)
     blocks = full.chunk(spec.chunks, dim=spec.axis)
-    part = blocks[0].shape[spec.axis] // spec.world_size
     pieces = [b.narrow(spec.axis, spec.rank * part, part) for b in blocks]
     return torch.cat(pieces, dim=spec.axis).contiguous()
 
@@ -83,7 +97,8 @@ def gather_shards(local: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
     torch.distributed.all_gather(parts, local.detach().contiguous(), group=spec.group)
     per_rank = [p.chunk(spec.chunks, dim=spec.axis) for p in parts]
     blocks = [torch.cat([r[b] for r in per_rank], dim=spec.axis) for b in range(spec.chunks)]
-    return torch.cat(blocks, dim=spec.axis)
+    out = torch.cat(blocks, dim=spec.axis)
+    return out.narrow(spec.axis, 0, spec.full_shape[spec.axis]) if spec.pad else out
 
 
 def _param(sch: Schedule, name: str) -> nn.Parameter:
@@ -97,26 +112,62 @@ def _param(sch: Schedule, name: str) -> nn.Parameter:
     return params[name]
 
 
-def _set_everywhere(root: nn.Module, old: nn.Parameter, new: nn.Parameter) -> list[str]:
-    # A tied parameter (GPT-2's wte/lm_head) is one object in several modules; re-tie all of them.
-    places = []
+Places = list[tuple[nn.Module, str, str]]  # (module, parameter name, dotted path of the parameter)
+PLACES_KEY = "param_places"
+
+
+def _scan_places(root: nn.Module) -> dict[int, Places]:
+    places: dict[int, Places] = {}
     for mpath, m in root.named_modules(remove_duplicate=False):
-        for pname, p in list(m._parameters.items()):
-            if p is old:
-                m._parameters[pname] = new
-                places.append(f"{mpath}.{pname}" if mpath else pname)
+        for pname, p in m._parameters.items():
+            if p is not None:
+                places.setdefault(id(p), []).append((m, pname, f"{mpath}.{pname}" if mpath else pname))
     return places
 
 
+def param_places(sch: Schedule, param: nn.Parameter) -> Places:
+    """Every (module, name, path) that holds ``param`` in the model under ``sch``'s root.
+
+    A tied parameter (GPT-2's wte/lm_head) is one object held by several modules. The map from
+    parameters to places is built once per root and kept in ``root.cache`` (``refresh`` clears it,
+    so ``replace`` and ``trace`` invalidate it); an entry that no longer holds its parameter (e.g.
+    after ``build`` swapped meta tensors) triggers one rescan. Scanning the whole model per shard
+    made a TP-8 BERT-large schedule take 0.6 s; with the map it is one scan.
+    """
+    root = sch.root()
+    cache: dict[int, Places] | None = root.cache.get(PLACES_KEY)
+    found = cache.get(id(param)) if cache is not None else None
+    if not found or any(m._parameters.get(n) is not param for m, n, _ in found):
+        cache = _scan_places(root.mod)
+        root.cache[PLACES_KEY] = cache
+        found = cache.get(id(param), [])
+    return found
+
+
+def _set_everywhere(sch: Schedule, old: nn.Parameter, new: nn.Parameter) -> list[str]:
+    # Re-tie every holder of ``old`` to ``new``, then move the cached entry to the new object.
+    places = param_places(sch, old)
+    for m, pname, _ in places:
+        m._parameters[pname] = new
+    cache = sch.root().cache.get(PLACES_KEY)
+    if cache is not None:
+        cache.pop(id(old), None)
+        cache[id(new)] = places
+    return [path for _, _, path in places]
+
+
 @register_primitive("shard")
-def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1) -> ShardSpec:
+def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1, pad: bool = False) -> ShardSpec:
     """Slice parameter ``param_name`` of this node to this rank's shard along ``axis``.
 
-    Takes: the parameter's name on this module, the axis, and ``chunks`` (3 for a fused q|k|v
-    weight: each block is sharded separately so every rank keeps matching q, k and v heads).
+    Takes: the parameter's name on this module, the axis, ``chunks`` (3 for a fused q|k|v
+    weight: each block is sharded separately so every rank keeps matching q, k and v heads), and
+    ``pad``: when the size does not divide by the group size, append zero rows up to the next
+    multiple (the caller must keep them out of the result, as ``vocab_parallel`` does).
     Returns: the recorded ShardSpec. Works on the meta device (``build`` materializes later).
     Raises: ScheduleError for an unknown parameter, an axis out of range, a size that does not
-    divide by ``chunks * world_size``, or a parameter that is already sharded.
+    divide by ``chunks * world_size`` (without ``pad``; ``pad`` needs ``chunks=1``), or a parameter
+    that is already sharded.
     """
     param = _param(sch, param_name)
     where = f"{sch.path + '.' if sch.path else ''}{param_name}"
@@ -131,7 +182,10 @@ def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1) -> Shar
     if chunks < 1:
         raise ScheduleError(f"shard chunks must be >= 1: got chunks={chunks} for {where}")
     world, size = sch.world_size, param.shape[axis]
-    if size % (chunks * world):
+    if pad and chunks != 1:
+        raise ScheduleError(f"shard pad=True needs chunks=1: got chunks={chunks} for {where}")
+    extra = -size % world if pad else 0
+    if size % (chunks * world) and not pad:
         raise ScheduleError(
             f"shard needs size % (chunks * tp) == 0: {where} has size {size} on axis {axis}, "
             f"chunks={chunks}, tp={world} ({chunks * world}); pick a tp that divides {size // chunks}"
@@ -139,7 +193,7 @@ def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1) -> Shar
             else f"shard needs size % (chunks * tp) == 0: {where} has size {size} on axis {axis}, "
             f"chunks={chunks}; {size} is not divisible by chunks={chunks}"
         )
-    spec = ShardSpec(axis, chunks, tuple(param.shape), world, sch.rank, sch.group)
+    spec = ShardSpec(axis, chunks, tuple(param.shape), world, sch.rank, sch.group, pad=extra)
     with torch.no_grad():
         local = slice_shard(param.data, spec)
     new = nn.Parameter(local, requires_grad=param.requires_grad)
@@ -147,7 +201,7 @@ def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1) -> Shar
     for k, v in vars(param).items():  # keep annotations and other tags
         if k != SHARD_ATTR:
             setattr(new, k, v)
-    places = _set_everywhere(sch.root().mod, param, new)
+    places = _set_everywhere(sch, param, new)
     sch.meta.setdefault("shards", {})[param_name] = spec
     if len(places) > 1:
         sch.meta.setdefault("tied", {})[param_name] = places
@@ -305,23 +359,27 @@ def sync(
 
 
 @register_primitive("vocab_parallel")
-def vocab_parallel(sch: Schedule, param_name: str = "weight") -> ShardSpec:
+def vocab_parallel(sch: Schedule, param_name: str = "weight", *, pad: bool = True) -> ShardSpec:
     """Make an embedding vocab-parallel: shard rows, zero ids owned by other ranks, all-reduce.
 
-    Takes: the embedding table's parameter name (rows = vocabulary). The module must look rows
-    up by its first input (``nn.Embedding``); a ``padding_idx`` is moved to local numbering.
+    Takes: the embedding table's parameter name (rows = vocabulary); ``pad``: a vocabulary that
+    the group size does not divide (BERT's 30522 on tp=8) is padded with zero rows to the next
+    multiple, Megatron's ``make_vocab_size_divisible_by``; no id ever selects them, and a tied
+    output layer drops their logits (:func:`vocab_parallel_head`). ``pad=False`` makes such a
+    vocabulary an error instead. The module must look rows up by its first input
+    (``nn.Embedding``); a ``padding_idx`` is moved to local numbering.
     Returns: the ShardSpec. Raises: ScheduleError as ``shard`` does.
     """
-    spec = shard(sch, param_name, 0)
+    spec = shard(sch, param_name, 0, pad=pad)
     mod, group, world = sch.mod, sch.group, sch.world_size
-    part = spec.full_shape[0] // world
+    part = (spec.full_shape[0] + spec.pad) // world
     start = sch.rank * part
     if hasattr(mod, "num_embeddings"):
         setattr(mod, "num_embeddings", part)  # noqa: B010  (an int attribute, not a submodule)
-    pad = getattr(mod, "padding_idx", None)
-    if isinstance(pad, int):
-        setattr(mod, "padding_idx", pad - start if start <= pad < start + part else None)  # noqa: B010
-    sch.meta["vocab_parallel"] = {"start": start, "size": part}
+    pad_idx = getattr(mod, "padding_idx", None)
+    if isinstance(pad_idx, int):
+        setattr(mod, "padding_idx", pad_idx - start if start <= pad_idx < start + part else None)  # noqa: B010
+    sch.meta["vocab_parallel"] = {"start": start, "size": part, "vocab": spec.full_shape[0], "pad": spec.pad}
     if world == 1:
         return spec
     masks: list[torch.Tensor] = []
@@ -340,6 +398,52 @@ def vocab_parallel(sch: Schedule, param_name: str = "weight") -> ShardSpec:
     sch.meta.setdefault("hooks", []).extend(
         [mod.register_forward_pre_hook(pre_hook), mod.register_forward_hook(post_hook)]
     )
+    return spec
+
+
+@register_primitive("vocab_parallel_head")
+def vocab_parallel_head(sch: Schedule, *, pad: bool = True) -> ShardSpec:
+    """Make an output layer (``nn.Linear``, weight ``[vocab, hidden]``) vocab-parallel.
+
+    Shards the weight and bias rows (a weight tied to a ``vocab_parallel`` embedding already is),
+    padded like :func:`vocab_parallel`; all-gathers the logits over the group and drops the padded
+    columns, so the output has the true vocabulary size; sums the input gradient over the group.
+    Returns: the weight's ShardSpec. Raises: ScheduleError for a module without a 2-D weight, or a
+    weight sharded along another axis.
+    """
+    mod = sch.mod
+    weight = mod._parameters.get("weight")
+    if weight is None or weight.dim() != 2:
+        raise ScheduleError(
+            f"vocab_parallel_head needs a module with a 2-D weight [vocab, hidden]: {type(mod).__name__} at "
+            f"{sch.path or '<root>'!r} has {None if weight is None else tuple(weight.shape)}"
+        )
+    spec = shard_spec(weight) or shard(sch, "weight", 0, pad=pad)
+    if spec.axis != 0:
+        raise ScheduleError(
+            f"vocab_parallel_head needs the weight sharded along the vocabulary (axis 0): {sch.path!r} "
+            f"is sharded along axis {spec.axis}"
+        )
+    bias = mod._parameters.get("bias")
+    if bias is not None and shard_spec(bias) is None:
+        shard(sch, "bias", 0, pad=pad)
+    local = mod._parameters["weight"]  # the shard (``shard`` swapped the parameter object)
+    if isinstance(getattr(mod, "out_features", None), int) and local is not None:
+        setattr(mod, "out_features", local.shape[0])  # noqa: B010  (an int attribute)
+    vocab, group = spec.full_shape[0], sch.group
+    sch.meta["vocab_parallel_head"] = {"vocab": vocab, "pad": spec.pad}
+    if sch.world_size == 1:
+        return spec
+
+    def post_hook(_m: nn.Module, _args: tuple[Any, ...], out: Any) -> Any:
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            full = comm.apply(t, "all_gather", dim=-1, group=group)
+            return full.narrow(-1, 0, vocab) if spec.pad else full
+
+        return _map_output(out, 0, gather)
+
+    sch.sync("bwd_post", "all_reduce")
+    sch.meta.setdefault("hooks", []).append(mod.register_forward_hook(post_hook))
     return spec
 
 

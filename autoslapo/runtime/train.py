@@ -241,7 +241,7 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
 def _unpack(payload: dict[str, Any]) -> tuple[ModelSpec, ScheduleConfig, dict[str, Any]]:
     spec = ModelSpec.from_dict(payload["spec"])
     config = ScheduleConfig.from_dict(payload["config"])
-    kw = {k: payload[k] for k in ("steps", "warmup", "seed", "lr", "dropout") if k in payload}
+    kw: dict[str, Any] = {k: payload[k] for k in ("steps", "warmup", "seed", "lr", "dropout") if k in payload}
     return spec, config, kw
 
 

@@ -224,10 +224,10 @@ def _check(per_rank: list[list[dict[str, Any]]]) -> None:
 def test_pp2_matches_unpipelined() -> None:
     from autoslapo.dist import spawn
 
+    # GPipe and 1F1B on a transformers model each and on nn.Sequential; interleaved and the other
+    # family x schedule pairs run in the slow test (test_build also pipelines a meta-built GPT-2)
     cases = [
-        ("seq", "gpipe", 1),
         ("seq", "1f1b", 1),
-        ("seq", "interleaved", 2),
         ("bert", "1f1b", 1),
         ("gpt2", "gpipe", 1),
     ]

@@ -8,7 +8,17 @@ from store import DuplicateTrial, open_store
 from tests.store.conftest import config, result
 
 
-def write_trials(url: str, worker: int, shared: int, own: int, claims: int) -> dict[str, list[int]]:
+def write_trials(url: str, worker: int, shared: int, own: int, claims: int) -> dict[str, object]:
+    """Run ``_write`` and return its outcome, or the error as text (a failure must not hang the pool)."""
+    try:
+        return {"won": _write(url, worker, shared, own, claims), "error": None}
+    except BaseException as err:
+        import traceback
+
+        return {"won": [], "error": f"worker {worker}: {err!r}\n{traceback.format_exc()}"}
+
+
+def _write(url: str, worker: int, shared: int, own: int, claims: int) -> list[int]:
     """Write the shared trials (all workers, shuffled), this worker's own ones, and race for claims."""
     rng = random.Random(worker)
     won: list[int] = []
@@ -29,7 +39,7 @@ def write_trials(url: str, worker: int, shared: int, own: int, claims: int) -> d
                 continue
             won.append(n)
             db.finish_trial("race", n, result(n) | {"host": f"worker-{worker}"})
-    return {"won": won}
+    return won
 
 
 def _study() -> dict[str, object]:

@@ -35,7 +35,7 @@ def pg_server() -> Iterator[PgServer]:
     server = PgServer()
     try:
         server.start()
-    except Exception as err:  # noqa: BLE001 - any failure to start decides skip vs fail
+    except Exception as err:
         if _ci():
             pytest.fail(f"CI=true needs the PostgreSQL tests to run: {err}")
         pytest.skip(f"PostgreSQL did not start: {err}")
@@ -71,19 +71,31 @@ def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
 
 def model_dict(preset: str = "bert-large", **overrides: Any) -> dict[str, Any]:
     """A model description as ModelSpec.to_dict() gives it."""
-    model = dict(family="bert", preset=preset, hidden=1024, layers=24, heads=16, kv_heads=16, ffn=4096,
-                 seq_len=512, vocab=30522)
+    model = dict(
+        family="bert",
+        preset=preset,
+        hidden=1024,
+        layers=24,
+        heads=16,
+        kv_heads=16,
+        ffn=4096,
+        seq_len=512,
+        vocab=30522,
+    )
     model.update(overrides)
     return model
 
 
-def cluster_dict(gpus: int = 8, gpu_type: str = "a100-80gb", memory_bytes: int = 80 * 2**30) -> dict[str, Any]:
+def cluster_dict(
+    gpus: int = 8, gpu_type: str = "a100-80gb", memory_bytes: int = 80 * 2**30
+) -> dict[str, Any]:
     """A cluster description as ClusterSpec.to_dict() gives it."""
     return dict(gpus=gpus, gpus_per_node=min(gpus, 8), gpu_type=gpu_type, memory_bytes=memory_bytes)
 
 
-def study_kwargs(preset: str = "bert-large", gpus: int = 8, gpu_type: str = "a100-80gb",
-                 memory_bytes: int = 80 * 2**30) -> dict[str, Any]:
+def study_kwargs(
+    preset: str = "bert-large", gpus: int = 8, gpu_type: str = "a100-80gb", memory_bytes: int = 80 * 2**30
+) -> dict[str, Any]:
     """Keyword arguments for Store.create_study."""
     return dict(
         model=model_dict(preset),
@@ -102,7 +114,9 @@ def config(i: int) -> dict[str, Any]:
     return dict(tp=2 ** (i % 4), pp=1, dp=8 // 2 ** (i % 4), micro_batch=i, ckpt_ratio=0.5, attention="sdpa")
 
 
-def result(i: int, status: str = "complete", *, measured: bool = False, peak: int | None = None) -> dict[str, Any]:
+def result(
+    i: int, status: str = "complete", *, measured: bool = False, peak: int | None = None
+) -> dict[str, Any]:
     """A result dict as TrialResult.to_dict() gives it, with throughput growing with ``i``."""
     return dict(
         status=status,

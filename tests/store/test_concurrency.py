@@ -15,7 +15,12 @@ def test_four_writers_lose_and_duplicate_nothing(store_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     # The database does not exist yet: the four processes also race to create and migrate it.
     with ctx.Pool(WORKERS) as pool:
-        outcomes = pool.starmap(write_trials, [(store_url, w, SHARED, OWN, CLAIMS) for w in range(WORKERS)])
+        pending = pool.starmap_async(
+            write_trials, [(store_url, w, SHARED, OWN, CLAIMS) for w in range(WORKERS)]
+        )
+        outcomes = pending.get(timeout=240)
+    errors = [o["error"] for o in outcomes if o["error"]]
+    assert not errors, "\n".join(errors)
 
     won = sorted(n for outcome in outcomes for n in outcome["won"])
     assert won == [50_000 + j for j in range(CLAIMS)], "every claim won exactly once"

@@ -44,7 +44,12 @@ def test_study_round_trip(db: Store) -> None:
     assert isinstance(created, StudyRecord)
     got = db.get_study("bert-8")
     assert got == created
-    assert (got.model_name, got.model_family, got.gpus, got.gpu_type) == ("bert-large", "bert", 8, "a100-80gb")
+    assert (got.model_name, got.model_family, got.gpus, got.gpu_type) == (
+        "bert-large",
+        "bert",
+        8,
+        "a100-80gb",
+    )
     assert got.gpu_memory_bytes == 80 * 2**30
     assert got.model["hidden"] == 1024 and got.cluster["gpus_per_node"] == 8
     assert got.status == "created" and got.created_at.tzinfo is not None
@@ -127,9 +132,13 @@ def test_add_trial_is_idempotent_and_refuses_duplicates(db: Store, study: str) -
 def test_start_then_finish(db: Store, study: str) -> None:
     running = db.start_trial(study, 0, config(0), host="node-2")
     assert running.status == "running" and not running.finished and running.ended_at is None
-    assert db.start_trial(study, 0, config(0), host="node-2") == running  # a retried start
+    assert running.result.get("claim")
+    with pytest.raises(DuplicateTrial, match="already stored as running") as second:
+        db.start_trial(study, 0, config(0), host="node-3")  # another process starting it too
+    assert second.value.existing == running
     done = db.finish_trial(study, 0, result(0, "oom"))
     assert done.status == "oom" and done.reason == "oom at step 1" and done.ended_at is not None
+    assert "claim" not in done.result
     assert db.finish_trial(study, 0, result(0, "oom")) == done  # a retried finish
     with pytest.raises(DuplicateTrial, match="already stored as oom"):
         db.finish_trial(study, 0, result(0))
@@ -159,6 +168,21 @@ def test_stale_running_trials_are_found_and_restarted(db: Store, study: str) -> 
     assert db.get_trial(study, 0) is None
     with pytest.raises(DuplicateTrial):
         db.start_trial(study, 6, config(2), restart=True)  # complete trials are not re-run
+    with pytest.raises(DuplicateTrial):
+        db.start_trial(study, 7, config(0), restart=True)  # nor running ones (mark them stale first)
+    db.finish_trial(study, 5, result(5, "timeout"))
+    with pytest.raises(DuplicateTrial, match="number 2 is taken"):
+        db.start_trial(study, 2, config(0), restart=True)
+
+
+def test_duplicate_trial_survives_pickling(db: Store, study: str) -> None:
+    import pickle
+
+    db.add_trial(study, 0, config(0), result(0))
+    with pytest.raises(DuplicateTrial) as caught:
+        db.add_trial(study, 0, config(1), result(1))
+    copy = pickle.loads(pickle.dumps(caught.value))
+    assert str(copy) == str(caught.value) and copy.existing == caught.value.existing
 
 
 def test_trials_listing(db: Store, study: str) -> None:
@@ -219,7 +243,9 @@ def test_dataframe_and_exports(db: Store, study: str, tmp_path: Path) -> None:
     db.add_trials(study, [(i, config(i), result(i, "complete" if i % 5 else "failed")) for i in range(40)])
     frame = db.to_dataframe(study)
     assert len(frame) == 40
-    assert {"number", "status", "samples_per_s", "peak_memory_bytes", "config.tp", "config.attention"} <= set(frame)
+    assert {"number", "status", "samples_per_s", "peak_memory_bytes", "config.tp", "config.attention"} <= set(
+        frame
+    )
     assert frame["config.micro_batch"].tolist() == list(range(40))
     csv = db.export(study, tmp_path / "s.csv")
     assert len(pd.read_csv(csv)) == 40

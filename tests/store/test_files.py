@@ -104,7 +104,9 @@ def test_wal_mode_and_busy_timeout(tmp_path: Path) -> None:
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 5000
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # persistent: Optuna's engine gets it too
+    assert raw.execute("PRAGMA journal_mode").fetchone() == (
+        "wal",
+    )  # persistent: Optuna's engine gets it too
     raw.close()
 
 

@@ -61,7 +61,10 @@ def test_upgrade_from_the_first_schema_keeps_the_data(store_url: str) -> None:
         old = db.get_study("old")
         assert (old.model_name, old.gpus, old.status) == ("bert-large", 8, "complete")
         trials = db.trials("old")
-        assert [(t.number, t.samples_per_s, t.host) for t in trials] == [(0, 120.0, "old-host"), (1, 150.0, "old-host")]
+        assert [(t.number, t.samples_per_s, t.host) for t in trials] == [
+            (0, 120.0, "old-host"),
+            (1, 150.0, "old-host"),
+        ]
         assert trials[0].final_loss is None and trials[0].started_at is not None
         assert db.best("bert-large", 8, "a100-80gb")[0].number == 1
         db.add_trial("old", 2, config(2), result(2))  # new columns are written

@@ -49,7 +49,7 @@ def _run(url: str, budget: int, kill_after: float | None, *, kill_at_trials: int
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, url, str(budget)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     if kill_after is None:
-        out, err = proc.communicate(timeout=300)
+        _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
         return 0
     assert proc.stdout is not None
@@ -80,13 +80,13 @@ def _check(url: str, budget: int) -> None:
 
 def test_kill_9_then_resume_ends_with_exactly_the_budget(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'kill.db'}"
-    _run(url, 40, kill_after=0.0, kill_at_trials=12)
+    _run(url, 25, kill_after=0.0, kill_at_trials=8)
     store = open_store(url)
     left = store.trials("k")
     store.close()
-    assert 12 <= len(left) < 40  # killed mid-search
-    _run(url, 40, kill_after=None)
-    _check(url, 40)
+    assert 8 <= len(left) < 25  # killed mid-search
+    _run(url, 25, kill_after=None)
+    _check(url, 25)
 
 
 @pytest.mark.slow

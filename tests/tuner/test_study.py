@@ -48,7 +48,7 @@ def test_sim_tune_ends_with_exactly_the_budget_of_distinct_trials(store: Store) 
 
 
 def test_prior_top_prediction_is_tried_first(store: Store) -> None:
-    runner = StudyRunner(TuneOptions(model=BERT, cluster=A100_64, trials=5, baselines=False), store)
+    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=5, baselines=False), store)
     top = runner.proposer.ranking()[0]
     runner.run()
     first = store.trials(runner.name)[0]

@@ -1,4 +1,4 @@
-"""Hardware TFLOP/s and final loss per trial; an index for the best-schedule query.
+"""Hardware TFLOP/s and final loss per trial; indexes for the best-schedule query.
 
 Revision ID: 0002
 Revises: 0001
@@ -23,9 +23,13 @@ def upgrade() -> None:
     op.create_index(
         "ix_autoslapo_trials_best", "autoslapo_trials", ["study_id", "status", "samples_per_s"]
     )
+    op.create_index(
+        "ix_autoslapo_trials_best_tokens", "autoslapo_trials", ["study_id", "status", "tokens_per_s"]
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_autoslapo_trials_best_tokens", table_name="autoslapo_trials")
     op.drop_index("ix_autoslapo_trials_best", table_name="autoslapo_trials")
     with op.batch_alter_table("autoslapo_trials") as batch:
         batch.drop_column("final_loss")

@@ -1,0 +1,272 @@
+"""``autoslapo verify MODEL --tp T --pp P``: apply a family's schedule on local ranks and check it.
+
+Spawns ``tp * pp`` gloo ranks on this machine. Every rank builds the model from the same seed,
+applies ``autoslapo.plan.apply_schedule`` inside ``autoslapo.verify.Verify`` (which compares the
+outputs and every parameter's value and gradient with an unscheduled copy, sharded parameters
+gathered over the tensor-parallel group). With ``pp > 1`` it then builds the pipeline from the
+schedule's cuts, runs one pipelined step on micro-batches and compares the loss and every stage
+parameter's gradient with the unscheduled model's (tied embedding/head gradients summed over the
+stages that hold them).
+
+The model keeps its real widths (hidden, heads, ffn, vocab); ``--layers`` shortens the layer stack,
+by default to 2 layers per pipeline chunk: every layer gets the same primitives, so more layers
+check nothing new and cost time. ``--layers 0`` keeps the preset's depth. The summary says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from autoslapo.errors import UsageError
+
+DTYPES = ("float32", "float64")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the verify command's arguments."""
+    parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see ModelSpec presets)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    parser.add_argument("--ckpt-ratio", type=float, default=0.0, help="fraction of layers to checkpoint")
+    parser.add_argument("--attn", choices=("eager", "sdpa", "flash"), default="sdpa", help="attention kernel")
+    parser.add_argument("--device", choices=("cpu",), default="cpu", help="where the ranks run (cpu: gloo)")
+    parser.add_argument("--sequence-parallel", action="store_true", help="turn on sequence parallelism")
+    parser.add_argument("--fuse-bias-gelu", action="store_true", help="fuse the MLP's bias + GeLU")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="layers to verify (default: 2 per pipeline chunk; 0: the preset's full depth)",
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=32, help="sequence length of the test batch (default 32)"
+    )
+    parser.add_argument("--batch", type=int, default=4, help="batch size of the test batch (default 4)")
+    parser.add_argument("--microbatches", type=int, default=2, help="pipeline micro-batches when pp > 1")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="weight and batch seed")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+
+
+def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
+    """Validate the input before any process starts; returns (spec, config, full depth)."""
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.spec import ModelSpec
+
+    spec = ModelSpec.from_name(args.model)
+    full_layers = spec.layers
+    if args.seq_len < 1 or args.batch < 1 or args.microbatches < 1:
+        raise UsageError(
+            f"--seq-len, --batch and --microbatches must be >= 1: got {args.seq_len}, {args.batch}, "
+            f"{args.microbatches}"
+        )
+    if args.pp > 1 and args.batch % args.microbatches:
+        raise UsageError(
+            f"--batch must split into --microbatches: got batch={args.batch}, microbatches={args.microbatches}"
+        )
+    if args.layers is not None and args.layers < 0:
+        raise UsageError(f"--layers must be >= 0: got {args.layers}")
+    if args.layers:
+        layers = args.layers
+    elif args.layers == 0 or full_layers <= 2 * args.pp:
+        layers = full_layers
+    else:
+        layers = 2 * args.pp
+    spec = spec.with_overrides(layers=layers, seq_len=min(args.seq_len, spec.max_positions))
+    if args.seq_len > spec.max_positions:
+        raise UsageError(f"--seq-len must be <= {spec.max_positions} for {args.model}: got {args.seq_len}")
+    config = ScheduleConfig(
+        tp=args.tp,
+        pp=args.pp,
+        micro_batch=args.batch // args.microbatches if args.pp > 1 else args.batch,
+        grad_accum=args.microbatches if args.pp > 1 else 1,
+        ckpt_ratio=args.ckpt_ratio,
+        attn_kernel=args.attn,
+        sequence_parallel=args.sequence_parallel,
+        fuse_bias_gelu=args.fuse_bias_gelu,
+        precision="fp32",
+    )
+    config.validate(spec)
+    return spec, config, full_layers
+
+
+def run(args: argparse.Namespace) -> int:
+    """Verify the schedule on ``tp * pp`` local ranks; prints one summary line, returns 0.
+
+    Raises: UsageError (exit 2) for bad input, before any process starts; VerifyError (exit 1) naming
+    the first mismatching output or gradient.
+    """
+    spec, config, full_layers = _plan(args)
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from autoslapo.dist import spawn
+
+    start = time.perf_counter()
+    opts = {
+        "batch": args.batch,
+        "seq_len": spec.seq_len,
+        "microbatches": args.microbatches,
+        "dtype": args.dtype,
+        "seed": args.seed,
+    }
+    preload = ("torch", "torch.distributed", "transformers", "autoslapo.plan", "autoslapo.verify")
+    results = spawn(
+        _rank_main,
+        config.world_size,
+        spec.to_dict(),
+        config.to_dict(),
+        opts,
+        timeout=args.timeout,
+        preload=preload,
+    )
+    elapsed = time.perf_counter() - start
+    checked = sum(r["checked"] for r in results)
+    max_diff = max(r["max_diff"] for r in results)
+    depth = (
+        f"{spec.layers} of {full_layers} layers" if spec.layers != full_layers else f"{spec.layers} layers"
+    )
+    pipe = f", pipeline {results[0]['pipeline']}" if config.pp > 1 else ""
+    print(
+        f"verify {args.model}: ok - tp={config.tp} pp={config.pp} ckpt_ratio={config.ckpt_ratio:g} "
+        f"attn={config.attn_kernel}{' sp' if config.sequence_parallel else ''}"
+        f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}; hidden {spec.hidden}, {depth}, "
+        f"batch {args.batch}x{spec.seq_len} {args.dtype}, dropout off; {checked} checks of outputs and "
+        f"parameter values/gradients on {config.world_size} ranks{pipe}; max abs diff "
+        f"{max_diff:.2g}; {elapsed:.1f} s"
+    )
+    return 0
+
+
+# -- what every rank runs ---------------------------------------------------------------------------
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    return float((a.detach().double() - b.detach().double().to(a.device)).abs().max()) if a.numel() else 0.0
+
+
+def _measured_verify() -> type:
+    from autoslapo.verify import Verify
+
+    class MeasuredVerify(Verify):
+        """Verify that also remembers the largest difference it saw (for the summary line)."""
+
+        max_diff = 0.0
+
+        def _compare(self, what: str, got: Any, want: Any) -> str | None:
+            if got.shape == want.shape:
+                self.max_diff = max(self.max_diff, _max_diff(got, want))
+            return super()._compare(what, got, want)  # type: ignore[no-any-return]
+
+    return MeasuredVerify
+
+
+def _rank_main(spec_d: dict[str, Any], config_d: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.dist import build_groups
+    from autoslapo.models.build import build_model, example_batch
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.plan import apply_schedule
+    from autoslapo.schedule import create_schedule
+
+    _MeasuredVerify = _measured_verify()
+    spec = ModelSpec.from_dict(spec_d)
+    config = ScheduleConfig.from_dict(config_d)
+    groups = build_groups(config.tp, config.pp, config.dp)
+    dtype = getattr(torch, opts["dtype"])
+    # Dropout off: under tensor parallelism no unscheduled model draws the same masks.
+    model = build_model(spec, attn_kernel=config.attn_kernel, seed=opts["seed"], dtype=dtype, dropout=0.0)
+    batch = example_batch(spec, opts["batch"], opts["seq_len"], seed=opts["seed"] + 1)
+    sch = create_schedule(model, group=groups.tp_group)
+    # The compiler is only needed for compile_layers/fuse regions; "eager" checks the rewrite itself.
+    with _MeasuredVerify(sch, batch, loss_fn=lambda out: out.loss) as v:
+        apply_schedule(sch, spec, config, groups, compiler="eager")
+    out: dict[str, Any] = {"checked": len(v.checked), "max_diff": v.max_diff, "pipeline": ""}
+    if config.pp > 1:
+        n, diff, what = _verify_pipeline(sch, spec, config, groups, batch, opts)
+        out["checked"] += n
+        out["max_diff"] = max(out["max_diff"], diff)
+        out["pipeline"] = what
+    return out
+
+
+def _verify_pipeline(
+    sch: Any, spec: Any, config: Any, groups: Any, batch: dict[str, Any], opts: dict[str, Any]
+) -> tuple[int, float, str]:
+    """One pipelined step vs the unscheduled model: loss and every stage parameter's gradient."""
+    import torch
+    import torch.distributed as dist
+
+    from autoslapo.errors import VerifyError
+    from autoslapo.models.build import build_model
+    from autoslapo.models.families import pipeline_adapter
+    from autoslapo.primitives.pipeline import build_pipeline
+    from autoslapo.primitives.tp import gather_shards, shard_spec
+    from autoslapo.verify import default_tolerance
+
+    model = sch.mod
+    model.eval()  # dropout is off anyway; eval keeps both runs deterministic
+    ref = build_model(spec, attn_kernel=config.attn_kernel, seed=opts["seed"], dtype=model.dtype, dropout=0.0)
+    ref.eval()
+    m = opts["microbatches"]
+    loss_of = model.loss_function
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return]
+
+    ids, labels = batch["input_ids"], batch["labels"]
+    # Reference: the mean of the micro-batch losses (torch's pipeline schedules scale by 1/m).
+    ref_losses = [
+        loss_fn(ref(input_ids=i).logits, lab) for i, lab in zip(ids.chunk(m), labels.chunk(m), strict=True)
+    ]
+    ref_loss = torch.stack(ref_losses).mean()
+    ref_loss.backward()
+
+    runtime = build_pipeline(
+        sch,
+        pp_group=groups.pp_group,
+        n_microbatches=m,
+        schedule=config.pipeline_schedule,
+        loss_fn=loss_fn,
+        adapter=pipeline_adapter(model, spec.family),
+    )
+    loss = runtime.step(ids, target=labels)
+    # build_pipeline's step already sums the gradients of weights tied across stages.
+    mine = {id(p) for mod in runtime.modules for p in mod.parameters()}
+    names = dict(model.named_parameters())
+    ref_params = dict(ref.named_parameters())
+    rtol, atol = default_tolerance(model.dtype)
+    error: str | None = None
+    checked, worst = 0, 0.0
+    if runtime.has_last and loss is not None:
+        worst = _max_diff(loss, ref_loss)
+        if not torch.allclose(loss.double(), ref_loss.detach().double(), rtol=rtol, atol=atol):
+            error = f"pipelined loss {float(loss):.6g} differs from the reference {float(ref_loss):.6g}"
+        checked += 1
+    for name, p in names.items():
+        if id(p) not in mine or name not in ref_params:
+            continue
+        spec_ = shard_spec(p)
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        full = gather_shards(grad, spec_) if spec_ is not None else grad
+        want = ref_params[name].grad
+        if want is None:
+            continue
+        d = _max_diff(full, want)
+        worst = max(worst, d)
+        checked += 1
+        if error is None and not torch.allclose(full.double(), want.double(), rtol=rtol, atol=atol):
+            error = f"pipelined gradient of {name} differs from the reference: max abs diff {d:.3g}"
+    verdicts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, error)
+    for rank, err in enumerate(verdicts):
+        if err is not None:
+            raise VerifyError(f"{err} (rank {rank})")
+    what = f"{runtime.num_stages} stages x {m} micro-batches"
+    return checked, worst, what

@@ -1,0 +1,73 @@
+"""``autoslapo verify``: bad input exits 2 before any rank starts; a real run exits 0 with a summary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autoslapo.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["verify", "bret"], "unknown model 'bret'"),
+        (["verify", "bert-tiny", "--tp", "3"], "tp must divide the attention heads"),
+        (["verify", "llama-tiny", "--tp", "4"], "2 key/value heads"),
+        (["verify", "gpt2-tiny", "--pp", "3"], "pipeline stages must split the layers evenly"),
+        (["verify", "gpt2-tiny", "--pp", "2", "--batch", "3"], "--batch must split into --microbatches"),
+        (["verify", "gpt2-tiny", "--ckpt-ratio", "2"], "ckpt_ratio must be between 0 and 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import autoslapo.dist
+
+    def no_spawn(*a: object, **k: object) -> None:
+        raise AssertionError("spawn must not run for bad input")
+
+    monkeypatch.setattr(autoslapo.dist, "spawn", no_spawn)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def _verify(*args: str) -> tuple[int, str, float]:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "autoslapo", "verify", *args], capture_output=True, text=True, timeout=600
+    )
+    return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - start
+
+
+def test_tiny_tp2_passes_with_a_summary() -> None:
+    rc, out, _ = _verify("bert-tiny", "--tp", "2", "--seq-len", "8", "--batch", "2")
+    assert rc == 0, out
+    line = [x for x in out.splitlines() if x.startswith("verify ")]
+    assert len(line) == 1 and "ok - tp=2 pp=1" in line[0] and "on 2 ranks" in line[0], out
+
+
+@pytest.mark.slow
+def test_tiny_tp2_pp2_with_checkpointing_passes() -> None:
+    rc, out, _ = _verify("gpt2-tiny", "--tp", "2", "--pp", "2", "--ckpt-ratio", "0.5", "--seq-len", "16")
+    assert rc == 0, out
+    line = [x for x in out.splitlines() if x.startswith("verify ")]
+    assert len(line) == 1 and "ok - tp=2 pp=2 ckpt_ratio=0.5" in line[0], out
+    assert "pipeline 2 stages x 2 micro-batches" in line[0] and "max abs diff" in line[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [("bert", "--tp", "2"), ("gpt2", "--tp", "4"), ("gpt2", "--tp", "2", "--pp", "2", "--ckpt-ratio", "0.5")],
+)
+def test_acceptance_commands(args: tuple[str, ...]) -> None:
+    """The issue's three commands: real widths, 2 layers per stage, exit 0 (under a minute when idle)."""
+    rc, out, seconds = _verify(*args)
+    assert rc == 0, out
+    assert f"verify {args[0]}: ok" in out
+    print(f"{' '.join(args)}: {seconds:.1f} s")

@@ -1,0 +1,168 @@
+"""The bad-input corpus: every CLI command fed input it must refuse with one line and exit code 2.
+
+Each case is ``(id, argv, expected)``: ``argv`` may hold placeholders filled by ``fill``:
+``{url}`` the seeded SQLite store, ``{dir}`` a scratch directory, ``{notdb}`` a text file that is no
+database, ``{space}`` a search-space file written from ``SPACE_FILES``, ``{pgpw}`` a PostgreSQL
+URL with a password and nobody listening. ``expected`` is a substring of the one stderr line
+(case-insensitive). Commands that need no store still run with ``AUTOSLAPO_STORAGE={url}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# The password that must never be printed (redaction is checked on every case's output).
+SECRET = "hunter2-s3cret"
+PG_UNREACHABLE = f"postgresql://autoslapo:{SECRET}@127.0.0.1:1/autoslapo?connect_timeout=2"
+
+# Search-space files: name -> (suffix, text).
+SPACE_FILES: dict[str, tuple[str, str]] = {
+    "wrong-types": (".toml", 'name = "x"\nknobs = 3\n'),
+    "empty-domain": (".toml", 'name = "x"\n[knobs]\nmicro_batch = []\n'),
+    "knob-value-type": (".json", '{"name": "x", "knobs": {"tp": ["two", "four"]}}'),
+    "unknown-knob": (".toml", 'name = "x"\n[knobs]\nwarp_drive = [1, 2]\n'),
+    "unknown-key": (".toml", 'name = "x"\nexec = "import os"\n'),
+    "no-name": (".json", '{"knobs": {"tp": [1, 2]}}'),
+    "not-toml": (".toml", "this is = = not toml ["),
+    "not-json": (".json", "{'name': 'x',"),
+    "top-list": (".json", "[1, 2, 3]"),
+    "yaml": (".yaml", "name: x\n"),
+    "zero-degree": (".toml", 'name = "x"\n[knobs]\ntp = [0, -2]\n'),
+    "bad-ratio": (".toml", 'name = "x"\n[knobs]\nckpt_ratio = [1.5, "half"]\n'),
+}
+
+T = ["tune", "bert-tiny", "--backend", "sim", "--trials", "3", "--no-baselines"]
+S = ["--storage", "{url}"]
+
+CASES: list[tuple[str, list[str], str]] = [
+    # --- tune -------------------------------------------------------------------------------
+    ("tune-unknown-model", ["tune", "no-such-model", "--gpus", "4", "--backend", "sim", *S], "no-such-model"),
+    ("tune-unknown-preset", ["tune", "bert-gigantic", "--gpus", "4", "--backend", "sim", *S], "bert-gigantic"),
+    ("tune-gpus-zero", [*T, "--gpus", "0", *S], "gpus"),
+    ("tune-gpus-negative", [*T, "--gpus", "-4", *S], "gpus"),
+    ("tune-gpus-not-int", [*T, "--gpus", "four", *S], "--gpus"),
+    ("tune-partial-node", [*T, "--gpus", "12", "--gpus-per-node", "8", *S], "node"),
+    ("tune-gpus-per-node-zero", [*T, "--gpus", "8", "--gpus-per-node", "0", *S], "node"),
+    ("tune-too-many-gpus", [*T, "--gpus", "65536", "--global-batch", "8", *S], "65536"),
+    ("tune-unknown-gpu-type", [*T, "--gpus", "4", "--gpu-type", "tpu-v9", *S], "tpu-v9"),
+    ("tune-trials-zero", [*T[:-3], "--no-baselines", "--gpus", "4", "--trials", "0", *S], "trials"),
+    ("tune-trials-negative", [*T[:-3], "--no-baselines", "--gpus", "4", "--trials", "-5", *S], "trials"),
+    ("tune-timeout-negative", [*T, "--gpus", "4", "--timeout", "-1", *S], "timeout"),
+    ("tune-patience-zero", [*T, "--gpus", "4", "--patience", "0", *S], "patience"),
+    ("tune-top-zero", [*T, "--gpus", "4", "--top", "0", *S], "top"),
+    ("tune-max-concurrent-zero", [*T, "--gpus", "4", "--max-concurrent", "0", *S], "concurrent"),
+    ("tune-seq-len-zero", [*T, "--gpus", "4", "--seq-len", "0", *S], "seq"),
+    ("tune-global-batch-zero", [*T, "--gpus", "4", "--global-batch", "0", *S], "batch"),
+    ("tune-steps-zero", [*T, "--gpus", "4", "--steps", "0", *S], "steps"),
+    ("tune-trial-timeout-negative", [*T, "--gpus", "4", "--trial-timeout", "-3", *S], "timeout"),
+    ("tune-unknown-sampler", [*T, "--gpus", "4", "--sampler", "bayes", *S], "sampler"),
+    ("tune-unknown-backend", ["tune", "bert-tiny", "--gpus", "4", "--backend", "cloud", *S], "backend"),
+    ("tune-storage-malformed", [*T, "--gpus", "4", "--storage", "not a url"], "storage"),
+    ("tune-storage-scheme", [*T, "--gpus", "4", "--storage", "mysql://u@localhost/db"], "sqlite or postgresql"),
+    ("tune-storage-pg-no-db", [*T, "--gpus", "4", "--storage", "postgresql://u@127.0.0.1:1"], "database"),
+    ("tune-storage-unreachable", [*T, "--gpus", "4", "--storage", "{pgpw}"], "postgresql"),
+    ("tune-storage-not-db", [*T, "--gpus", "4", "--storage", "sqlite:///{notdb}"], "not"),
+    ("tune-storage-no-dir", [*T, "--gpus", "4", "--storage", "sqlite:///{dir}/missing/x.db"], "directory"),
+    ("tune-storage-is-dir", [*T, "--gpus", "4", "--storage", "sqlite:///{dir}"], "file"),
+    ("tune-space-wrong-types", [*T, "--gpus", "4", "--space", "{space:wrong-types}", *S], "knobs"),
+    ("tune-space-empty-domain", [*T, "--gpus", "4", "--space", "{space:empty-domain}", *S], "micro_batch"),
+    ("tune-space-value-type", [*T, "--gpus", "4", "--space", "{space:knob-value-type}", *S], "tp"),
+    ("tune-space-unknown-knob", [*T, "--gpus", "4", "--space", "{space:unknown-knob}", *S], "warp_drive"),
+    ("tune-space-unknown-key", [*T, "--gpus", "4", "--space", "{space:unknown-key}", *S], "exec"),
+    ("tune-space-no-name", [*T, "--gpus", "4", "--space", "{space:no-name}", *S], "name"),
+    ("tune-space-not-toml", [*T, "--gpus", "4", "--space", "{space:not-toml}", *S], "toml"),
+    ("tune-space-not-json", [*T, "--gpus", "4", "--space", "{space:not-json}", *S], "json"),
+    ("tune-space-top-list", [*T, "--gpus", "4", "--space", "{space:top-list}", *S], "table"),
+    ("tune-space-yaml", [*T, "--gpus", "4", "--space", "{space:yaml}", *S], ".toml or .json"),
+    ("tune-space-zero-degree", [*T, "--gpus", "4", "--space", "{space:zero-degree}", *S], "tp"),
+    ("tune-space-bad-ratio", [*T, "--gpus", "4", "--space", "{space:bad-ratio}", *S], "ckpt_ratio"),
+    ("tune-space-missing", [*T, "--gpus", "4", "--space", "{dir}/nope.toml", *S], "readable"),
+    ("tune-ray-address-inline", [*T, "--gpus", "4", "--ray-address", "127.0.0.1:1", "--dispatch", "inline", *S],
+     "ray"),
+    ("tune-local-gpu-type-no-cuda", [*T[:4], "local", "--gpus", "2", "--gpu-type", "a100-80gb", "--trials", "1",
+                                     *S], "cuda"),
+    ("tune-study-other-model", [*T, "--gpus", "4", "--study", "seeded", *S], "seeded"),
+    ("tune-resume-other-model", ["tune", "gpt2-tiny", "--gpus", "4", "--backend", "sim", "--study", "seeded",
+                                 "--resume", *S], "seeded"),
+    ("tune-resume-other-cluster", [*T, "--gpus", "8", "--study", "seeded", "--resume", *S], "seeded"),
+    ("tune-resume-missing", [*T, "--gpus", "4", "--study", "never-was", "--resume", *S], "never-was"),
+    ("tune-unknown-flag", [*T, "--gpus", "4", "--turbo", *S], "--turbo"),
+    # --- best -------------------------------------------------------------------------------
+    ("best-unknown-model", ["best", "no-such-model", "--gpus", "4", *S], "no-such-model"),
+    ("best-gpus-zero", ["best", "bert-tiny", "--gpus", "0", *S], "gpus"),
+    ("best-gpus-negative", ["best", "bert-tiny", "--gpus", "-8", *S], "gpus"),
+    ("best-unknown-gpu-type", ["best", "bert-tiny", "--gpus", "4", "--gpu-type", "tpu-v9", *S], "tpu-v9"),
+    ("best-bad-metric", ["best", "bert-tiny", "--gpus", "4", "--metric", "vibes", *S], "metric"),
+    ("best-bad-headroom", ["best", "bert-tiny", "--gpus", "4", "--headroom", "lots", *S], "headroom"),
+    ("best-not-db", ["best", "bert-tiny", "--gpus", "4", "--storage", "sqlite:///{notdb}"], "not"),
+    ("best-unreachable", ["best", "bert-tiny", "--gpus", "4", "--storage", "{pgpw}"], "postgresql"),
+    # --- run --------------------------------------------------------------------------------
+    ("run-unknown-model", ["run", "no-such-model", "--gpus", "1"], "no-such-model"),
+    ("run-gpus-zero", ["run", "bert-tiny", "--gpus", "0"], "gpus"),
+    ("run-gpus-negative", ["run", "bert-tiny", "--gpus", "-2"], "gpus"),
+    ("run-tp-not-dividing", ["run", "bert-tiny", "--gpus", "4", "--tp", "3"], "tp"),
+    ("run-ckpt-ratio", ["run", "bert-tiny", "--gpus", "1", "--ckpt-ratio", "1.5"], "ckpt"),
+    ("run-steps-zero", ["run", "bert-tiny", "--gpus", "1", "--steps", "0"], "steps"),
+    ("run-timeout-negative", ["run", "bert-tiny", "--gpus", "1", "--timeout", "-1"], "timeout"),
+    ("run-mem-cap", ["run", "bert-tiny", "--gpus", "1", "--mem-cap", "lots"], "mem-cap"),
+    ("run-zero-stage", ["run", "bert-tiny", "--gpus", "1", "--zero-stage", "4"], "zero-stage"),
+    ("run-sp-without-tp", ["run", "bert-tiny", "--gpus", "1", "--sequence-parallel"], "sequence"),
+    # --- estimate ---------------------------------------------------------------------------
+    ("estimate-unknown-model", ["estimate", "no-such-model", "--gpus", "8"], "no-such-model"),
+    ("estimate-gpus-zero", ["estimate", "bert", "--gpus", "0"], "gpus"),
+    ("estimate-gpus-negative", ["estimate", "bert", "--gpus", "-8"], "gpus"),
+    ("estimate-gpu-type", ["estimate", "bert", "--gpus", "8", "--gpu-type", "tpu-v9"], "tpu-v9"),
+    ("estimate-partial-node", ["estimate", "bert", "--gpus", "12", "--gpus-per-node", "8"], "node"),
+    ("estimate-tp-not-dividing", ["estimate", "bert", "--gpus", "8", "--tp", "3"], "tp"),
+    ("estimate-degrees-product", ["estimate", "bert", "--gpus", "8", "--tp", "2", "--pp", "2", "--dp", "4"], "8"),
+    ("estimate-profile-missing", ["estimate", "bert", "--gpus", "8", "--profile", "{dir}/nope.json"], "profile"),
+    ("estimate-profile-not-json", ["estimate", "bert", "--gpus", "8", "--profile", "{notdb}"], "profile"),
+    ("estimate-negative-layers", ["estimate", "bert", "--gpus", "8", "--layers", "-1"], "layers"),
+    # --- verify -----------------------------------------------------------------------------
+    ("verify-unknown-model", ["verify", "no-such-model"], "no-such-model"),
+    ("verify-tp-zero", ["verify", "bert-tiny", "--tp", "0"], "tp"),
+    ("verify-ckpt-ratio", ["verify", "bert-tiny", "--ckpt-ratio", "-0.5"], "ckpt"),
+    ("verify-batch-zero", ["verify", "bert-tiny", "--batch", "0"], "batch"),
+    ("verify-device", ["verify", "bert-tiny", "--device", "tpu"], "device"),
+    # --- studies / show / export / report ---------------------------------------------------
+    ("studies-not-db", ["studies", "--storage", "sqlite:///{notdb}"], "not"),
+    ("studies-malformed-url", ["studies", "--storage", "://nothing"], "storage"),
+    ("studies-unreachable", ["studies", "--storage", "{pgpw}"], "postgresql"),
+    ("studies-env-not-db", ["studies", "--storage", "sqlite:///{dir}"], "file"),
+    ("show-missing-study", ["show", "never-was", *S], "never-was"),
+    ("show-limit-negative", ["show", "seeded", "--limit", "-1", *S], "limit"),
+    ("show-asc-desc", ["show", "seeded", "--asc", "--desc", *S], "--desc"),
+    ("show-bad-sort", ["show", "seeded", "--sort", "vibes", *S], "sort"),
+    ("show-bad-status", ["show", "seeded", "--status", "happy", *S], "status"),
+    ("export-missing-study", ["export", "never-was", "-o", "{dir}/out.csv", *S], "never-was"),
+    ("export-bad-suffix", ["export", "seeded", "-o", "{dir}/out.xlsx", *S], "xlsx"),
+    ("export-missing-dir", ["export", "seeded", "-o", "{dir}/missing/out.csv", *S], "missing"),
+    ("report-missing-study", ["report", "never-was", "-o", "{dir}/rep", *S], "never-was"),
+    ("report-output-is-file", ["report", "seeded", "-o", "{notdb}", *S], "directory"),
+    # --- profile and the top level ----------------------------------------------------------
+    ("profile-ranks-zero", ["profile", "--ranks", "0"], "ranks"),
+    ("profile-threads-negative", ["profile", "--threads", "-1"], "threads"),
+    ("profile-output-missing-dir", ["profile", "--quick", "--profile", "{dir}/missing/p.json"], "missing"),
+    ("unknown-command", ["frobnicate"], "frobnicate"),
+]
+
+
+def fill(argv: list[str], *, url: str, dir: Path, notdb: Path, spaces: dict[str, Path]) -> list[str]:
+    """``argv`` with its placeholders replaced (see the module docstring)."""
+    out = []
+    for a in argv:
+        for name, path in spaces.items():
+            a = a.replace("{space:" + name + "}", str(path))
+        out.append(a.replace("{url}", url).replace("{dir}", str(dir)).replace("{notdb}", str(notdb))
+                   .replace("{pgpw}", PG_UNREACHABLE))
+    return out
+
+
+def write_space_files(dir: Path) -> dict[str, Path]:
+    """Write every ``SPACE_FILES`` entry under ``dir``; returns name -> path."""
+    paths = {}
+    for name, (suffix, text) in SPACE_FILES.items():
+        p = dir / f"space-{name}{suffix}"
+        p.write_text(text)
+        paths[name] = p
+    return paths

@@ -1,0 +1,119 @@
+"""The proposer: fixed distributions, never a known configuration twice, infeasible told not run."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.models.spec import ModelSpec
+from autoslapo.result import TrialResult
+from search_spaces import get_space, space_from_dict
+from tuner import Prediction, Proposer, SimEvaluator
+from tuner.baselines import deepspeed_config, megatron_config
+from tuner.evaluators import PerturbedSimEvaluator, cost_prior
+
+TINY = ModelSpec.from_name("bert-tiny")
+CPU4 = ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4)
+SMALL = space_from_dict({"name": "s", "knobs": {"tp": [1, 2, 4], "micro_batch": [1, 2, 4, 8], "zero_stage": [0, 1]}})
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from(["tpe", "random", "grid", "nsga2"]), st.integers(0, 1000))
+def test_a_small_space_is_exhausted_without_repeats(sampler: str, seed: int) -> None:
+    bound = SMALL.bind(TINY, CPU4)
+    ev = SimEvaluator(TINY, CPU4)
+    p = Proposer(bound, sampler=sampler, seed=seed, prior=cost_prior(TINY, CPU4))
+    seen = []
+    while (prop := p.propose()) is not None:
+        seen.append(prop.config)
+        p.complete(prop, ev.evaluate(prop.config))
+    assert len(seen) == len(set(seen)) == len(bound.configs())
+
+
+def test_known_configs_are_never_proposed_again() -> None:
+    bound = SMALL.bind(TINY, CPU4)
+    first = Proposer(bound, seed=1)
+    done = []
+    for _ in range(6):
+        prop = first.propose()
+        assert prop is not None
+        done.append(prop.config)
+        first.complete(prop, SimEvaluator(TINY, CPU4).evaluate(prop.config))
+    # a re-created sampler with the same seed repeats its first proposals: they must be skipped
+    again = Proposer(bound, seed=1)
+    for c in done:
+        again.add_known(c, SimEvaluator(TINY, CPU4).evaluate(c))
+    for _ in range(4):
+        prop = again.propose()
+        assert prop is not None and prop.config not in done
+        again.complete(prop, TrialResult.failure("failed", "x"))
+
+
+def test_infeasible_predictions_are_pruned_and_reported() -> None:
+    bound = SMALL.bind(TINY, CPU4)
+    pruned = []
+
+    def prior(c):  # a prior that says only tp=1 fits
+        return Prediction(c.tp == 1, 1.0 / c.micro_batch, 0, "" if c.tp == 1 else "too big")
+
+    p = Proposer(bound, seed=0, prior=prior)
+    p.on_pruned = lambda c, why: pruned.append((c, why))
+    got = []
+    while (prop := p.propose()) is not None:
+        got.append(prop.config)
+        p.complete(prop, SimEvaluator(TINY, CPU4).evaluate(prop.config))
+    assert got and all(c.tp == 1 for c in got)
+    assert all(c.tp != 1 and why == "too big" for c, why in pruned)
+    assert p.ranking()[0].micro_batch == 1  # best predicted first
+
+
+def test_distributions_never_change_between_asks() -> None:
+    bound = get_space("bert").bind(ModelSpec.from_name("bert"), ClusterSpec(gpus=64))
+    p = Proposer(bound, seed=0)
+    for _ in range(20):
+        prop = p.propose()
+        assert prop is not None
+        p.complete(prop, TrialResult.failure("oom", "x"))
+    dists = [t.distributions for t in p.study.trials]
+    assert all(d == dists[0] for d in dists)
+
+
+def test_baseline_configs_follow_their_recipes() -> None:
+    from store import open_store
+    from tuner import StudyRunner, TuneOptions
+
+    store = open_store("sqlite://")
+    r = StudyRunner(TuneOptions(model=ModelSpec.from_name("llama-13b"), cluster=ClusterSpec(gpus=16, gpu_type="a100-40gb"),
+                                trials=1, prior_seeds=0, warm_start=False), store)
+    ds, mg = deepspeed_config(r), megatron_config(r)
+    assert ds is not None and ds.tp == ds.pp == 1 and ds.dp == 16 and r.proposer.predict(ds).fits
+    assert ds.zero_stage >= 1  # 13B does not fit replicated on 40 GB
+    assert mg is not None and mg.tp == 8 and mg.ckpt_ratio == 1.0 and mg.sequence_parallel
+    assert r.proposer.predict(mg).fits
+    if mg.pp > 1:  # the fewest stages that fit
+        fewer = mg.with_(pp=mg.pp // 2, dp=mg.dp * 2) if (mg.pp // 2) and 40 % (mg.pp // 2) == 0 else None
+        assert fewer is None or not r.proposer.predict(fewer).fits
+    store.close()
+
+
+def test_perturbed_landscape_differs_from_the_prior_but_is_reproducible() -> None:
+    model, cluster = ModelSpec.from_name("bert"), ClusterSpec(gpus=64)
+    cfgs = get_space("bert").bind(model, cluster).configs()[:200]
+    a, b = PerturbedSimEvaluator(model, cluster, seed=1), PerturbedSimEvaluator(model, cluster, seed=1)
+    sim = SimEvaluator(model, cluster)
+    va = [a.evaluate(c).samples_per_s for c in cfgs]
+    assert va == [b.evaluate(c).samples_per_s for c in cfgs]
+    vs = [sim.evaluate(c).samples_per_s for c in cfgs]
+    assert sum(abs(x - y) > 0.01 * y for x, y in zip(va, vs, strict=True) if y) > 100
+    vc = [PerturbedSimEvaluator(model, cluster, seed=2).evaluate(c).samples_per_s for c in cfgs]
+    assert va != vc
+
+
+@pytest.mark.parametrize("name", ["grid"])
+def test_grid_sampler_uses_the_index_space(name: str) -> None:
+    bound = SMALL.bind(TINY, CPU4)
+    p = Proposer(bound, sampler=name, seed=0)
+    prop = p.propose()
+    assert prop is not None and prop.config in bound.configs()
