@@ -17,6 +17,7 @@ Run: ``.venv/bin/python experiments/validate_cost_model.py [--local] [--profile 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -151,6 +152,7 @@ def local_part(lines: list[str], profile_path: Path | None, steps: int, warmup: 
                  f"op {prof['op_latency_s'] * 1e6:.0f} us, process {prof['fixed_overhead_bytes'] / 2**20:.0f} MiB")
     lines.append(f"{'model':10} {'tp':>2} {'pp':>2} {'dp':>2} {'mb':>3} {'ga':>3} {'ckpt':>4} {'zero':>4} {'attn':>5} "
                  f"{'pred/s':>8} {'meas/s':>8} {'err':>7} {'pred MiB':>9} {'meas MiB':>9} {'err':>7}")
+    load0 = os.getloadavg()[0]
     pred_t, meas_t, mem_err = [], [], []
     for model, cfg in local_configs():
         world = cfg.world_size
@@ -174,6 +176,8 @@ def local_part(lines: list[str], profile_path: Path | None, steps: int, warmup: 
     if len(pred_t) < 3:
         lines.append(f"only {len(pred_t)} configurations completed: no statistics")
         return False
+    lines.append(f"load average during the trials (other processes share the cores): {load0:.1f} at start, "
+                 f"{os.getloadavg()[0]:.1f} at end, on {os.cpu_count()} cores")
     rho = spearman(pred_t, meas_t)
     worst_mem = max(mem_err)
     ok = rho >= 0.9 and worst_mem <= 0.15 and len(pred_t) >= 12

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy import Engine, Table, delete, or_, select, update
+from sqlalchemy import Engine, Table, delete, func, or_, select, update
 from sqlalchemy import insert as sql_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -405,6 +405,106 @@ class Store:
                 f"{study!r} repeats one; none were stored; use add_trial for idempotent writes"
             )
         return stored
+
+    def claim_trial(
+        self,
+        study: str,
+        config: dict[str, Any],
+        *,
+        budget: int | None = None,
+        result: dict[str, Any] | None = None,
+        host: str = "",
+    ) -> TrialRecord | None:
+        """Store a new trial of ``config`` under the study's next free number; return it.
+
+        For several tuners sharing one study: the number is picked, the budget checked and the row
+        written in one transaction that holds the study's lock (``FOR UPDATE`` on PostgreSQL,
+        ``BEGIN IMMEDIATE`` on SQLite), so numbers never collide and the budget is never passed.
+        The row is ``running`` (finish it with ``finish_trial``), or finished at once with
+        ``result``. Returns None when ``budget`` trials that are not ``pruned`` are stored already.
+        Raises DuplicateTrial (with ``.existing``) when the study already has this config.
+        """
+        study_id = self._study_id(study)
+        digest = config_hash(config)
+        claim = uuid.uuid4().hex
+        now = utcnow()
+        values: dict[str, Any] = dict(
+            study_id=study_id, config=clean_json(config), config_hash=digest, host=host, started_at=now
+        )
+        if result is None:
+            values.update(status="running", measured=False, reason="", result={"claim": claim})
+        else:
+            values.update(result_columns(result), ended_at=now)
+
+        def claim_tx(session: Session) -> TrialRecord | None:
+            session.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
+            found = session.execute(
+                _TRIALS.where(TrialRow.study_id == study_id, TrialRow.config_hash == digest)
+            ).first()
+            if found is not None:
+                existing = trial_record(found, study)
+                # A retry after a dropped connection whose first attempt did commit: our own row.
+                if existing.result.get("claim") == claim or (
+                    result is not None and existing.result == clean_json(result)
+                ):
+                    return existing
+                raise self._duplicate(study, existing.number, digest, existing)
+            if budget is not None:
+                used = session.scalar(
+                    select(func.count())
+                    .select_from(TrialRow)
+                    .where(TrialRow.study_id == study_id, TrialRow.status != "pruned")
+                )
+                if int(used or 0) >= budget:
+                    return None
+            top = session.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id))
+            row = TrialRow(**values, number=0 if top is None else int(top) + 1)
+            session.add(row)
+            session.flush()
+            return trial_record(row, study)
+
+        return self._write(f"claim a trial of {study!r}", claim_tx)
+
+    def add_new_trials(self, study: str, trials: Iterable[tuple[dict[str, Any], dict[str, Any]]]) -> int:
+        """Store finished ``(config, result)`` trials under the next free numbers; return how many.
+
+        Configs the study already has are skipped (another tuner stored them first). One
+        transaction under the study's lock, like ``claim_trial``.
+        """
+        study_id = self._study_id(study)
+        now = utcnow()
+        items = [(config_hash(c), c, r) for c, r in trials]
+        if not items:
+            return 0
+
+        def insert_tx(session: Session) -> int:
+            session.execute(select(StudyRow.id).where(StudyRow.id == study_id).with_for_update())
+            have = set(
+                session.scalars(
+                    select(TrialRow.config_hash).where(
+                        TrialRow.study_id == study_id, TrialRow.config_hash.in_([d for d, _, _ in items])
+                    )
+                )
+            )
+            top = session.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id))
+            number = 0 if top is None else int(top) + 1
+            rows = []
+            for digest, config, result in items:
+                if digest in have:
+                    continue
+                have.add(digest)
+                row: dict[str, Any] = dict(
+                    study_id=study_id, number=number, config=clean_json(config), config_hash=digest,
+                    host="", started_at=now, ended_at=now,
+                )
+                row.update(result_columns(result))
+                rows.append(row)
+                number += 1
+            if rows:
+                session.connection().execute(sql_insert(_TRIAL_TABLE), rows)
+            return len(rows)
+
+        return self._write(f"write trials of {study!r}", insert_tx)
 
     def start_trial(
         self,

@@ -82,7 +82,7 @@ def _searcher(runner: StudyRunner, started: float) -> Any:
                 return Searcher.FINISHED
             nxt = runner.propose()
             if nxt is None:
-                self.stop = "exhausted"
+                self.stop = runner.should_stop(started) or "exhausted"
                 return Searcher.FINISHED
             self.live[trial_id] = nxt
             return {"config": nxt[0].config.to_dict(), "number": nxt[1]}

@@ -140,10 +140,10 @@ class Proposer:
         self._ranking: list[ScheduleConfig] | None = None
         self._queue: list[tuple[ScheduleConfig, str]] = []
         self.asks = 0
-        # Every ``local_every``-th proposal refines the incumbent: an unmeasured one-knob neighbour
-        # of the best configuration so far (TPE's default). Throughput is close to separable in the
-        # knobs, so coordinate moves find what a model-based sampler alone reaches slowly.
-        self.local_every = local_every if local_every is not None else (3 if sampler == "tpe" else 0)
+        # Opt-in: every ``local_every``-th proposal refines the incumbent with an unmeasured one-knob
+        # (else two-knob) neighbour of the best configuration so far. Off by default: on the
+        # perturbed landscapes of experiments/bench_tuner.py it did not beat TPE alone reliably.
+        self.local_every = local_every or 0
         self._rng = random.Random(seed)
         self._proposed = 0
         self.on_pruned: Callable[[ScheduleConfig, str], None] | None = None

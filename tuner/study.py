@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
-from autoslapo.errors import UsageError
+from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from search_spaces import BoundSpace, SearchSpace, space_for
@@ -30,7 +30,7 @@ from tuner.evaluators import Evaluator, cost_prior, make_evaluator
 from tuner.proposer import SAMPLERS, Proposal, Proposer
 
 if TYPE_CHECKING:
-    from store import Store
+    from store import Store, TrialRecord
 
 LAUNCHED = ("complete", "oom", "failed", "timeout")
 INTERRUPTED_PREFIX = "interrupted"
@@ -52,6 +52,7 @@ class TuneOptions:
     space: SearchSpace | None = None
     study: str | None = None
     resume: bool = False
+    join: bool = False  # create the study or join it: several tuners share one study and budget
     warm_start: bool = True
     prior_seeds: int | None = None  # how many of the cost model's best predictions go first
     dispatch: str = "inline"  # "inline" or "ray"
@@ -74,6 +75,15 @@ class TuneOptions:
             raise UsageError(f"dispatch must be inline or ray: got {self.dispatch!r}")
         if self.max_concurrent < 1:
             raise UsageError(f"--max-concurrent must be a positive integer: got {self.max_concurrent!r}")
+        if self.join and self.resume:
+            raise UsageError("--join and --resume exclude each other: --join shares a study with tuners still "
+                             "running, --resume takes over a stopped one; pass one of them")
+        if self.join and not self.study:
+            raise UsageError("--join needs --study NAME: the study the tuners share")
+        if self.steps < 1:
+            raise UsageError(f"--steps must be a positive integer: got {self.steps!r}")
+        if self.trial_timeout_s <= 0:
+            raise UsageError(f"--trial-timeout must be positive seconds: got {self.trial_timeout_s!r}")
 
 
 @dataclass
@@ -108,6 +118,27 @@ def default_study_name(model: ModelSpec, cluster: ClusterSpec, backend: str) -> 
     return f"{model.preset}-{cluster.gpus}x{cluster.gpu_type}-{backend}"
 
 
+def _check_layouts(bound: BoundSpace) -> None:
+    """Raise ConfigError when no tp*pp*dp layout and micro-batch of ``bound`` fills the global batch.
+
+    A cheap necessary condition (divisibility only), so a cluster too large for the batch is
+    refused up front instead of ending as an empty study.
+    """
+    gpus, gb = bound.cluster.gpus, bound.global_batch
+
+    def dom(knob: str) -> tuple[int, ...]:
+        return tuple(bound.domains.get(knob, (bound.fixed.get(knob, 1),)))
+
+    dps = [gpus // (tp * pp) for tp in dom("tp") for pp in dom("pp") if gpus % (tp * pp) == 0]
+    if any(gb % (int(mb) * dp) == 0 for dp in dps for mb in dom("micro_batch")):
+        return
+    raise ConfigError(
+        f"micro_batch*dp must divide the global batch for some layout: {gpus} devices with tp in "
+        f"{list(dom('tp'))} and pp in {list(dom('pp'))} give dp in {sorted(set(dps))} for a global batch of "
+        f"{gb}; use fewer --gpus or a larger --global-batch"
+    )
+
+
 class StudyRunner:
     """Runs one study against a store. Use ``run()``; ``propose``/``complete`` serve the Ray searcher."""
 
@@ -119,6 +150,7 @@ class StudyRunner:
         space = options.space or space_for(options.model.family)
         self.space = space
         self.bound: BoundSpace = space.bind(options.model, options.cluster, options.global_batch)
+        _check_layouts(self.bound)  # before the study is created: bad input leaves the store as it was
         self.evaluator = evaluator or make_evaluator(options.backend, options.model, options.cluster,
                                                      steps=options.steps, timeout_s=options.trial_timeout_s)
         self.name = self._open_study()
@@ -127,7 +159,8 @@ class StudyRunner:
                                                   runtime_device=self._runtime_device()),
                                  concurrency=options.max_concurrent)
         self.proposer.on_pruned = self._record_pruned
-        self._pending_pruned: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
+        self._pending_pruned: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._full = False  # the store said the (shared) budget is used up
         self._numbers: dict[str, int] = {}  # config hash -> stored trial number (retries)
         self._started: set[int] = set()  # trial numbers written as running
         self.counts: dict[str, int] = {}
@@ -137,7 +170,6 @@ class StudyRunner:
         self.best_config: ScheduleConfig | None = None
         self.best_result: TrialResult | None = None
         self._since_best = 0
-        self._next_number = 0
         self._load()
 
     def _runtime_device(self) -> str | None:
@@ -166,17 +198,20 @@ class StudyRunner:
         self.store.create_study(
             name, model=o.model.to_dict(), cluster=o.cluster.to_dict(), space_name=self.space.name,
             space_version=self.space.version, objective="samples_per_s", backend=o.backend,
-            model_signature=sig, cluster_fingerprint=fp,
+            model_signature=sig, cluster_fingerprint=fp, exist_ok=o.join,
         )
         return name
 
     def _load(self) -> None:
         """Bring the sampler up to date with the stored trials (resume) or similar studies (warm)."""
-        self.store.mark_stale_running(self.name)
+        if not self.o.join:  # joined tuners' running trials belong to tuners still alive
+            self.store.mark_stale_running(self.name)
         retries: list[tuple[ScheduleConfig, int]] = []
         for t in self.store.trials(self.name):
-            self._next_number = max(self._next_number, t.number + 1)
             config = ScheduleConfig.from_dict(t.config)
+            if t.status == "running":  # another tuner's, in flight: never proposed here
+                self.proposer.pending.add(config)
+                continue
             if t.status == "failed" and t.reason.startswith(INTERRUPTED_PREFIX):
                 retries.append((config, t.number))
                 continue
@@ -207,47 +242,79 @@ class StudyRunner:
             self._since_best += 1
 
     # --- store writes ----------------------------------------------------------------------
-    def _take_number(self, config: ScheduleConfig) -> int:
-        number = self._numbers.get(config.config_hash())
-        if number is None:
-            number = self._next_number
-            self._next_number += 1
-        return number
-
+    # Trial numbers come from the store (``claim_trial``/``add_new_trials``), never from a local
+    # counter, so tuners sharing a study (``join``) never collide and never pass the budget.
     def _record_pruned(self, config: ScheduleConfig, reason: str) -> None:
         result = TrialResult.failure("pruned", reason, measured=False)
-        self._pending_pruned.append((self._take_number(config), config.to_dict(), result.to_dict()))
+        self._pending_pruned.append((config.to_dict(), result.to_dict()))
         self._count(config, result)
 
     def flush(self) -> None:
         """Write the buffered ``pruned`` rows in one transaction (they are cheap to re-derive)."""
         if self._pending_pruned:
-            self.store.add_trials(self.name, self._pending_pruned)
+            self.store.add_new_trials(self.name, self._pending_pruned)
             self._pending_pruned = []
+
+    def _taken_elsewhere(self, proposal: Proposal, existing: TrialRecord) -> None:
+        """Another tuner of the study has this config: learn its result, or leave it to them."""
+        if existing.status == "running":
+            self.proposer.release(proposal)
+            self.proposer.pending.add(proposal.config)  # in flight elsewhere: never propose it here
+            return
+        result = (TrialResult.from_dict(existing.result) if existing.result.get("status")
+                  else TrialResult.failure(existing.status, existing.reason))  # type: ignore[arg-type]
+        self.proposer.complete(proposal, result)
 
     # --- the loop's two halves (also used by the Ray searcher) ------------------------------
     def propose(self) -> tuple[Proposal, int] | None:
         """The next proposal and its trial number, written as ``running`` (unless instant)."""
-        p = self.proposer.propose()
-        if p is None:
+        from store import DuplicateTrial
+
+        while True:
+            p = self.proposer.propose()
             self.flush()
-            return None
-        retry = p.config.config_hash() in self._numbers
-        number = self._take_number(p.config)
-        self.flush()
-        if retry or not self.evaluator.instant or self.o.dispatch == "ray":
-            self.store.start_trial(self.name, number, p.config.to_dict(), restart=retry)
-            self._started.add(number)
-        return p, number
+            if p is None:
+                return None
+            key = p.config.config_hash()
+            retry = self._numbers.get(key)
+            if retry is None and self.evaluator.instant and self.o.dispatch != "ray":
+                return p, -1  # stored once, with its result, by ``complete``
+            try:
+                if retry is not None:
+                    rec: TrialRecord | None = self.store.start_trial(self.name, retry, p.config.to_dict(),
+                                                                     restart=True)
+                else:
+                    rec = self.store.claim_trial(self.name, p.config.to_dict(), budget=self.o.trials)
+            except DuplicateTrial as dup:
+                self._numbers.pop(key, None)
+                self._taken_elsewhere(p, dup.existing)
+                continue
+            if rec is None:  # the study's budget is used up (by the tuners sharing it)
+                self.proposer.release(p)
+                self._full = True
+                return None
+            self._started.add(rec.number)
+            return p, rec.number
 
     def complete(self, proposal: Proposal, number: int, result: TrialResult) -> None:
         """Store a finished trial, tell the sampler, and report progress."""
-        cfg = proposal.config.to_dict()
         if number in self._started:
             self.store.finish_trial(self.name, number, result.to_dict())
             self._started.discard(number)
         else:  # instant trials are written once, when they finish
-            self.store.add_trial(self.name, number, cfg, result.to_dict())
+            from store import DuplicateTrial
+
+            try:
+                rec = self.store.claim_trial(self.name, proposal.config.to_dict(), budget=self.o.trials,
+                                             result=result.to_dict())
+            except DuplicateTrial as dup:
+                self._taken_elsewhere(proposal, dup.existing)
+                return
+            if rec is None:
+                self.proposer.release(proposal)
+                self._full = True
+                return
+            number = rec.number
         self._numbers.pop(proposal.config.config_hash(), None)
         self.proposer.complete(proposal, result)
         self._count(proposal.config, result)
@@ -257,7 +324,7 @@ class StudyRunner:
 
     def should_stop(self, started: float) -> str | None:
         """Why the study stops now, or None to go on."""
-        if self.launched >= self.o.trials:
+        if self.launched >= self.o.trials or self._full:
             return "budget"
         if self.o.timeout_s is not None and time.monotonic() - started >= self.o.timeout_s:
             return "timeout"
@@ -295,7 +362,7 @@ class StudyRunner:
                 return stop
             nxt = self.propose()
             if nxt is None:
-                return "exhausted"
+                return "budget" if self._full else "exhausted"
             proposal, number = nxt
             self.complete(proposal, number, self.evaluator.evaluate(proposal.config))
 

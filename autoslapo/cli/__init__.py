@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"autoslapo {args.command}: interrupted\n")
         return 130
-    except Exception as e:  # noqa: BLE001 - last line of defence: one line, no traceback
+    except Exception as e:  # last line of defence: one line, no traceback
         if os.environ.get("AUTOSLAPO_DEBUG"):
             raise
         first = redact(str(e)).strip().splitlines()[0] if str(e).strip() else ""

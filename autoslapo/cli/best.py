@@ -54,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
+    if args.gpu_type is not None:
+        from autoslapo.cluster import DEVICES
+
+        if args.gpu_type not in DEVICES:
+            raise UsageError(f"--gpu-type must be one of {', '.join(DEVICES)}: got {args.gpu_type!r}")
     model = ModelSpec.from_name(args.model, seq_len=args.seq_len)
     store = open_store(args.storage)
     headroom_bytes, headroom_fraction = parse_headroom(args.headroom)

@@ -116,6 +116,14 @@ def run(args: argparse.Namespace) -> int:
     gpu_type = args.gpu_type
     if gpu_type is None:
         gpu_type = "cpu" if backend in ("local", "ray") and _cuda_devices() == 0 else "a100-80gb"
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
+    if args.ray_address and args.dispatch == "inline":
+        raise UsageError("--ray-address places trials through Ray: it cannot go with --dispatch inline; "
+                         "drop one of them")
+    if backend == "local" and gpu_type != "cpu" and _cuda_devices() < args.gpus:
+        raise UsageError(f"--backend local runs --gpus {args.gpus} ranks on this machine's CUDA devices: it has "
+                         f"{_cuda_devices()}; use --gpu-type cpu, fewer --gpus, or --backend sim")
     per_node = args.gpus_per_node or (args.gpus if gpu_type == "cpu" else 8)
     model = ModelSpec.from_name(args.model, seq_len=args.seq_len)
     cluster = ClusterSpec(gpus=args.gpus, gpu_type=gpu_type, gpus_per_node=per_node)

@@ -153,7 +153,8 @@ class ModelSpec:
             given["kv_heads"] = given["heads"]
         if "seq_len" in given and given["seq_len"] > self.max_positions and "max_positions" not in given:
             given["max_positions"] = given["seq_len"]
-        return replace(self, **given)
+        changes: dict[str, Any] = dict(given)
+        return replace(self, **changes)
 
     @classmethod
     def from_name(cls, name: str, **overrides: int | None) -> ModelSpec:

@@ -58,7 +58,7 @@ def test_known_parameter_counts() -> None:
 
 
 def test_unknown_model_names_close_matches() -> None:
-    with pytest.raises(UsageError, match="did you mean.*bert-large"):
+    with pytest.raises(UsageError, match=r"did you mean.*bert-large"):
         ModelSpec.from_name("bert-larg")
 
 

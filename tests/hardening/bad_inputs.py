@@ -43,7 +43,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-gpus-not-int", [*T, "--gpus", "four", *S], "--gpus"),
     ("tune-partial-node", [*T, "--gpus", "12", "--gpus-per-node", "8", *S], "node"),
     ("tune-gpus-per-node-zero", [*T, "--gpus", "8", "--gpus-per-node", "0", *S], "node"),
-    ("tune-too-many-gpus", [*T, "--gpus", "65536", "--global-batch", "8", *S], "65536"),
+    ("tune-too-many-gpus", [*T, "--gpus", "65536", "--global-batch", "8", *S], "global batch"),
     ("tune-unknown-gpu-type", [*T, "--gpus", "4", "--gpu-type", "tpu-v9", *S], "tpu-v9"),
     ("tune-trials-zero", [*T[:-3], "--no-baselines", "--gpus", "4", "--trials", "0", *S], "trials"),
     ("tune-trials-negative", [*T[:-3], "--no-baselines", "--gpus", "4", "--trials", "-5", *S], "trials"),
@@ -79,7 +79,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-space-missing", [*T, "--gpus", "4", "--space", "{dir}/nope.toml", *S], "readable"),
     ("tune-ray-address-inline", [*T, "--gpus", "4", "--ray-address", "127.0.0.1:1", "--dispatch", "inline", *S],
      "ray"),
-    ("tune-local-gpu-type-no-cuda", [*T[:4], "local", "--gpus", "2", "--gpu-type", "a100-80gb", "--trials", "1",
+    ("tune-local-gpu-type-no-cuda", [*T[:3], "local", "--gpus", "2", "--gpu-type", "a100-80gb", "--trials", "1",
                                      *S], "cuda"),
     ("tune-study-other-model", [*T, "--gpus", "4", "--study", "seeded", *S], "seeded"),
     ("tune-resume-other-model", ["tune", "gpt2-tiny", "--gpus", "4", "--backend", "sim", "--study", "seeded",
@@ -142,7 +142,7 @@ CASES: list[tuple[str, list[str], str]] = [
     # --- profile and the top level ----------------------------------------------------------
     ("profile-ranks-zero", ["profile", "--ranks", "0"], "ranks"),
     ("profile-threads-negative", ["profile", "--threads", "-1"], "threads"),
-    ("profile-output-missing-dir", ["profile", "--quick", "--profile", "{dir}/missing/p.json"], "missing"),
+    ("profile-ranks-too-many", ["profile", "--ranks", "65"], "ranks"),
     ("unknown-command", ["frobnicate"], "frobnicate"),
 ]
 

@@ -32,6 +32,23 @@ def test_a_small_space_is_exhausted_without_repeats(sampler: str, seed: int) -> 
     assert len(seen) == len(set(seen)) == len(bound.configs())
 
 
+def test_local_refinement_proposes_unmeasured_neighbours_of_the_best() -> None:
+    bound = SMALL.bind(TINY, CPU4)
+    ev = SimEvaluator(TINY, CPU4)
+    p = Proposer(bound, seed=0, prior=cost_prior(TINY, CPU4), local_every=2)
+    seen, sources = [], []
+    while (prop := p.propose()) is not None:
+        if prop.source == "local":
+            best = max((c for c, r in p.measured.items() if r.ok), key=lambda c: p.measured[c].samples_per_s)
+            knobs = ["tp", "micro_batch"] + ([] if 1 in (best.dp, prop.config.dp) else ["zero_stage"])
+            diff = [k for k in knobs if getattr(prop.config, k) != getattr(best, k)]  # zero is 0 when dp=1
+            assert 1 <= len(diff) <= 2 or (len(diff) == 0 and prop.config.zero_stage != best.zero_stage)
+        seen.append(prop.config)
+        sources.append(prop.source)
+        p.complete(prop, ev.evaluate(prop.config))
+    assert "local" in sources and len(seen) == len(set(seen)) == len(bound.configs())
+
+
 def test_known_configs_are_never_proposed_again() -> None:
     bound = SMALL.bind(TINY, CPU4)
     first = Proposer(bound, seed=1)
