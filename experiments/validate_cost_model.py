@@ -10,13 +10,16 @@ real by the runtime (``autoslapo.runtime``), against the estimate made with this
 (``autoslapo profile``, measured first when none is given). Targets: Spearman rank correlation of
 throughput >= 0.9; predicted peak memory within 15 % of the measured peak RSS.
 
-Run: ``.venv/bin/python experiments/validate_cost_model.py [--local] [--profile PATH]``; writes
-``experiments/results/cost_model_validation.txt``.
+Run: ``.venv/bin/python experiments/validate_cost_model.py [--local | --local-only] [--profile PATH]
+[--reuse]``; writes ``experiments/results/cost_model_validation.txt`` (``..._local.txt`` with
+``--local-only``), the measured records to ``cost_model_local_measurements.json`` and, when it
+measures one, the profile to ``cost_model_profile_cpu.json``. Each target prints a PASS/FAIL line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -30,6 +33,9 @@ from autoslapo.cost.published import check_all
 from autoslapo.models.spec import ModelSpec
 
 OUT = Path(__file__).parent / "results" / "cost_model_validation.txt"
+# Measured local trials (one record a configuration) and the profile the estimates used.
+MEASURED = OUT.with_name("cost_model_local_measurements.json")
+PROFILE = OUT.with_name("cost_model_profile_cpu.json")
 
 # The local model: small enough for 2 cores, large enough that compute outweighs Python overhead.
 LOCAL_MODEL = ModelSpec(family="gpt2", hidden=256, layers=4, heads=4, ffn=1024, seq_len=128, vocab=2048,
@@ -39,31 +45,35 @@ SMALL_MODEL = ModelSpec(family="bert", hidden=128, layers=2, heads=4, ffn=512, s
 
 
 def local_configs() -> list[tuple[ModelSpec, ScheduleConfig]]:
-    """Real configurations on 2 CPU ranks: two model sizes x micro-batch, tp, pp, dp, ckpt, ZeRO, kernel.
+    """Real configurations on 2 CPU ranks: two model sizes x micro-batch 1..16, tp, pp, dp, ckpt, ZeRO.
 
     All use the same two ranks of one thread each: on this shared 2-core machine a single rank with
     two OpenMP threads suffers from other users' load far more than two single-thread ranks do,
-    which no cost model of the hardware can predict. Two model sizes spread the throughputs over
-    an order of magnitude, so the rank correlation is not decided by measurement noise between
-    near-equal configurations alone.
+    which no cost model of the hardware can predict. The two model sizes and micro-batches from 1
+    to 16 spread the throughputs over two orders of magnitude, so the rank correlation is decided
+    by the model's physics rather than by load noise between near-equal configurations.
     """
     f = "fp32"
     a, b = LOCAL_MODEL, SMALL_MODEL
     return [
-        (a, ScheduleConfig(dp=2, micro_batch=2, precision=f)),
+        (a, ScheduleConfig(dp=2, micro_batch=1, precision=f)),
+        (a, ScheduleConfig(dp=2, micro_batch=4, precision=f)),
         (a, ScheduleConfig(dp=2, micro_batch=16, precision=f)),
         (a, ScheduleConfig(dp=2, micro_batch=8, ckpt_ratio=1.0, precision=f)),
+        (a, ScheduleConfig(dp=2, micro_batch=8, zero_stage=1, precision=f)),
         (a, ScheduleConfig(dp=2, micro_batch=8, zero_stage=2, precision=f)),
-        (a, ScheduleConfig(dp=2, micro_batch=1, grad_accum=8, zero_stage=1, precision=f)),
-        (a, ScheduleConfig(tp=2, micro_batch=4, ckpt_ratio=1.0, precision=f)),
-        (a, ScheduleConfig(pp=2, micro_batch=4, grad_accum=2, precision=f)),
-        (a, ScheduleConfig(pp=2, micro_batch=1, grad_accum=8, precision=f)),
-        (b, ScheduleConfig(dp=2, micro_batch=4, precision=f)),
-        (b, ScheduleConfig(dp=2, micro_batch=32, precision=f)),
-        (b, ScheduleConfig(dp=2, micro_batch=16, ckpt_ratio=0.5, attn_kernel="eager", precision=f)),
-        (b, ScheduleConfig(tp=2, micro_batch=2, precision=f)),
-        (b, ScheduleConfig(tp=2, micro_batch=16, precision=f)),
-        (b, ScheduleConfig(pp=2, micro_batch=8, grad_accum=4, precision=f)),
+        (a, ScheduleConfig(dp=2, micro_batch=2, grad_accum=4, zero_stage=1, precision=f)),
+        (a, ScheduleConfig(tp=2, micro_batch=1, precision=f)),
+        (a, ScheduleConfig(tp=2, micro_batch=8, precision=f)),
+        (a, ScheduleConfig(tp=2, micro_batch=8, ckpt_ratio=1.0, precision=f)),
+        (a, ScheduleConfig(pp=2, micro_batch=2, grad_accum=4, precision=f)),
+        (a, ScheduleConfig(pp=2, micro_batch=8, grad_accum=2, precision=f)),
+        (b, ScheduleConfig(dp=2, micro_batch=1, precision=f)),
+        (b, ScheduleConfig(dp=2, micro_batch=16, precision=f)),
+        (b, ScheduleConfig(dp=2, micro_batch=8, ckpt_ratio=1.0, zero_stage=2, precision=f)),
+        (b, ScheduleConfig(tp=2, micro_batch=4, precision=f)),
+        (b, ScheduleConfig(tp=2, micro_batch=16, attn_kernel="eager", precision=f)),
+        (b, ScheduleConfig(pp=2, micro_batch=4, grad_accum=2, precision=f)),
     ]
 
 
@@ -112,97 +122,109 @@ def published_part(lines: list[str]) -> bool:
 
 
 def _measure(model: ModelSpec, cfg: ScheduleConfig, steps: int, warmup: int, timeout: float) -> dict[str, Any]:
-    """Train ``cfg`` for real on CPU ranks with the runtime; median step time and peak RSS."""
-    try:
-        from autoslapo.runtime import run_trial  # type: ignore[attr-defined]
-    except ImportError:
-        run_trial = None
-    if run_trial is not None:
-        res = run_trial(model, cfg, steps=steps, warmup=warmup, timeout_s=timeout, device="cpu", dropout=0.0)
-        return {"status": res.status, "reason": res.reason, "step_time_s": res.step_time_s,
-                "samples_per_s": res.samples_per_s, "peak_memory_bytes": res.peak_memory_bytes}
-    from autoslapo.runtime.launcher import launch
+    """Train ``cfg`` for real on CPU ranks with the runtime (``run_trial``); median step, peak RSS, load."""
+    from autoslapo.runtime import run_trial
 
-    payload = {"spec": model.to_dict(), "config": cfg.to_dict(), "steps": steps, "warmup": warmup, "seed": 0,
-               "dropout": 0.0}
-    out = launch("autoslapo.runtime.train:train_entry", cfg.world_size, payload, timeout_s=timeout)
-    if out.status != "complete":
-        return {"status": out.status, "reason": out.reason}
-    times = [statistics.median(v["step_times_s"]) for v in out.values]
-    step = max(times)
-    return {"status": "complete", "reason": "", "step_time_s": step, "samples_per_s": cfg.global_batch / step,
-            "peak_memory_bytes": max(out.peak_rss_bytes)}
+    load0 = os.getloadavg()[0]
+    res = run_trial(model, cfg, steps=steps, warmup=warmup, timeout_s=timeout, device="cpu", dropout=0.0)
+    return {"model": model.to_dict(), "config": cfg.to_dict(), "status": res.status, "reason": res.reason,
+            "step_time_s": res.step_time_s, "step_times_s": res.extra.get("step_times_s", []),
+            "samples_per_s": res.samples_per_s, "peak_memory_bytes": res.peak_memory_bytes,
+            "load_avg": [load0, os.getloadavg()[0]]}
 
 
-def local_part(lines: list[str], profile_path: Path | None, steps: int, warmup: int) -> bool:
-    from autoslapo.cost.profile import load_profile, measure_profile, save_profile
+def measure_local(path: Path, steps: int, warmup: int) -> list[dict[str, Any]]:
+    """Measure every ``local_configs()`` entry for real and save the records (JSON) to ``path``."""
+    records = []
+    for model, cfg in local_configs():
+        rec = _measure(model, cfg, steps, warmup, timeout=900)
+        records.append(rec)
+        print(f"measured {model.preset} {cfg.config_hash()[:8]}: {rec['status']} "
+              f"{rec['samples_per_s'] or 0:.2f}/s load {rec['load_avg'][0]:.1f}", flush=True)
+        path.write_text(json.dumps(records, indent=1))  # partial results survive an interruption
+    return records
 
-    if profile_path is not None and profile_path.exists():
-        prof = load_profile(profile_path)
-    else:
-        prof = measure_profile(2)
-        if profile_path is not None:
-            save_profile(prof, profile_path)
+
+def local_part(lines: list[str], prof: dict[str, Any], records: list[dict[str, Any]]) -> bool:
+    """Compare estimates made with ``prof`` against measured ``records``; append the table to ``lines``."""
     lines.append("")
     lines.append("## This machine: real trials on 2 CPU ranks (gloo, fp32, dropout 0) vs estimates with its profile")
     for m in (LOCAL_MODEL, SMALL_MODEL):
         lines.append(f"  {m.preset}: {m.family}, h={m.hidden}, L={m.layers}, heads={m.heads}, s={m.seq_len}, V={m.vocab}")
     lines.append(f"profile: {prof['peak_tflops_fp32'] * 1e3:.1f} GFLOP/s a rank, copy {prof['hbm_gbps']:.1f} GB/s, "
                  f"allreduce {prof['intra_node_gbps']:.2f} GB/s + {prof['coll_latency_s'] * 1e6:.0f} us a hop, "
-                 f"op {prof['op_latency_s'] * 1e6:.0f} us, process {prof['fixed_overhead_bytes'] / 2**20:.0f} MiB")
+                 f"op {prof['op_latency_s'] * 1e6:.0f} us, step overhead {prof.get('step_overhead_s', 0) * 1e3:.0f} ms, "
+                 f"process {prof['fixed_overhead_bytes'] / 2**20:.0f} MiB, measured at load "
+                 f"{prof.get('load_avg', float('nan')):.1f}")
     lines.append(f"{'model':10} {'tp':>2} {'pp':>2} {'dp':>2} {'mb':>3} {'ga':>3} {'ckpt':>4} {'zero':>4} {'attn':>5} "
-                 f"{'pred/s':>8} {'meas/s':>8} {'err':>7} {'pred MiB':>9} {'meas MiB':>9} {'err':>7}")
-    load0 = os.getloadavg()[0]
-    pred_t, meas_t, mem_err = [], [], []
-    for model, cfg in local_configs():
-        world = cfg.world_size
-        cluster = ClusterSpec(gpus=world, gpu_type="cpu", gpus_per_node=world).with_profile(prof)
+                 f"{'pred/s':>8} {'meas/s':>8} {'err':>7} {'pred MiB':>9} {'meas MiB':>9} {'err':>7} {'load':>5}")
+    pred_t, meas_t, mem_err, loads = [], [], [], []
+    for rec in records:
+        model, cfg = ModelSpec.from_dict(rec["model"]), ScheduleConfig.from_dict(rec["config"])
+        cluster = ClusterSpec(gpus=cfg.world_size, gpu_type="cpu", gpus_per_node=cfg.world_size).with_profile(prof)
         est = estimate(model, cfg, cluster, profile=prof, dropout=False)  # the runtime trains with dropout 0
-        m = _measure(model, cfg, steps, warmup, timeout=600)
         head = (f"{model.preset:10} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>2} {cfg.micro_batch:>3} {cfg.grad_accum:>3} "
                 f"{cfg.ckpt_ratio:>4} {cfg.zero_stage:>4} {cfg.attn_kernel:>5} ")
-        if m["status"] != "complete":
-            lines.append(head + f"{est.samples_per_s:>8.1f}  {m['status']}: {m['reason'][:80]}")
-            print(lines[-1], flush=True)
+        if rec["status"] != "complete":
+            lines.append(head + f"{est.samples_per_s:>8.1f}  {rec['status']}: {rec['reason'][:80]}")
             continue
-        pm, mm = est.memory_per_device_bytes, m["peak_memory_bytes"]
+        pm, mm = est.memory_per_device_bytes, rec["peak_memory_bytes"]
         pred_t.append(est.samples_per_s)
-        meas_t.append(m["samples_per_s"])
+        meas_t.append(rec["samples_per_s"])
         me = pm / mm - 1 if mm else float("nan")
         mem_err.append(abs(me))
-        lines.append(head + f"{est.samples_per_s:>8.1f} {m['samples_per_s']:>8.1f} "
-                     f"{est.samples_per_s / m['samples_per_s'] - 1:>+7.1%} {pm / 2**20:>9.0f} {mm / 2**20:>9.0f} {me:>+7.1%}")
-        print(lines[-1], flush=True)
+        loads.append(statistics.fmean(rec["load_avg"]))
+        lines.append(head + f"{est.samples_per_s:>8.1f} {rec['samples_per_s']:>8.1f} "
+                     f"{est.samples_per_s / rec['samples_per_s'] - 1:>+7.1%} {pm / 2**20:>9.0f} {mm / 2**20:>9.0f} "
+                     f"{me:>+7.1%} {loads[-1]:>5.1f}")
     if len(pred_t) < 3:
         lines.append(f"only {len(pred_t)} configurations completed: no statistics")
         return False
-    lines.append(f"load average during the trials (other processes share the cores): {load0:.1f} at start, "
-                 f"{os.getloadavg()[0]:.1f} at end, on {os.cpu_count()} cores")
+    lines.append(f"load average (1 min) during the trials: mean {statistics.fmean(loads):.1f}, min {min(loads):.1f}, "
+                 f"max {max(loads):.1f}, on {os.cpu_count()} cores (other processes share them)")
     rho = spearman(pred_t, meas_t)
     worst_mem = max(mem_err)
-    ok = rho >= 0.9 and worst_mem <= 0.15 and len(pred_t) >= 12
-    lines.append(f"{len(pred_t)} configurations measured: Spearman {rho:.3f} (target >= 0.9); memory error mean "
-                 f"{statistics.fmean(mem_err):.1%}, max {worst_mem:.1%} (target <= 15%): {'PASS' if ok else 'FAIL'}")
-    return ok
+    n_ok = len(pred_t) >= 12
+    lines.append(f"{len(pred_t)} configurations measured (target >= 12): {'PASS' if n_ok else 'FAIL'}")
+    lines.append(f"throughput Spearman {rho:.3f} (target >= 0.9): {'PASS' if rho >= 0.9 else 'FAIL'}")
+    lines.append(f"peak memory error mean {statistics.fmean(mem_err):.1%}, max {worst_mem:.1%} (target <= 15%): "
+                 f"{'PASS' if worst_mem <= 0.15 else 'FAIL'}")
+    return rho >= 0.9 and worst_mem <= 0.15 and n_ok
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--local", action="store_true", help="also measure real runs on this machine")
-    p.add_argument("--profile", type=Path, default=None, help="device profile to use (measured if missing)")
-    p.add_argument("--steps", type=int, default=6)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--local", action="store_true", help="also measure real runs on this machine")
+    g.add_argument("--local-only", action="store_true", help="only the local part (published part skipped)")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="device profile to use (measured, and saved here if given, when missing)")
+    p.add_argument("--reuse", action="store_true",
+                   help=f"compare against the saved measurements ({MEASURED.name}) instead of running trials")
+    p.add_argument("--steps", type=int, default=7, help="optimizer steps a trial (timed: steps - warmup)")
     p.add_argument("--warmup", type=int, default=2)
     args = p.parse_args(argv)
     lines = ["# Cost model validation", ""]
-    ok = published_part(lines)
-    if args.local:
-        ok = local_part(lines, args.profile, args.steps, args.warmup) and ok
+    ok = True
+    if not args.local_only:
+        ok = published_part(lines)
+    if args.local or args.local_only:
+        from autoslapo.cost.profile import load_profile, measure_profile, save_profile
+
+        if args.profile is not None and args.profile.exists():
+            prof = load_profile(args.profile)
+        else:
+            prof = measure_profile(2)
+            save_profile(prof, args.profile or PROFILE)
+        records = json.loads(MEASURED.read_text()) if args.reuse else measure_local(MEASURED, args.steps, args.warmup)
+        ok = local_part(lines, prof, records) and ok
     else:
-        lines += ["", "## This machine: not run (pass --local)"]
+        lines += ["", "## This machine: not run (pass --local or --local-only)"]
     text = "\n".join(lines) + "\n"
     print(text, end="")
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
+    out = OUT if not args.local_only else OUT.with_name("cost_model_validation_local.txt")
+    out.write_text(text)
     return 0 if ok else 1
 
 

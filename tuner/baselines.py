@@ -109,12 +109,13 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
         extra = {**result.extra, "baseline": kind, "tuned_samples_per_s": tuned, "speedup": speedup}
         stored = TrialResult.from_dict({**result.to_dict(), "extra": extra})
         rows.append((i, config.to_dict() if config else {"baseline": kind}, stored.to_dict()))
-    if store.has_study(name):
-        store.delete_study(name)
     o = runner.o
+    if store.has_study(name) and not o.join:  # joined tuners share one companion study
+        store.delete_study(name)
     store.create_study(name, model=o.model.to_dict(), cluster=o.cluster.to_dict(), space_name="baselines",
                        space_version="1", objective="samples_per_s", backend=o.backend,
-                       model_signature=o.model.signature(), cluster_fingerprint=o.cluster.fingerprint())
+                       model_signature=o.model.signature(), cluster_fingerprint=o.cluster.fingerprint(),
+                       exist_ok=o.join)
     # Two identical baseline configs (tiny clusters) would share a hash: store distinct ones only.
     seen: set[str] = set()
     uniq = []
@@ -123,6 +124,6 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
         if key not in seen:
             seen.add(key)
             uniq.append(r)
-    store.add_trials(name, uniq)
+    store.add_new_trials(name, [(config, result) for _, config, result in uniq])  # skips stored ones
     store.set_study_status(name, "complete")
     return out

@@ -101,9 +101,11 @@ class LocalEvaluator:
         except ImportError as err:  # the runtime is an optional piece of a partial install
             return TrialResult.failure("failed", f"the trial runtime is unavailable: {err}", host=socket.gethostname())
         device = "cpu" if self.cluster.gpu_type == "cpu" else "cuda"
+        # ``steps`` are the timed steps (``--steps``); warm-up steps come on top of them.
+        opts: dict[str, Any] = {"warmup": 1, **self.options}
         try:
-            return run_trial(self.model, config, steps=self.steps, timeout_s=self.timeout_s, device=device,
-                             **self.options)
+            return run_trial(self.model, config, steps=self.steps + opts["warmup"], timeout_s=self.timeout_s,
+                             device=device, **opts)
         except Exception as err:  # a trial that cannot run is data, not a crash
             return TrialResult.failure("failed", f"{type(err).__name__}: {err}", host=socket.gethostname())
 

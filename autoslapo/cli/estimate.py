@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     knobs.add_argument("--pipeline-schedule", choices=["gpipe", "1f1b", "interleaved"])
     knobs.add_argument("--virtual-stages", type=int)
     knobs.add_argument("--compile-layers", choices=["on", "off"])
+    knobs.add_argument("--fuse-bias-gelu", choices=["on", "off"])
     knobs.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     shape = parser.add_argument_group("model shape overrides")
     for name in ("hidden", "layers", "heads", "ffn", "seq-len", "vocab"):
@@ -89,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         fixed["sequence_parallel"] = args.sequence_parallel == "on"
     if args.compile_layers:
         fixed["compile_layers"] = args.compile_layers == "on"
+    if args.fuse_bias_gelu:
+        fixed["fuse_bias_gelu"] = args.fuse_bias_gelu == "on"
     if args.global_batch is not None and args.grad_accum is not None:
         raise UsageError("--global-batch and --grad-accum both fix the batch: give one of them")
     est = best_config(model, cluster, global_batch=args.global_batch, profile=profile, **fixed)
@@ -102,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{model.preset} on {cluster.gpus} x {cluster.gpu_type}" + (f" (profile {source})" if source else ""))
     print(f"  schedule: tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} grad_accum={c.grad_accum} "
           f"ckpt_ratio={c.ckpt_ratio} zero={c.zero_stage} attn={c.attn_kernel} sp={c.sequence_parallel} "
-          f"precision={c.precision}")
+          f"fuse_bias_gelu={c.fuse_bias_gelu} compile_layers={c.compile_layers} precision={c.precision}")
     print(f"  {est.samples_per_s:,.1f} samples/s, {est.tokens_per_s:,.0f} tokens/s, step {est.step_time_s:.3f} s")
     print(f"  {est.tflops_per_device:.1f} model TFLOP/s a device ({est.hw_tflops_per_device:.1f} with recompute)")
     print(f"  memory {est.memory_per_device_bytes / 2**30:.2f} GiB of {cluster.memory_bytes / 2**30:.1f} GiB a "

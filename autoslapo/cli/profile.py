@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=2, help="CPU ranks measured at once (default 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads a rank (default cores/ranks)")
     parser.add_argument("--quick", action="store_true", help="fewer GEMM sizes")
+    parser.add_argument("--skip-runtime", action="store_true",
+                        help="skip the two tiny real trials that measure the runtime's fixed cost a step")
     parser.add_argument("--profile", type=Path, default=None,
                         help="where to save (default $AUTOSLAPO_PROFILE or ~/.cache/autoslapo/profiles/cpu.json)")
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
@@ -34,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads must be positive: got {args.threads}")
     env = os.environ.get("AUTOSLAPO_PROFILE")
     path = args.profile or (Path(env) if env else default_profile_path("cpu"))
-    prof = measure_profile(args.ranks, args.threads, quick=args.quick)
+    prof = measure_profile(args.ranks, args.threads, quick=args.quick, runtime=not args.skip_runtime)
     save_profile(prof, path)
     if args.json:
         sys.stdout.write(json.dumps(prof, indent=2, sort_keys=True) + "\n")
@@ -42,5 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"saved {path}: {prof['peak_tflops_fp32'] * 1e3:.1f} GFLOP/s a rank, copy "
               f"{prof['hbm_gbps']:.1f} GB/s, allreduce {prof['intra_node_gbps']:.2f} GB/s + "
               f"{prof['coll_latency_s'] * 1e6:.0f} us a hop, op {prof['op_latency_s'] * 1e6:.0f} us, "
-              f"process {prof['fixed_overhead_bytes'] / 2**20:.0f} MiB")
+              f"step overhead {prof.get('step_overhead_s', 0) * 1e3:.0f} ms + "
+              f"{prof.get('microbatch_overhead_s', 0) * 1e3:.0f} ms a micro-batch, "
+              f"process {prof['fixed_overhead_bytes'] / 2**20:.0f} MiB, load {prof['load_avg']:.1f}")
     return 0

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
     parser.add_argument("--study", default=None, help="study name (default <model>-<gpus>x<gpu-type>-<backend>)")
     parser.add_argument("--resume", action="store_true", help="continue the study named by --study (or the default name)")
+    parser.add_argument("--join", action="store_true",
+                        help="create the study named by --study, or join it: tuners started with the same "
+                             "--study and --join share its budget (e.g. on one PostgreSQL store)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--global-batch", type=int, default=None, help="sequences an optimizer step (default per space)")
     parser.add_argument("--seq-len", type=int, default=None, help="training sequence length (default: the preset's)")
@@ -121,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
     if args.ray_address and args.dispatch == "inline":
         raise UsageError("--ray-address places trials through Ray: it cannot go with --dispatch inline; "
                          "drop one of them")
+    auth = os.environ.get("RAY_AUTH_MODE", "")
+    if args.ray_address and auth != "token":
+        # Trials are code run on the cluster's nodes: join only a cluster that checks who joins.
+        raise UsageError(
+            f"--ray-address joins a Ray cluster only with its token authentication: got RAY_AUTH_MODE={auth!r}; "
+            "set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+        )
     if backend == "local" and gpu_type != "cpu" and _cuda_devices() < args.gpus:
         raise UsageError(f"--backend local runs --gpus {args.gpus} ranks on this machine's CUDA devices: it has "
                          f"{_cuda_devices()}; use --gpu-type cpu, fewer --gpus, or --backend sim")
@@ -140,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     options = TuneOptions(
         model=model, cluster=cluster, backend=backend, trials=args.trials, timeout_s=args.timeout,
         patience=args.patience, sampler=args.sampler, seed=args.seed, global_batch=args.global_batch,
-        space=space, study=args.study, resume=args.resume, warm_start=not args.no_warm_start,
+        space=space, study=args.study, resume=args.resume, join=args.join, warm_start=not args.no_warm_start,
         dispatch=dispatch, ray_address=args.ray_address, max_concurrent=args.max_concurrent,
         steps=args.steps, trial_timeout_s=args.trial_timeout, baselines=not args.no_baselines,
     )

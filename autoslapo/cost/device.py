@@ -32,6 +32,18 @@ class DevicePerf:
     fraction of the link bandwidth a ring collective reaches. ``overlap``: how much communication
     can hide behind compute (separate engines on a GPU; shared cores on a CPU).
     ``fixed_overhead_bytes``: per process (CUDA context, NCCL buffers; or Python + torch + gloo).
+    ``runtime``: which software stack a step runs on. ``"megatron"`` (the GPU presets): the
+    Megatron-LM / DeepSpeed layout of the published runs (16-bit weights with fp32 master copies in
+    the optimizer, vocab-parallel cross-entropy, DeepSpeed buffers sized by their config).
+    ``"autoslapo"``: autoslapo's own runtime on this machine (``autoslapo.runtime``): transformers
+    modules, fp32 weights (autocast for 16-bit), the head gathering whole logits before the loss,
+    DeepSpeed's engine per micro-batch and its lazily touched buffers. GPU physics stays the same;
+    only what the stack adds differs (see ``autoslapo.cost.memory`` and ``autoslapo.cost.time``).
+    ``step_overhead_s`` / ``microbatch_overhead_s``: the runtime's fixed cost a step and a
+    micro-batch, whatever the model's size (Python, DeepSpeed's engine, barriers); measured by
+    ``autoslapo profile`` with a tiny real trial.
+    ``zero_overhead_bytes``: what DeepSpeed's ZeRO optimizer adds to a process whatever the
+    model's size (its own modules and set-up), measured by a tiny ZeRO-1 trial.
     ``gemm_curve``: optional measured ``(flops, tflops)`` points (a CPU profile); replaces the
     GEMM model when given. ``mem_curve``: optional measured ``(bytes, GB/s)`` of copies by size (a
     CPU's caches make small tensors faster than DRAM); replaces ``hbm_gbps`` when given.
@@ -51,15 +63,23 @@ class DevicePerf:
     overlap: float
     fixed_overhead_bytes: int
     activation_slack: float = 1.0
+    runtime: str = "megatron"
+    step_overhead_s: float = 0.0
+    microbatch_overhead_s: float = 0.0
+    zero_overhead_bytes: int = 0
     gemm_curve: tuple[tuple[float, float], ...] = ()
     mem_curve: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def from_profile(cls, base: DevicePerf, profile: dict[str, Any]) -> DevicePerf:
-        """``base`` with the figures a measured profile provides (unknown keys are ignored)."""
+        """``base`` with the figures a measured profile provides (unknown keys are ignored).
+
+        A measured zero (no fixed cost, no overhead) is a figure too: only absent keys keep ``base``'s.
+        """
         changes: dict[str, Any] = {}
-        for key in ("hbm_gbps", "op_latency_s", "coll_latency_s", "fixed_overhead_bytes", "activation_slack"):
-            if profile.get(key):
+        for key in ("hbm_gbps", "op_latency_s", "coll_latency_s", "fixed_overhead_bytes", "activation_slack",
+                    "step_overhead_s", "microbatch_overhead_s", "zero_overhead_bytes"):
+            if profile.get(key) is not None:
                 changes[key] = type(getattr(base, key))(profile[key])
         for key in ("gemm_curve", "mem_curve"):
             if profile.get(key):
@@ -88,7 +108,8 @@ PERF: dict[str, DevicePerf] = {
     # gloo and compute share the cores, so communication does not overlap.
     "cpu": DevicePerf("cpu", gemm_eff=0.7, k_half=16.0, sms=1, tile=1, hbm_gbps=8.0, bw_eff=1.0,
                       op_latency_s=20e-6, op_latency_additive=True, coll_latency_s=60e-6, comm_eff=1.0,
-                      overlap=0.0, fixed_overhead_bytes=400 * MiB),
+                      overlap=0.0, fixed_overhead_bytes=400 * MiB, runtime="autoslapo",
+                      step_overhead_s=0.03, microbatch_overhead_s=0.01),
 }
 
 

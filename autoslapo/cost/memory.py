@@ -14,6 +14,12 @@ flight; GPipe holds all of them; the interleaved schedule ``pp (1 + (pp-1)/(pp v
 4.2.3). The terms are written per tensor below so they hold for other MLP widths, gated MLPs,
 grouped-query attention, fp32 and memory-efficient (flash) attention, which stores no ``s x s``
 matrix.
+
+What the software stack adds is kept apart by ``DevicePerf.runtime``: ``"megatron"`` is the layout
+of the published runs; ``"autoslapo"`` is autoslapo's runtime (fp32 parameters under autocast, the
+transformers modules' extra saved tensors, the head's gathered logits, DeepSpeed's buffers touched
+lazily on a CPU). See ``state_bytes_per_param``, ``layer_activation_bytes_per_token`` and
+``zero_buffer_bytes``.
 """
 
 from __future__ import annotations
@@ -36,10 +42,11 @@ class MemoryBreakdown:
     optimizer: int
     activations: int
     overhead: int
+    buffers: int = 0
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.overhead
+        return self.params + self.grads + self.optimizer + self.activations + self.overhead + self.buffers
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -52,12 +59,17 @@ def element_bytes(config: ScheduleConfig) -> int:
     return 4 if config.precision == "fp32" else 2
 
 
-def state_bytes_per_param(config: ScheduleConfig) -> tuple[int, int, int]:
+def state_bytes_per_param(config: ScheduleConfig, runtime: str = "megatron") -> tuple[int, int, int]:
     """(weight, gradient, optimizer) bytes per parameter before ZeRO partitioning (Adam/LAMB).
 
     fp32 with ZeRO >= 1: DeepSpeed's ZeRO optimizer keeps its own fp32 partition of the weights
     (``single_partition_of_fp32_groups``, a clone even when the model is fp32), so 4 + 8.
+    ``runtime="autoslapo"``: the parameters and gradients stay fp32 whatever the precision (16-bit
+    is autocast's compute only), so 4 + 4 + 8, plus DeepSpeed's fp32 partition with ZeRO >= 1 when
+    its engine runs (pp == 1); a pipeline's ``ZeroRedundancyOptimizer`` keeps no such copy.
     """
+    if runtime == "autoslapo":
+        return 4, 4, (12 if config.zero_stage >= 1 and config.pp == 1 else 8)
     if config.precision == "fp32":
         return 4, 4, (12 if config.zero_stage >= 1 else 8)
     return 2, 2, 12
@@ -79,10 +91,11 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     return body + emb, body + head
 
 
-def estimate_state_bytes(model: ModelSpec, config: ScheduleConfig) -> tuple[int, int, int]:
+def estimate_state_bytes(model: ModelSpec, config: ScheduleConfig,
+                         runtime: str = "megatron") -> tuple[int, int, int]:
     """(weights, gradients, optimizer state) bytes on the most loaded device, ZeRO applied."""
     n = max(stage_params(model, config))
-    w, g, o = state_bytes_per_param(config)
+    w, g, o = state_bytes_per_param(config, runtime)
     dp = config.dp
     z = config.zero_stage
     return (
@@ -118,34 +131,71 @@ def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig) -> int:
 
 
 def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
-                                     dropout: bool | None = None) -> float:
-    """Bytes one non-checkpointed layer stores per token, on one device (Korthikanti's terms)."""
+                                     dropout: bool | None = None, runtime: str = "megatron") -> float:
+    """Bytes one non-checkpointed layer stores per token, on one device (Korthikanti's terms).
+
+    ``runtime="autoslapo"`` (transformers modules under autoslapo's runtime) differs in what the
+    code keeps: LayerNorm runs in fp32 under autocast, so each norm keeps its fp32 input and the
+    16-bit cast of its output that the next projection saves (``2 (4 + e) h``); the sdpa/flash
+    kernel's output is saved for its backward *and* copied by the heads' merge (``transpose +
+    reshape``) that the out-projection saves (``+h/t``); autocast's softmax of eager attention keeps
+    fp32 probabilities and their 16-bit cast.
+    """
     e = element_bytes(config)
     t = config.tp
     h, f = model.hidden, model.ffn
     kvd = model.kv_heads * model.head_dim
     dropout = has_dropout(model, dropout)
+    ours = runtime == "autoslapo"
     # Replicated over TP unless sequence-parallel: two norm inputs, the q/k/v and fc1 inputs
     # (norm outputs), and the two 1-byte dropout masks.
-    replicated: float = 4 * h * e + (2 * h if dropout else 0)
+    norms = 2 * h * (4 + e) if ours else 4 * h * e
+    replicated: float = norms + (2 * h if dropout else 0)
     # Sharded over TP: q, k, v, the attention output (out-proj input), the MLP's inner tensors.
     mlp = mlp_saved_elements(model, config) * f * e
     sharded = (h + 2 * kvd + h) * e + mlp
     if config.attn_kernel == "eager":
         # softmax output, dropout mask (1 byte) and dropout output per score: 5 a s in 16-bit
-        per_score = (2 * e + 1) if dropout else e
+        probs = e + 4 if ours and e < 4 else e
+        per_score = (probs + e + 1) if dropout else probs
         sharded += model.heads * model.seq_len * per_score
     else:
         sharded += model.heads * 4  # memory-efficient kernels keep a log-sum-exp per row
+        if ours:
+            sharded += h * e  # the kernel's output, saved for its backward besides the merged copy
     if config.sequence_parallel:
         replicated /= t
     return replicated + sharded / t
+
+
+def head_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig, runtime: str = "megatron") -> float:
+    """Bytes the output head keeps per token: 16-bit logits and the fp32 log-softmax of the loss.
+
+    Megatron's vocab-parallel cross-entropy keeps ``V/t`` of each. autoslapo's vocab-parallel head
+    all-gathers whole logits for the model's own loss (``autoslapo.plan``), so every TP rank keeps
+    ``V`` of them, besides its ``V/t`` shard.
+    """
+    v, e, t = model.vocab, element_bytes(config), config.tp
+    if runtime == "autoslapo":
+        return v * (e + 4) + (v / t * e if t > 1 else 0.0)
+    return v / t * (e + 4)
 
 
 def checkpointed_layer_bytes_per_token(model: ModelSpec, config: ScheduleConfig) -> float:
     """Bytes a checkpointed layer keeps per token: its input (``/t`` with sequence parallelism)."""
     b = model.hidden * element_bytes(config)
     return b / config.tp if config.sequence_parallel else b
+
+
+def checkpointed_layer_ids(model: ModelSpec, config: ScheduleConfig) -> list[int]:
+    """Layers the schedule checkpoints: the ratio applies within each pipeline chunk, as
+    ``autoslapo.plan.checkpointed_layers`` does (so every stage holds about the same)."""
+    chunks = config.pp * config.virtual_stages
+    if model.layers % chunks:
+        return list(config.checkpointed_layers(model.layers))
+    n = model.layers // chunks
+    ids = config.checkpointed_layers(n)
+    return [c * n + i for c in range(chunks) for i in ids]
 
 
 def in_flight_microbatches(config: ScheduleConfig) -> float:
@@ -160,45 +210,97 @@ def in_flight_microbatches(config: ScheduleConfig) -> float:
     return float(min(m, p))
 
 
-def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None) -> int:
-    """Peak activation bytes on the most loaded device (first or last pipeline stage)."""
+def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
+                              runtime: str = "megatron", transients: bool = False) -> int:
+    """Peak activation bytes on the most loaded device (first or last pipeline stage).
+
+    ``transients=False``: the tensors saved for backward (Korthikanti's accounting). ``True``: the
+    peak a memory counter sees, which adds what backward holds besides them: the gradients of the
+    layer it is in (about that layer's activations again) and, at the loss, the fp32 gradient of
+    the logits.
+    """
     tokens = config.micro_batch * model.seq_len
-    full = layer_activation_bytes_per_token(model, config, dropout) * tokens
+    full = layer_activation_bytes_per_token(model, config, dropout, runtime) * tokens
     kept = checkpointed_layer_bytes_per_token(model, config) * tokens
     per_stage = model.layers // config.pp
-    ckpt = set(config.checkpointed_layers(model.layers))
+    ckpt = set(checkpointed_layer_ids(model, config))
     e = element_bytes(config)
+    grads = full if transients else 0.0
 
-    def stage(first_layer: int, microbatches: float) -> float:
+    def stage(first_layer: int, microbatches: float) -> tuple[float, float]:
+        """(end of forward, peak in backward) of one stage with ``microbatches`` in flight."""
         is_ckpt = [i in ckpt for i in range(first_layer, first_layer + per_stage)]
         stored = [kept if c else full for c in is_ckpt]
         total = sum(stored)
-        # Backward runs the layers in reverse, freeing each once done; recomputing checkpointed
-        # layer j rebuilds its full activations (its kept input among them) while the layers
-        # before it still hold theirs. The peak is the larger of that and the end of forward;
-        # other in-flight micro-batches keep everything stored meanwhile.
+        # Backward runs the layers in reverse, freeing each once done; at layer j the layers before
+        # it still hold theirs, j holds its full activations (rebuilt if it was checkpointed) and
+        # the gradients flowing through it. Other in-flight micro-batches keep everything stored.
         peak, prefix = total, 0.0
-        for j, size in enumerate(stored):
-            if is_ckpt[j]:
-                peak = max(peak, prefix + full)
+        for size in stored:
+            peak = max(peak, prefix + full + grads)
             prefix += size
-        return (microbatches - 1) * total + peak
+        return microbatches * total, (microbatches - 1) * total + peak
 
-    # Embedding output and its dropout mask on the first stage; logits (16-bit, plus the fp32
-    # softmax the cross-entropy keeps) on the last, vocab-parallel over TP.
+    # Embedding output and its dropout mask on the first stage; on the last the head's logits
+    # (16-bit, plus the fp32 softmax the cross-entropy keeps), freed once the loss's backward ran.
     emb = tokens * model.hidden * (e + (1 if has_dropout(model, dropout) else 0))
-    logits = tokens * model.vocab / config.tp * (e + 4)
-    first = stage(0, in_flight_microbatches(config)) + emb
-    last = stage(model.layers - per_stage, 1.0) + logits
+    logits = tokens * head_activation_bytes_per_token(model, config, runtime)
+    if transients:
+        logits += tokens * 4 * model.vocab / (1 if runtime == "autoslapo" else config.tp)
+    fwd_first, bwd_first = stage(0, in_flight_microbatches(config))
     if config.pp == 1:
-        return int(first + logits)
-    return int(max(first, last))
+        return int(max(fwd_first + logits, bwd_first) + emb)
+    fwd_last, bwd_last = stage(model.layers - per_stage, 1.0)
+    return int(max(max(fwd_first, bwd_first) + emb, fwd_last + logits, bwd_last))
+
+
+# DeepSpeed's default ``reduce_bucket_size`` (elements), ``deepspeed/runtime/zero/config.py``.
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+
+
+def zero_buffer_bytes(model: ModelSpec, config: ScheduleConfig, runtime: str = "megatron") -> tuple[int, int]:
+    """(during backward, after backward) bytes of DeepSpeed's gradient buffers on one device.
+
+    ZeRO-1/2 (``stage_1_and_2.py``): with ``contiguous_gradients`` (the default) each backward
+    copies the gradients into an ``ipg`` bucket of ``reduce_bucket_size`` elements
+    (``torch.empty``) before reducing them; the gradient partition then lives in
+    ``grads_in_partition`` (ZeRO-2, counted as the gradients) or, at the step, an fp32
+    ``single_grad_partition`` (ZeRO-1). On a GPU the caching allocator holds the whole bucket; on a
+    CPU only the pages the copy touches count: ``min(bucket, N)`` elements. ZeRO-0 under DeepSpeed's
+    engine all-reduces flattened copies of the gradients after backward (Megatron's contiguous
+    gradient buffer *is* the gradients, so the ``megatron`` runtime adds nothing there). A
+    pipeline (pp > 1) averages gradients in flat per-dtype copies after its schedule.
+    """
+    n = max(stage_params(model, config))
+    g = state_bytes_per_param(config, runtime)[1]
+    ours = runtime == "autoslapo"
+    if config.dp == 1 and config.zero_stage == 0:
+        return 0, 0
+    if config.pp > 1 or config.zero_stage == 0:
+        return 0, int(n * g) if ours else 0
+    if config.zero_stage in (1, 2):
+        bucket = min(REDUCE_BUCKET_ELEMENTS, n) if ours else REDUCE_BUCKET_ELEMENTS
+        after = int(n * 4 / config.dp) if config.zero_stage == 1 else 0
+        return int(bucket * g), after
+    return 0, 0
 
 
 def estimate_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
                     dropout: bool | None = None) -> MemoryBreakdown:
-    """Per-device memory of ``config``: model states, activations and the framework's overhead."""
-    w, g, o = estimate_state_bytes(model, config)
-    act = estimate_activation_bytes(model, config, dropout) * perf.activation_slack
-    return MemoryBreakdown(params=w, grads=g, optimizer=o, activations=int(act),
-                           overhead=perf.fixed_overhead_bytes)
+    """Per-device memory of ``config``: model states, activations, buffers and the framework's overhead.
+
+    Buffers that live only after backward (when the activations are freed) count only where they
+    exceed the activations.
+    """
+    rt = perf.runtime
+    w, g, o = estimate_state_bytes(model, config, rt)
+    if rt == "autoslapo" and config.precision != "fp32":
+        # autocast caches a 16-bit copy of every weight it casts, kept until backward used it
+        w += int(max(stage_params(model, config)) * element_bytes(config))
+    act = int(estimate_activation_bytes(model, config, dropout, rt, transients=True) * perf.activation_slack)
+    during, after = zero_buffer_bytes(model, config, rt)
+    buffers = during + max(0, after - act)
+    if config.zero_stage >= 1 and config.pp == 1:  # DeepSpeed's ZeRO optimizer (pipelines use torch's)
+        buffers += perf.zero_overhead_bytes
+    return MemoryBreakdown(params=w, grads=g, optimizer=o, activations=act,
+                           overhead=perf.fixed_overhead_bytes, buffers=buffers)

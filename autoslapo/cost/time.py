@@ -44,11 +44,12 @@ class TimeBreakdown:
     bubble: float
     dp_comm: float
     optimizer: float
+    overhead: float = 0.0
 
     @property
     def total(self) -> float:
         return (self.compute + self.recompute + self.tp_comm + self.pp_comm + self.bubble
-                + self.dp_comm + self.optimizer)
+                + self.dp_comm + self.optimizer + self.overhead)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -130,6 +131,33 @@ def group_bandwidth(cluster: ClusterSpec, stride: int, size: int) -> float:
     return min(cluster.intra_node_gbps, members * cluster.inter_node_gbps)
 
 
+# ZeRO-3's prefetch hides at most this fraction of a gather behind compute (DeepSpeed fetches a
+# bucket of modules ahead along the recorded trace; the first modules of each pass and every
+# trace miss wait), and each hidden second still costs compute this much (NCCL's kernels and
+# copies take SMs and memory bandwidth from the overlapped GEMMs).
+ZERO3_PREFETCH = 0.6
+ZERO3_CONTENTION = 0.15
+# One DeepSpeed ZeRO-3 module hook (Python: fetch bookkeeping, trace, event waits), per call.
+ZERO3_HOOK_S = 30e-6
+
+
+def _partly_hidden(comm: float, compute: float) -> float:
+    """Exposed seconds of ``comm`` overlapped with ``compute`` by ZeRO-3's prefetch."""
+    hidden = min(comm, ZERO3_PREFETCH * comm, compute)
+    return comm - hidden + ZERO3_CONTENTION * hidden
+
+
+def _weight_modules(model: ModelSpec) -> int:
+    """Modules holding a weight matrix in one layer: q, k, v, out, and the MLP's (2, or 3 gated)."""
+    return 4 + (3 if model.gated_mlp else 2)
+
+
+def _submodules(model: ModelSpec) -> int:
+    """Submodules of one transformers layer that ZeRO-3 hooks (projections, norms, dropouts,
+    activation and their containers: about 16 in BERT/GPT-2/LLaMA layers)."""
+    return 2 * _weight_modules(model) + 4
+
+
 def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
                  dropout: bool | None) -> tuple[float, float]:
     """(forward, backward) compute seconds of one layer for one micro-batch on one device."""
@@ -160,10 +188,11 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
         # memory-efficient / flash kernel: the score products run at lower efficiency inside one
         # kernel (FlashAttention-2 reaches ~70% of a GEMM's rate, Dao 2023); causal halves the
         # work; backward recomputes the scores, 2.5x the forward FLOPs.
-        # sdpa dispatches to the flash kernel where the device has one, else to the
-        # memory-efficient kernel (slower: ~55% of a GEMM's rate).
+        # sdpa dispatches to PyTorch's own flash kernel where the device has one (~60%: its
+        # FlashAttention-2 port, a [b, heads, s, d] layout the model must transpose into), else to
+        # the memory-efficient kernel (~55% of a GEMM's rate).
         has_flash = r.perf.name != "cpu" and r.flash
-        flash_eff = 0.7 if config.attn_kernel == "flash" or has_flash else 0.55
+        flash_eff = 0.7 if config.attn_kernel == "flash" else (0.6 if has_flash else 0.55)
         frac = 0.5 if model.causal else 1.0
         fwd_attn = r.gemm(s * frac, s, d, b * heads, eff=flash_eff) + r.gemm(s * frac, d, s, b * heads, eff=flash_eff)
         bwd_attn = 2.5 * fwd_attn
@@ -176,16 +205,22 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
     if config.sequence_parallel:
         rep /= t
     kernels = 8 if fused else 14
+    bias_fused = fused or config.fuse_bias_gelu
     if model.gated_mlp:
         act = 3 * e * f if fused else 5 * e * f  # silu, product
-    elif model.family == "gpt2" and not (fused or config.fuse_bias_gelu):
+    elif model.family == "gpt2" and not bias_fused:
         act = 18 * e * f  # transformers' tanh-GELU: eight elementwise ops over the MLP width
         kernels += 7
+    elif bias_fused:
+        act = 2 * e * f  # one pass: read the GEMM's output, add the bias, GeLU, write
     else:
-        act = 2 * e * f
-    shard = act + 2 * e * (h + 2 * kvd) + 2 * e * h  # + q/k/v transposes and the context's
-    if config.fuse_bias_gelu and not fused:
-        kernels -= 1
+        # the bias is its own pass over the fc1 output (written, then read by the GeLU), then GeLU
+        act = 4 * e * f
+        kernels += 1
+    # q/k/v transposes into the [b, heads, s, d] layout and the context's back; a flash_attn kernel
+    # reads and writes [b, s, heads, d] in place
+    layout = 0.0 if config.attn_kernel == "flash" else 2 * e * (h + 2 * kvd) + 2 * e * h
+    shard = act + layout
     ew = r.mem(T * (rep + shard / t), kernels)
     fwd = g + fwd_attn + ew
     bwd_total = bwd + bwd_attn + 2 * ew
@@ -251,20 +286,28 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         hidden_part = perf.overlap * bwd_compute
         dp_comm = m * max(rs - hidden_part, 0.1 * rs) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
     else:
-        # ZeRO-3 gathers each layer's weights before its forward and again before its backward,
-        # and reduce-scatters its gradients after: three collectives a layer, each paying latency
-        hops = per_stage * (dp - 1) * perf.coll_latency_s
-        ag = _ring("all_gather", w_bytes, dp, dp_bw, perf) + hops
-        rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + hops
+        # DeepSpeed ZeRO-3 (Rajbhandari et al. 2020, section 7; stage3.py / partitioned_param_coordinator):
+        # every module's weights are all-gathered before its forward and again before its
+        # backward, and the gradients reduce-scattered after: 1.5x the allreduce volume, every
+        # micro-batch. One gather a weight-holding module (each a collective with its own latency
+        # hops); prefetching hides only part of it behind compute, and what it hides still slows
+        # the compute it shares the memory system and SMs with. Each submodule also runs four
+        # Python hooks a micro-batch (pre/post forward and backward) that wait on their gathers.
+        mods = _weight_modules(model)
+        ag = _ring("all_gather", w_bytes, dp, dp_bw, perf) + per_stage * mods * (dp - 1) * perf.coll_latency_s
+        rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + per_stage * (dp - 1) * perf.coll_latency_s
         fwd_compute = per_stage * fwd_l
-        exposed = max(ag - perf.overlap * fwd_compute, 0.1 * ag) + max(ag + rs - perf.overlap * bwd_compute,
-                                                                        0.1 * (ag + rs))
-        dp_comm = m * exposed
+        hooks = per_stage * _submodules(model) * 4 * ZERO3_HOOK_S
+        dp_comm = m * (_partly_hidden(ag, fwd_compute * perf.overlap)
+                       + _partly_hidden(ag + rs, bwd_compute * perf.overlap) + hooks)
 
     # optimizer step: memory-bound over this device's (ZeRO-partitioned) optimizer state
     opt_params = n_params / (dp if z >= 1 else 1)
     per_param = 28 if config.precision == "fp32" else 32
     optimizer = r.mem(opt_params * per_param, 4)
+
+    # the runtime's fixed costs (Python, the engine's bookkeeping, barriers): measured on a CPU
+    overhead = perf.step_overhead_s + m * perf.microbatch_overhead_s
 
     return TimeBreakdown(
         compute=m * (fwd_mb + bwd_mb),
@@ -274,4 +317,5 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         bubble=bubble_slots * slot,
         dp_comm=dp_comm,
         optimizer=optimizer,
+        overhead=overhead,
     )

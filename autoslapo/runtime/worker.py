@@ -163,7 +163,20 @@ def main(argv: list[str]) -> int:
     return code
 
 
+def _exit_with_launcher(parent: int) -> None:
+    """End this rank once its launcher is gone (a tuner killed with -9 must leave no orphan ranks).
+
+    Ranks lead their own sessions, so nothing else reaches them; a reparented rank sees a new ppid.
+    """
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(4)
+
+
 if __name__ == "__main__":
+    import threading
+
+    threading.Thread(target=_exit_with_launcher, args=(os.getppid(),), daemon=True).start()
     rc = 1
     try:
         rc = main(sys.argv[1:])

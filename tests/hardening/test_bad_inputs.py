@@ -19,7 +19,7 @@ from tests.hardening.bad_inputs import CASES, SECRET, fill, write_space_files
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_SAMPLE = ("tune-unknown-model", "tune-storage-not-db", "tune-storage-unreachable",
-                     "tune-resume-missing", "show-asc-desc", "best-gpus-zero")
+                     "tune-resume-missing", "show-asc-desc", "best-gpus-zero", "tune-ray-address-no-token")
 
 
 def _digest(db: Path) -> str:
@@ -72,6 +72,7 @@ def test_bad_input(case_id: str, argv: list[str], expected: str, world: dict[str
                    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOSLAPO_STORAGE", str(world["url"]))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.chdir(world["dir"])  # type: ignore[arg-type]
     before = _digest(world["db"])  # type: ignore[arg-type]
     try:
@@ -87,7 +88,8 @@ def test_bad_input(case_id: str, argv: list[str], expected: str, world: dict[str
 def test_bad_input_process(case_id: str, world: dict[str, object]) -> None:
     _, argv, expected = next(c for c in CASES if c[0] == case_id)
     before = _digest(world["db"])  # type: ignore[arg-type]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOSLAPO_STORAGE": str(world["url"]), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOSLAPO_STORAGE": str(world["url"]), "HF_HUB_OFFLINE": "1",
+           "RAY_AUTH_MODE": ""}
     p = subprocess.run([sys.executable, "-m", "autoslapo", *_argv(world, argv)], capture_output=True, text=True,
                        cwd=world["dir"], env=env, timeout=120)  # type: ignore[call-overload]
     _check(case_id, p.returncode, p.stderr, p.stdout, expected)
