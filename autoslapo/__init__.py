@@ -19,12 +19,36 @@ _EXPORTS: dict[str, str] = {
     "register_primitive": "autoslapo.schedule",
     "build": "autoslapo.build",
     "Verify": "autoslapo.verify",
+    "ScheduleConfig": "autoslapo.config",
+    "ClusterSpec": "autoslapo.cluster",
+    "ModelSpec": "autoslapo.models.spec",
+    "TrialResult": "autoslapo.result",
+    "apply_schedule": "autoslapo.plan",
+    "build_model": "autoslapo.models.build",
+    "estimate": "autoslapo.cost",
+    "run_trial": "autoslapo.runtime",
+    "best": "autoslapo.api",
+    "best_trial": "autoslapo.api",
+    "apply_best": "autoslapo.api",
+    "TrainingJob": "autoslapo.api",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from autoslapo.api import TrainingJob as TrainingJob
+    from autoslapo.api import apply_best as apply_best
+    from autoslapo.api import best as best
+    from autoslapo.api import best_trial as best_trial
     from autoslapo.build import build as build
+    from autoslapo.cluster import ClusterSpec as ClusterSpec
+    from autoslapo.config import ScheduleConfig as ScheduleConfig
+    from autoslapo.cost import estimate as estimate
+    from autoslapo.models.build import build_model as build_model
+    from autoslapo.models.spec import ModelSpec as ModelSpec
+    from autoslapo.plan import apply_schedule as apply_schedule
+    from autoslapo.result import TrialResult as TrialResult
+    from autoslapo.runtime import run_trial as run_trial
     from autoslapo.schedule import Schedule as Schedule
     from autoslapo.schedule import create_schedule as create_schedule
     from autoslapo.schedule import list_primitives as list_primitives

@@ -229,7 +229,10 @@ def trial_faults(rows: list[Row], work: Path) -> None:
                                baselines=False, warm_start=False), store, evaluator=ev)
         stored = {t.number: t for t in store.trials("faults")}
     tempfile.tempdir = None
-    want = {"kill": "failed", "hang": "timeout", "oom": "oom", "nan": "failed", "none": "complete"}
+    # A rank killed without a result is reported as a probable kernel OOM kill (the runtime cannot
+    # tell SIGKILL senders apart); its reason says so.
+    want = {"kill": ("failed", "oom"), "hang": ("timeout",), "oom": ("oom",), "nan": ("failed",),
+            "none": ("complete",)}
     a = audit(url, "faults")
     for fault, status, reason in ev.seen:
         if fault == "none":
@@ -237,7 +240,7 @@ def trial_faults(rows: list[Row], work: Path) -> None:
         row = Row({"kill": "a trial's rank process killed (SIGKILL)", "hang": "a trial that hangs (rank SIGSTOPped)",
                    "oom": "a trial over its memory cap (oom)", "nan": "a trial whose loss goes NaN"}[fault])
         row.injected = 1
-        ok = status == want[fault] and out.launched == len(plan) and a.duplicated == 0 and a.running == 0
+        ok = status in want[fault] and out.launched == len(plan) and a.duplicated == 0 and a.running == 0
         row.survived = int(ok)
         row.lost = 0 if out.launched == len(plan) else 1
         row.notes.append(f"stored as {status}: {reason[:90]}")
@@ -246,6 +249,66 @@ def trial_faults(rows: list[Row], work: Path) -> None:
     if orphans:
         rows[-1].left_running += len(orphans)
     print(json.dumps({n: (t.status, t.reason[:80]) for n, t in stored.items()}, indent=1))
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def ray_worker_kill(rows: list[Row], work: Path) -> None:
+    """A real trial under ``--backend ray`` (local Ray): kill -9 the Ray worker running it."""
+    row = Row("a Ray worker process killed during a real trial")
+    url, study, budget = f"sqlite:///{work / 'ray.db'}", "ray", 2
+    log = work / "ray.log"
+    proc = _popen(tune_argv(url, study, budget, model="gpt2-tiny", gpus=1, gpu_type="cpu", backend="ray",
+                            extra=("--steps", "2", "--seq-len", "32")), log)
+    t0, victim, ranks = time.monotonic(), 0, []
+    while time.monotonic() - t0 < 400 and proc.poll() is None and not victim:
+        for pid in rank_pids(""):
+            parent = _ppid(pid)
+            if "ray::" in _cmdline(parent) and _ppid(parent) and _is_ours(parent, proc.pid):
+                victim, ranks = parent, [pid]
+                break
+        time.sleep(0.3)
+    if victim:
+        time.sleep(2.0)
+        os.kill(victim, signal.SIGKILL)
+        row.injected = 1
+    rc = proc.wait(timeout=900)
+    time.sleep(2.5)
+    left = [p for p in ranks if Path(f"/proc/{p}").exists() and _ppid(p) != 0
+            and Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+    a = audit(url, study) if rc == 0 else None
+    if a is not None:
+        row.lost, row.duplicated, row.left_running = a.lost(budget), a.duplicated, a.running + len(left)
+        row.survived = int(row.injected == 1 and row.lost == row.duplicated == row.left_running == 0)
+        row.notes.append(f"statuses {a.statuses}")
+    else:
+        row.lost = budget
+        row.notes.append(f"tuner exit {rc}: {log.read_text()[-300:]!r}")
+    if not victim:
+        row.notes.append("no Ray worker with a running trial was found")
+    rows.append(row)
+
+
+def _is_ours(pid: int, root: int) -> bool:
+    """True if ``pid`` belongs to the Ray session our tuner ``root`` started (its raylet is a descendant)."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid == root:
+            return True
+        pid, seen = _ppid(pid), seen + 1
+    return False
 
 
 def pg_outages(rows: list[Row], work: Path, rng: random.Random) -> None:
@@ -382,7 +445,7 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=6)
     ap.add_argument("--real-kills", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--only", nargs="+", choices=("sim", "pg", "trial", "real", "bad"), default=None,
+    ap.add_argument("--only", nargs="+", choices=("sim", "pg", "trial", "real", "ray", "bad"), default=None,
                     help="run only these parts (the table then holds only them)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -391,7 +454,7 @@ def main() -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="fi-") as tmp:
         work = Path(tmp)
-        parts = set(args.only or (("sim", "bad") if args.quick else ("sim", "pg", "trial", "real", "bad")))
+        parts = set(args.only or (("sim", "bad") if args.quick else ("sim", "pg", "trial", "real", "ray", "bad")))
         pg_url = None
         server = None
         if "sim" in parts and not args.quick:
@@ -415,6 +478,8 @@ def main() -> int:
             print(table(rows, (0, 0, []), time.monotonic() - t0), flush=True)
         if "real" in parts:
             real_kills(rows, work, rng, args.real_kills)
+        if "ray" in parts:
+            ray_worker_kill(rows, work)
     bad = bad_inputs() if "bad" in parts else (0, 0, [])
     text = table(rows, bad, time.monotonic() - t0)
     args.out.parent.mkdir(parents=True, exist_ok=True)

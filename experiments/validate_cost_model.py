@@ -5,10 +5,14 @@ Part 1: every row of ``autoslapo/cost/data/published_throughput.csv`` (a copy of
 ``autoslapo.cost.published``) is estimated and compared. Targets: mean absolute percentage error
 <= 15 %, no row off by more than 30 %.
 
-Part 2 (``--local``): at least 12 configurations of a small model on 2 CPU ranks, trained for
-real by the runtime (``autoslapo.runtime``), against the estimate made with this machine's profile
-(``autoslapo profile``, measured first when none is given). Targets: Spearman rank correlation of
-throughput >= 0.9; predicted peak memory within 15 % of the measured peak RSS.
+Part 2 (``--local`` or ``--local-only``): 18 configurations of two small models on 2 CPU ranks
+(micro-batch 1..16, tp/pp/dp 1-2, checkpointing, ZeRO 0-2, sdpa/eager), trained for real by the
+runtime (``run_trial``, median of 5 timed steps), against the estimate made with this machine's
+profile (``autoslapo profile``, measured first when none is given: its GEMM and copy rates, gloo
+collectives, the runtime's fixed costs a step and a micro-batch, the process's resident baseline
+and what DeepSpeed's ZeRO optimizer adds). Targets: Spearman rank correlation of throughput
+>= 0.9; predicted peak memory within 15 % of the measured peak RSS. The load average is recorded
+with every trial: on a shared machine other users' load moves the measured throughputs.
 
 Run: ``.venv/bin/python experiments/validate_cost_model.py [--local | --local-only] [--profile PATH]
 [--reuse]``; writes ``experiments/results/cost_model_validation.txt`` (``..._local.txt`` with

@@ -256,6 +256,8 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
 
 # DeepSpeed's default ``reduce_bucket_size`` (elements), ``deepspeed/runtime/zero/config.py``.
 REDUCE_BUCKET_ELEMENTS = 500_000_000
+# DeepSpeed's default ``stage3_prefetch_bucket_size`` (elements).
+PREFETCH_BUCKET_ELEMENTS = 50_000_000
 
 
 def zero_buffer_bytes(model: ModelSpec, config: ScheduleConfig, runtime: str = "megatron") -> tuple[int, int]:
@@ -269,7 +271,8 @@ def zero_buffer_bytes(model: ModelSpec, config: ScheduleConfig, runtime: str = "
     CPU only the pages the copy touches count: ``min(bucket, N)`` elements. ZeRO-0 under DeepSpeed's
     engine all-reduces flattened copies of the gradients after backward (Megatron's contiguous
     gradient buffer *is* the gradients, so the ``megatron`` runtime adds nothing there). A
-    pipeline (pp > 1) averages gradients in flat per-dtype copies after its schedule.
+    pipeline (pp > 1) averages gradients in flat per-dtype copies after its schedule. ZeRO-3 adds
+    the gathered weights in use and in prefetch.
     """
     n = max(stage_params(model, config))
     g = state_bytes_per_param(config, runtime)[1]
@@ -278,11 +281,15 @@ def zero_buffer_bytes(model: ModelSpec, config: ScheduleConfig, runtime: str = "
         return 0, 0
     if config.pp > 1 or config.zero_stage == 0:
         return 0, int(n * g) if ours else 0
+    bucket = min(REDUCE_BUCKET_ELEMENTS, n) if ours else REDUCE_BUCKET_ELEMENTS
     if config.zero_stage in (1, 2):
-        bucket = min(REDUCE_BUCKET_ELEMENTS, n) if ours else REDUCE_BUCKET_ELEMENTS
         after = int(n * 4 / config.dp) if config.zero_stage == 1 else 0
         return int(bucket * g), after
-    return 0, 0
+    # ZeRO-3 (stage3.py): the same reduce bucket, plus the gathered weights of the layer being
+    # computed and the next ones its prefetch bucket (``stage3_prefetch_bucket_size``) fetches
+    w = state_bytes_per_param(config, runtime)[0]
+    gathered = model.layer_params() / config.tp + min(PREFETCH_BUCKET_ELEMENTS, n)
+    return int(bucket * g + gathered * w), 0
 
 
 def estimate_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,

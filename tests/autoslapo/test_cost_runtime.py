@@ -139,3 +139,18 @@ def test_runtime_overheads_from_profile() -> None:
     t1 = estimate(SMALL, cfg, CPU2, perf=slow, dropout=False)
     assert t1.step_time_s - t0.step_time_s == pytest.approx(0.05 + 4 * 0.01)
     assert t1.time.overhead == pytest.approx(0.09)
+
+
+@pytest.mark.slow
+def test_calibrate_runtime_measures_fixed_costs() -> None:
+    # Three tiny real trials on 2 CPU ranks (about a minute): the runtime's fixed costs.
+    from autoslapo.cost.profile import calibrate_runtime
+
+    prof = {"gpu_type": "cpu", "peak_tflops": 0.02, "peak_tflops_fp32": 0.02, "hbm_gbps": 5.0,
+            "intra_node_gbps": 1.0, "inter_node_gbps": 1.0, "coll_latency_s": 1e-4, "op_latency_s": 2e-5}
+    out = calibrate_runtime(prof, 2, steps=5, warmup=1)
+    assert out["step_overhead_s"] >= 0 and out["microbatch_overhead_s"] >= 0
+    assert out["step_overhead_s"] + out["microbatch_overhead_s"] < out["calibration_step_s_accum1"]
+    # a process of the training stack holds some hundreds of MiB whatever the model
+    assert 100 * 2**20 < out["fixed_overhead_bytes"] < 4 * 2**30
+    assert out["zero_overhead_bytes"] >= 0
