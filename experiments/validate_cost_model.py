@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=None,
                    help="device profile to use (measured, and saved here if given, when missing)")
     p.add_argument("--reuse", action="store_true",
-                   help=f"compare against the saved measurements ({MEASURED.name}) instead of running trials")
+                   help="compare against saved trial records (--measurements) instead of running trials")
+    p.add_argument("--measurements", type=Path, default=MEASURED,
+                   help=f"where trial records are written (or read with --reuse); default {MEASURED.name}")
     p.add_argument("--steps", type=int, default=7, help="optimizer steps a trial (timed: steps - warmup)")
     p.add_argument("--warmup", type=int, default=2)
     args = p.parse_args(argv)
@@ -220,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             prof = measure_profile(2)
             save_profile(prof, args.profile or PROFILE)
-        records = json.loads(MEASURED.read_text()) if args.reuse else measure_local(MEASURED, args.steps, args.warmup)
+        records = (json.loads(args.measurements.read_text()) if args.reuse
+                   else measure_local(args.measurements, args.steps, args.warmup))
         ok = local_part(lines, prof, records) and ok
     else:
         lines += ["", "## This machine: not run (pass --local or --local-only)"]

@@ -114,7 +114,17 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "seed": args.seed,
     }
-    preload = ("torch", "torch.distributed", "transformers", "autoslapo.plan", "autoslapo.verify")
+    # Imported once in the fork server rather than in every rank (the model module alone takes
+    # seconds to import on a busy 2-core machine).
+    preload = (
+        "torch",
+        "torch.distributed",
+        "transformers",
+        f"transformers.models.{spec.family}.modeling_{spec.family}",
+        "autoslapo.models.build",
+        "autoslapo.plan",
+        "autoslapo.verify",
+    )
     results = spawn(
         _rank_main,
         config.world_size,
@@ -146,7 +156,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _max_diff(a: Any, b: Any) -> float:
-    return float((a.detach().double() - b.detach().double().to(a.device)).abs().max()) if a.numel() else 0.0
+    import torch
+
+    a, b = a.detach(), b.detach().to(a.device)
+    if not a.numel() or (a.dtype == b.dtype and torch.equal(a, b)):
+        return 0.0
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    return float((a.to(dtype) - b.to(dtype)).abs_().max())
 
 
 def _measured_verify() -> type:

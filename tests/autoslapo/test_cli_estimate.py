@@ -41,6 +41,12 @@ def test_estimate_fixed_knobs_are_kept(capsys: pytest.CaptureFixture[str], monke
     c = d["config"]
     assert (c["tp"], c["micro_batch"], c["ckpt_ratio"], c["zero_stage"], c["attn_kernel"]) == (4, 2, 0.5, 1, "eager")
     assert c["micro_batch"] * c["grad_accum"] * c["dp"] == 64
+    fused = _json(capsys, ["estimate", "bert", "--gpus", "8", "--gpu-type", "a100-80gb", "--dp", "8",
+                           "--micro-batch", "16", "--fuse-bias-gelu", "on", "--compile-layers", "off", "--json"])
+    plain = _json(capsys, ["estimate", "bert", "--gpus", "8", "--gpu-type", "a100-80gb", "--dp", "8",
+                           "--micro-batch", "16", "--fuse-bias-gelu", "off", "--compile-layers", "off", "--json"])
+    assert fused["config"]["fuse_bias_gelu"] and not plain["config"]["fuse_bias_gelu"]
+    assert fused["samples_per_s"] > plain["samples_per_s"]
     assert main(["estimate", "gpt2-large", "--gpus", "16", "--tp", "2"]) == 0
     assert "samples/s" in capsys.readouterr().out
 
