@@ -1,14 +1,17 @@
 """Baselines every report carries, scored by the study's own evaluator.
 
-* ``deepspeed``: out-of-the-box DeepSpeed. Pure data parallelism; the ZeRO stage its autotuner
-  would settle on (the lowest stage at which the model fits, which is where its search starts and
-  what it keeps unless a higher stage allows a larger micro-batch that is faster); the largest
-  micro-batch that fits; no activation checkpointing unless nothing fits without it.
+* ``deepspeed``: out-of-the-box DeepSpeed. Pure data parallelism; for each ZeRO stage 0-3 the
+  largest micro-batch that fits; no activation checkpointing unless nothing fits without it. Like
+  DeepSpeed's autotuner, the stages are then compared and the fastest kept.
 * ``megatron``: Megatron-LM style. TP 8 within a node (or the largest that divides the heads),
-  the fewest pipeline stages that fit, full recomputation, sequence parallelism with TP,
-  FlashAttention where the device has it, micro-batch 1.
+  the fewest pipeline stages at which something fits, full recomputation, sequence parallelism
+  with TP, FlashAttention where the device has it; the micro-batch (and, with a pipeline, the
+  schedule) a Megatron user would settle on: the fastest of those that fit.
 
 "Fits" is the cost model's prediction, as it is for the autotuners those baselines stand for.
+Candidates are ranked by the cost model; the best ``CANDIDATES`` of each are scored by the
+study's evaluator (an autotuner measures them), reusing any result the study already has, and
+the fastest measured one is the baseline.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from autoslapo.result import TrialResult
 
 if TYPE_CHECKING:
     from tuner.study import StudyRunner, TuneOutcome
+
+#: Baseline candidates (best predicted first) scored by the evaluator; the fastest is the baseline.
+CANDIDATES = 3
 
 
 def _valid(runner: StudyRunner, **knobs: Any) -> ScheduleConfig | None:
@@ -41,41 +47,64 @@ def _fits(runner: StudyRunner, c: ScheduleConfig) -> bool:
     return runner.proposer.predict(c).fits
 
 
-def deepspeed_config(runner: StudyRunner) -> ScheduleConfig | None:
-    """The DeepSpeed-style configuration (see the module docstring), or None if nothing fits."""
+def _ranked(runner: StudyRunner, configs: list[ScheduleConfig]) -> list[ScheduleConfig]:
+    """Distinct configurations, best predicted throughput first."""
+    uniq = list(dict.fromkeys(configs))
+    return sorted(uniq, key=lambda c: -runner.proposer.predict(c).samples_per_s)
+
+
+def _micro_batches(runner: StudyRunner) -> list[int]:
+    return [2**i for i in range(12, -1, -1) if 2**i <= runner.bound.global_batch]
+
+
+def deepspeed_candidates(runner: StudyRunner) -> list[ScheduleConfig]:
+    """DeepSpeed-style candidates (one per ZeRO stage), best predicted first; empty if nothing fits."""
     gpus = runner.bound.cluster.gpus
-    mbs = [2**i for i in range(12, -1, -1)]
     for ratio in (0.0, 1.0):
-        best: tuple[float, ScheduleConfig] | None = None
-        for stage in (0, 1, 2, 3):
-            for mb in mbs:
-                c = _valid(runner, tp=1, pp=1, micro_batch=mb, zero_stage=stage if gpus > 1 else 0,
-                           ckpt_ratio=ratio, attn_kernel="sdpa")
+        found: list[ScheduleConfig] = []
+        for stage in ((0, 1, 2, 3) if gpus > 1 else (0,)):
+            for mb in _micro_batches(runner):
+                c = _valid(runner, tp=1, pp=1, micro_batch=mb, zero_stage=stage, ckpt_ratio=ratio,
+                           attn_kernel="sdpa")
                 if c is not None and _fits(runner, c):
-                    pred = runner.proposer.predict(c).samples_per_s
-                    if best is None or pred > best[0] * 1.0001:
-                        best = (pred, c)
+                    found.append(c)
                     break  # the largest micro-batch that fits at this stage
-            if best is not None and stage >= 1 and best[1].zero_stage < stage:
-                break  # a higher stage did not help: the autotuner stops climbing
-        if best is not None:
-            return best[1]
-    return None
+        if found:
+            return _ranked(runner, found)
+    return []
 
 
-def megatron_config(runner: StudyRunner) -> ScheduleConfig | None:
-    """The Megatron-style configuration (see the module docstring), or None if nothing fits."""
+def megatron_candidates(runner: StudyRunner) -> list[ScheduleConfig]:
+    """Megatron-style candidates (micro-batch x pipeline schedule), best predicted first; empty if none fits."""
     b = runner.bound
     dev = b.cluster.device
     tps = [t for t in (8, 4, 2, 1) if t <= b.cluster.devices_per_node and b.model.heads % t == 0
            and b.model.kv_heads % t == 0 and b.cluster.gpus % t == 0]
     for tp in tps[:1]:
         for pp in range(1, b.model.layers + 1):
-            c = _valid(runner, tp=tp, pp=pp, micro_batch=1, ckpt_ratio=1.0, zero_stage=0,
-                       sequence_parallel=tp > 1, attn_kernel="flash" if dev.flash_attention else "sdpa")
-            if c is not None and _fits(runner, c):
-                return c
-    return None
+            found = []
+            for schedule in (("1f1b", "gpipe") if pp > 1 else ("1f1b",)):
+                for mb in _micro_batches(runner):
+                    c = _valid(runner, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=1.0, zero_stage=0,
+                               sequence_parallel=tp > 1, attn_kernel="flash" if dev.flash_attention else "sdpa",
+                               pipeline_schedule=schedule)
+                    if c is not None and _fits(runner, c):
+                        found.append(c)
+            if found:  # the fewest pipeline stages at which something fits
+                return _ranked(runner, found)
+    return []
+
+
+def deepspeed_config(runner: StudyRunner) -> ScheduleConfig | None:
+    """The DeepSpeed-style configuration the cost model ranks first, or None if nothing fits."""
+    found = deepspeed_candidates(runner)
+    return found[0] if found else None
+
+
+def megatron_config(runner: StudyRunner) -> ScheduleConfig | None:
+    """The Megatron-style configuration the cost model ranks first, or None if nothing fits."""
+    found = megatron_candidates(runner)
+    return found[0] if found else None
 
 
 def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]:
@@ -96,13 +125,14 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
                     {**t.result, "extra": {k: v for k, v in t.result.get("extra", {}).items()
                                            if k not in ("baseline", "tuned_samples_per_s", "speedup")}})
     rows = []
-    for i, (kind, pick) in enumerate((("deepspeed", deepspeed_config), ("megatron", megatron_config))):
-        config = pick(runner)
-        if config is None:
-            result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False)
-        else:
-            result = (runner.proposer.measured.get(config) or earlier.get(config)
-                      or runner.evaluator.evaluate(config))
+    for i, (kind, pick) in enumerate((("deepspeed", deepspeed_candidates), ("megatron", megatron_candidates))):
+        config: ScheduleConfig | None = None
+        result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False)
+        for cand in pick(runner)[:CANDIDATES]:
+            r = runner.proposer.measured.get(cand) or earlier.get(cand) or runner.evaluator.evaluate(cand)
+            if config is None or (r.status == "complete" and (result.status != "complete"
+                                                              or r.samples_per_s > result.samples_per_s)):
+                config, result = cand, r
         speedup = tuned / result.samples_per_s if result.status == "complete" and tuned else None
         out[kind] = {"config": config.to_dict() if config else None, "status": result.status,
                      "samples_per_s": result.samples_per_s, "speedup": speedup, "reason": result.reason}
@@ -119,11 +149,11 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
     # Two identical baseline configs (tiny clusters) would share a hash: store distinct ones only.
     seen: set[str] = set()
     uniq = []
-    for r in rows:
-        key = str(sorted(r[1].items()))
+    for row in rows:
+        key = str(sorted(row[1].items()))
         if key not in seen:
             seen.add(key)
-            uniq.append(r)
-    store.add_new_trials(name, [(config, result) for _, config, result in uniq])  # skips stored ones
+            uniq.append(row)
+    store.add_new_trials(name, [(cfg, res) for _, cfg, res in uniq])  # skips stored ones
     store.set_study_status(name, "complete")
     return out

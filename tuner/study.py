@@ -11,6 +11,9 @@ predicted to fit when the space holds fewer, or earlier on ``timeout_s`` or ``pa
 Resume: trials a killed tuner left ``running`` are marked ``failed`` (interrupted) and run again
 first under their own numbers; finished trials are told to the sampler and never re-run (the
 store refuses a second row for a configuration), so a resumed study also ends at its budget.
+
+Every finished trial is also mirrored (in batches) into an Optuna study of the same name in the
+store's database, for ``optuna-dashboard`` (``tuner/mirror.py``); the sampler's own study stays in memory.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from search_spaces import BoundSpace, SearchSpace, space_for
 from tuner.evaluators import Evaluator, cost_prior, make_evaluator
+from tuner.mirror import OptunaMirror
 from tuner.proposer import SAMPLERS, Proposal, Proposer
 
 if TYPE_CHECKING:
@@ -61,6 +65,8 @@ class TuneOptions:
     steps: int = 4
     trial_timeout_s: float = 300.0
     baselines: bool = True
+    mirror: bool = True  # also record finished trials in an Optuna study in the store's database
+    mirror_every: int = 25  # finished trials between two mirror writes
 
     def __post_init__(self) -> None:
         if not isinstance(self.trials, int) or self.trials < 1:
@@ -170,6 +176,11 @@ class StudyRunner:
         self.best_config: ScheduleConfig | None = None
         self.best_result: TrialResult | None = None
         self._since_best = 0
+        self.mirror: OptunaMirror | None = None
+        if options.mirror:
+            self.mirror = OptunaMirror(store, self.name, self.bound, multi=self.proposer.multi,
+                                       every=options.mirror_every, own_only=options.join,
+                                       retried_prefix=INTERRUPTED_PREFIX)
         self._load()
 
     def _runtime_device(self) -> str | None:
@@ -225,6 +236,8 @@ class StudyRunner:
             from tuner.resume import warm_start
 
             warm_start(self.store, self.name, self.proposer, self.o.model, self.o.cluster)
+        if self.o.resume and self.mirror is not None:
+            self.mirror.sync()  # catch up what a killed tuner had not mirrored yet
         k = self.o.prior_seeds if self.o.prior_seeds is not None else min(10, max(3, self.o.trials // 10))
         if k:
             self.proposer.enqueue(self.proposer.ranking()[:k], "prior")
@@ -318,6 +331,8 @@ class StudyRunner:
         self._numbers.pop(proposal.config.config_hash(), None)
         self.proposer.complete(proposal, result)
         self._count(proposal.config, result)
+        if self.mirror is not None:
+            self.mirror.note(number)
         if self.progress is not None:
             self.progress(Progress(self.launched, self.o.trials, self.best, dict(self.counts),
                                    f"#{number} {result.status}"))
@@ -346,6 +361,8 @@ class StudyRunner:
             else:
                 stop = self._run_inline(started)
         self.flush()
+        if self.mirror is not None:
+            self.mirror.sync()
         outcome = TuneOutcome(self.name, self.launched, self.pruned, self.best_config, self.best_result,
                               stop, time.monotonic() - started, dict(self.counts), asks=self.proposer.asks)
         if self.o.baselines:

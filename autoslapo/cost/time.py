@@ -14,7 +14,10 @@ Collectives use the ring cost (Patarasuk and Yuan, 2009; Thakur et al., 2005): a
 allreduces of the layer's activations in forward and two in backward (Shoeybi et al., 2019);
 sequence parallelism swaps each for a reduce-scatter + all-gather of the same volume (Korthikanti
 et al., 2022). The 1F1B and GPipe pipelines idle ``(p-1)`` micro-batch slots, the interleaved one
-``(p-1)/v`` (Narayanan et al., 2021, section 2.2).
+``(p-1)/v`` (Narayanan et al., 2021, section 2.2). ZeRO-3 gathers weights before every forward
+and backward and reduce-scatters gradients every micro-batch (1.5x the allreduce volume), with
+imperfect prefetch and per-module hooks (see ``ZERO3_*``). The runtime's own fixed costs a step and
+a micro-batch (``DevicePerf.step_overhead_s``, measured on a CPU) are a term of their own.
 """
 
 from __future__ import annotations

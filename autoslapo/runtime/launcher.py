@@ -95,9 +95,20 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 def _last_error_line(log: str) -> str:
-    """The last line of a log that looks like an exception (``Name: message``), else the last line."""
+    """The last line of a log that looks like an exception, else the last line.
+
+    Python's ``Name: message``, or a C++ exception that aborted the process
+    (``terminate called after throwing an instance of 'T'`` + ``what():  message`` -> ``T: message``).
+    """
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for ln in reversed(lines):
+    for i in range(len(lines) - 1, -1, -1):
+        ln = lines[i]
+        if ln.startswith("what():"):
+            kind = "C++ exception"
+            prev = lines[i - 1] if i > 0 else ""
+            if "instance of '" in prev:
+                kind = prev.split("instance of '", 1)[1].rstrip("'")
+            return f"{kind}: {ln[len('what():'):].strip()}"
         head = ln.split(":", 1)[0]
         if head.endswith(("Error", "Exception", "Interrupt")) and " " not in head:
             return ln
@@ -225,6 +236,7 @@ def launch(
     status: Status | None = None
     reason = ""
     peaks = [0] * world_size
+    exit_at: list[float | None] = [None] * world_size  # epoch time each rank was first seen gone
     port: str | None = None
     try:
         request = {
@@ -260,6 +272,9 @@ def launch(
             for p in procs:
                 seen_pids.update(_tree_pids(p.pid))
             codes = [p.poll() for p in procs]
+            for r, c in enumerate(codes):
+                if c is not None and exit_at[r] is None:
+                    exit_at[r] = time.time()
             for r, p in enumerate(procs):
                 if codes[r] is None:
                     peaks[r] = max(peaks[r], _hwm_bytes(p.pid))
@@ -306,8 +321,12 @@ def launch(
     values = [res.get("value") if res is not None and res.get("status") == "ok" else None for res in results]
     if status is None:
         # Exit codes as seen before the final kill: a rank without a code was killed by us.
-        status, reason = _classify(results, logs, codes, peaks, mem_cap_bytes)
+        status, reason = _classify(results, logs, codes, peaks, mem_cap_bytes, exit_at)
     return LaunchOutcome(status, reason, values, peaks, elapsed, logs, tmp.name)
+
+
+def _is_peer_lost(text: str) -> bool:
+    return any(m in text for m in PEER_LOST)
 
 
 def _classify(
@@ -316,8 +335,17 @@ def _classify(
     codes: list[int | None],
     peaks: list[int],
     mem_cap_bytes: int | None,
+    exit_at: list[float | None] | None = None,
 ) -> tuple[Status, str]:
-    """Status and reason once every rank has stopped (or the survivors were killed)."""
+    """Status and reason once every rank has stopped (or the survivors were killed).
+
+    The reason is the root cause's: when one rank fails, its peers fail next on a broken
+    connection ("Connection reset by peer"), so a rank's own error comes before a lost peer, and
+    a rank that died without writing a result (a C++ abort such as gloo's "collective mismatch",
+    a segfault) is a cause too: its peers' socket errors are only what its death did to them.
+    Within a kind the earliest (time of the error, or of the exit) wins.
+    """
+    exit_at = exit_at or [None] * len(results)
     errors = [(r, res) for r, res in enumerate(results) if res is not None and res.get("status") != "ok"]
     ooms = [(r, res) for r, res in errors if res.get("status") == "oom"]
     if ooms:
@@ -330,26 +358,30 @@ def _classify(
                     f"rank {r} peak resident memory {peak / 2**20:.0f} MiB went over the cap of "
                     f"{mem_cap_bytes / 2**20:.0f} MiB"
                 )
-    if errors:
-        # The first rank to fail is the cause; its peers then fail on a broken connection.
-        # Errors that only report a lost peer are effects, never the cause, when another exists.
-        def order(e: tuple[int, dict[str, Any]]) -> tuple[bool, float]:
-            text = str(e[1].get("error", ""))
-            return any(m in text for m in PEER_LOST), float(e[1].get("time", 0.0))
-
-        r, res = min(errors, key=order)
-        return "failed", f"rank {r}: {res.get('error', 'unknown error')}"
-    # Ranks that stopped on their own without a result come first; the rest were killed by us.
-    missing = [r for r, res in enumerate(results) if res is None and codes[r] is not None]
-    missing += [r for r, res in enumerate(results) if res is None and codes[r] is None]
-    if missing:
-        r = missing[0]
+    # Candidates: (kind, time, status, reason); kind 0 = an error of the rank's own, 1 = a lost peer.
+    causes: list[tuple[int, float, Status, str]] = []
+    for r, res in errors:
+        text = str(res.get("error", "unknown error"))
+        causes.append((int(_is_peer_lost(text)), float(res.get("time", 0.0)), "failed", f"rank {r}: {text}"))
+    for r, maybe in enumerate(results):
         code = codes[r]
+        if maybe is not None or code is None:
+            continue  # a result, or killed by us (below)
+        seen = exit_at[r]
+        when = float("inf") if seen is None else seen
         if code == -signal.SIGKILL:
-            return "oom", f"rank {r} was killed by SIGKILL (the kernel's out-of-memory killer?) without a result"
-        if code is None:
-            return "failed", f"rank {r} gave no result before the launch ended"
+            causes.append((0, when, "oom",
+                           f"rank {r} was killed by SIGKILL (the kernel's out-of-memory killer?) without a result"))
+            continue
         why = _last_error_line(logs[r])
-        how = f"signal {-code}" if code is not None and code < 0 else f"code {code}"
-        return "failed", f"rank {r} exited with {how} without a result" + (f": {why}" if why else "")
+        how = f"signal {-code}" if code < 0 else f"code {code}"
+        text = f"rank {r} exited with {how} without a result" + (f": {why}" if why else "")
+        causes.append((int(_is_peer_lost(why)), when, "failed", text))
+    if causes:
+        _, _, status, reason = min(causes, key=lambda c: (c[0], c[1]))
+        return status, reason
+    # The rest were killed by us before they gave a result.
+    missing = [r for r, res in enumerate(results) if res is None]
+    if missing:
+        return "failed", f"rank {missing[0]} gave no result before the launch ended"
     return "complete", ""

@@ -48,6 +48,20 @@ def crash_on_rank_1(ctx: Any, payload: dict[str, Any]) -> int:
     return 0
 
 
+def collective_dtype_mismatch(ctx: Any, payload: dict[str, Any]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    # The same all-reduce with bf16 on rank 0 and fp32 on rank 1 (what a bias subtracted in fp32 on
+    # one tensor-parallel rank under bf16 autocast did): gloo aborts rank 0 in C++ ("collective
+    # mismatch", no Python exception, no result) and rank 1 then reads "Connection reset by peer".
+    dtype = torch.bfloat16 if ctx.rank == 0 else torch.float32
+    t = torch.ones(4096, dtype=dtype)
+    for _ in range(3):
+        dist.all_reduce(t)
+    return 0
+
+
 def hang_with_child_and_shm(ctx: Any, payload: dict[str, Any]) -> None:
     import torch
     import torch.multiprocessing as tmp_mp
@@ -125,6 +139,15 @@ def test_a_crashing_rank_makes_the_launch_failed_with_its_reason(tmp_path: Path)
     assert out.reason.startswith("rank 1: ValueError: rank one gives up on purpose")
     assert "\n" not in out.reason
     assert all(not _alive(r["pid"]) for r in _recorded(tmp_path))
+    assert _strays(out.launch_id) == []
+
+
+def test_a_rank_aborted_in_cpp_is_the_reason_not_its_peers_lost_connection() -> None:
+    out = launch(f"{HERE}:collective_dtype_mismatch", 2, timeout_s=120, grace_s=2)
+    assert out.status == "failed"
+    assert out.reason.startswith("rank 0 exited with signal 6 without a result"), out.reason
+    assert "gloo::EnforceNotMet" in out.reason and "collective mismatch" in out.reason
+    assert "by peer" not in out.reason and "\n" not in out.reason
     assert _strays(out.launch_id) == []
 
 

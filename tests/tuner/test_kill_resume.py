@@ -10,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 
 from store import open_store
+from tuner.mirror import mirrored_numbers
 
 # A real tuner process: the cost model as evaluator but written as running before each trial
 # (instant=False), so a kill can land between a trial's start and its finish as well.
@@ -38,7 +40,7 @@ store = open_store(sys.argv[1])
 resume = store.has_study("k")
 print("ready", flush=True)
 tune(TuneOptions(model=model, cluster=cluster, trials=int(sys.argv[2]), study="k", resume=resume,
-                 baselines=False), store, evaluator=Slow(SimEvaluator(model, cluster)))
+                 baselines=False, mirror_every=5), store, evaluator=Slow(SimEvaluator(model, cluster)))
 print("done", flush=True)
 """
 
@@ -75,6 +77,9 @@ def _check(url: str, budget: int) -> None:
     assert len({t.config_hash for t in rows}) == len(rows)  # no config stored twice
     assert len({t.number for t in rows}) == len(rows)
     assert not [t for t in rows if t.status == "running" or t.reason.startswith("interrupted")]
+    # the Optuna mirror caught up what the killed tuner had not written, and duplicated nothing
+    mirrored = mirrored_numbers(optuna.load_study(study_name="k", storage=store.url).get_trials(deepcopy=False))
+    assert mirrored == sorted(t.number for t in rows)
     store.close()
 
 

@@ -1,0 +1,86 @@
+"""The Optuna mirror: a study's finished trials, once each, in an Optuna study of the same name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+import pytest
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.models.spec import ModelSpec
+from autoslapo.result import TrialResult
+from store import Store, open_store
+from tuner import SimEvaluator, StudyRunner, TuneOptions
+from tuner.mirror import NUMBER_ATTR, OptunaMirror, mirrored_numbers
+
+BERT = ModelSpec.from_name("bert")
+A100_64 = ClusterSpec(gpus=64, gpu_type="a100-80gb")
+
+
+@dataclass
+class SomeOOM:
+    """The cost model, except that every third configuration with ZeRO 0 runs out of memory."""
+
+    inner: SimEvaluator
+    name: str = "sim"
+    instant: bool = True
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        if config.zero_stage == 0 and config.micro_batch % 3 != 1:
+            return TrialResult.failure("oom", "CUDA out of memory (test)")
+        return self.inner.evaluate(config)
+
+
+def test_mirror_holds_exactly_the_studys_finished_trials(store: Store) -> None:
+    opts = TuneOptions(model=BERT, cluster=A100_64, trials=40, baselines=False, mirror_every=7)
+    runner = StudyRunner(opts, store, evaluator=SomeOOM(SimEvaluator(BERT, A100_64)))
+    runner.run()
+    rows = {t.number: t for t in store.trials(runner.name)}
+    study = optuna.load_study(study_name=runner.name, storage=store.url)  # what optuna-dashboard opens
+    trials = study.get_trials(deepcopy=False)
+    assert mirrored_numbers(trials) == sorted(rows)  # every finished trial, once
+    assert {t.status for t in rows.values()} >= {"complete", "oom"}
+    for ot in trials:
+        rec = rows[ot.user_attrs[NUMBER_ATTR]]
+        assert ot.user_attrs["status"] == rec.status
+        assert ot.params == runner.bound.params_of(ScheduleConfig.from_dict(rec.config))
+        if rec.status == "complete":
+            assert ot.state == optuna.trial.TrialState.COMPLETE
+            assert ot.values == [pytest.approx(rec.samples_per_s)]
+        else:
+            want = optuna.trial.TrialState.PRUNED if rec.status == "pruned" else optuna.trial.TrialState.FAIL
+            assert ot.state == want and ot.values is None
+    assert study.best_value == pytest.approx(max(t.samples_per_s or 0 for t in rows.values()))
+    # idempotent: syncing again, or from a fresh mirror on the same database, adds nothing
+    assert runner.mirror is not None and runner.mirror.sync() == 0
+    assert OptunaMirror(store, runner.name, runner.bound).sync() == 0
+    assert len(optuna.load_study(study_name=runner.name, storage=store.optuna_storage()).trials) == len(rows)
+
+
+def test_mirror_is_written_in_batches(store: Store) -> None:
+    opts = TuneOptions(model=BERT, cluster=A100_64, trials=12, baselines=False, mirror_every=5)
+    runner = StudyRunner(opts, store)
+    seen: list[int] = []
+    orig = runner.mirror.sync  # type: ignore[union-attr]
+
+    def counting() -> int:
+        n = orig()
+        seen.append(n)
+        return n
+
+    runner.mirror.sync = counting  # type: ignore[union-attr,method-assign]
+    runner.run()
+    assert seen == [5, 5, 2]  # two batches during the search, the rest at the end
+
+
+def test_in_memory_store_runs_without_a_mirror() -> None:
+    store = open_store("sqlite://")
+    try:
+        runner = StudyRunner(TuneOptions(model=BERT, cluster=A100_64, trials=5, baselines=False), store)
+        out = runner.run()
+        assert out.launched == 5
+        assert runner.mirror is not None and runner.mirror.disabled is not None
+    finally:
+        store.close()
