@@ -137,11 +137,12 @@ class OptunaMirror:
             point = None
         if point is not None:
             params = {k: v for k, v in point.items() if k in self._dists}
-        attrs: dict[str, Any] = {
-            NUMBER_ATTR: t.number, "status": t.status, "reason": t.reason[:500], "measured": t.measured,
-            "config_hash": t.config_hash, "config": t.config, "host": t.host,
-        }
-        for key in ("tokens_per_s", "tflops_per_device", "peak_memory_bytes", "step_time_s"):
+        # Few attributes: Optuna writes each in its own statements, the mirror's main cost. The
+        # store number leads to everything else (``autoslapo show``).
+        attrs: dict[str, Any] = {NUMBER_ATTR: t.number, "status": t.status, "measured": t.measured}
+        if t.reason:
+            attrs["reason"] = t.reason[:500]
+        for key in ("tokens_per_s", "peak_memory_bytes"):
             value = getattr(t, key)
             if value is not None:
                 attrs[key] = value

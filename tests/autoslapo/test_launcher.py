@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from autoslapo.errors import ConfigError
-from autoslapo.runtime.launcher import launch
+from autoslapo.runtime.launcher import _classify, launch
 
 HERE = "tests.autoslapo.test_launcher"
 
@@ -149,6 +149,37 @@ def test_a_rank_aborted_in_cpp_is_the_reason_not_its_peers_lost_connection() -> 
     assert "gloo::EnforceNotMet" in out.reason and "collective mismatch" in out.reason
     assert "by peer" not in out.reason and "\n" not in out.reason
     assert _strays(out.launch_id) == []
+
+
+PEER = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:4242: Connection reset by peer."
+ABORT_LOG = ("Traceback ...\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+             "  what():  [enforce fail at pair.cc:456] 16384 vs 8192. Is there a distributed collective mismatch?")
+
+
+@pytest.mark.parametrize(
+    ("results", "codes", "logs", "exit_at", "want"),
+    [
+        # a peer's socket error recorded before the aborted rank was seen gone: still the abort
+        ([None, {"status": "error", "error": PEER, "time": 1.0}], [-6, 1], [ABORT_LOG, ""], [2.0, 1.5],
+         "rank 0 exited with signal 6 without a result: gloo::EnforceNotMet: [enforce fail"),
+        # a rank's own error beats an earlier lost-peer error
+        ([{"status": "error", "error": PEER, "time": 1.0}, {"status": "error", "error": "ValueError: x", "time": 5.0}],
+         [1, 1], ["", ""], [1.1, 5.1], "rank 1: ValueError: x"),
+        # two own errors: the earliest
+        ([{"status": "error", "error": "KeyError: a", "time": 3.0}, {"status": "error", "error": "ValueError: b", "time": 2.0}],
+         [1, 1], ["", ""], [3.1, 2.1], "rank 1: ValueError: b"),
+        # only lost peers and a rank killed by the launcher: the lost peer
+        ([{"status": "error", "error": PEER, "time": 1.0}, None], [1, None], ["", ""], [1.1, None], "rank 0: RuntimeError"),
+        # nothing but ranks killed by the launcher
+        ([None, None], [None, None], ["", ""], [None, None], "rank 0 gave no result before the launch ended"),
+    ],
+)
+def test_the_reason_is_the_root_cause_not_a_lost_peer(
+    results: list[Any], codes: list[Any], logs: list[str], exit_at: list[Any], want: str
+) -> None:
+    status, reason = _classify(results, logs, codes, [0] * len(results), None, exit_at)
+    assert status == "failed"
+    assert reason.startswith(want), reason
 
 
 def test_a_hang_times_out_and_its_processes_and_shm_files_are_gone(tmp_path: Path) -> None:

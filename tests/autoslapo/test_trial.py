@@ -70,3 +70,15 @@ def test_step_statistics_are_median_and_interquartile_range() -> None:
     med, iqr = summarize_steps([1.0, 2.0, 3.0, 4.0, 100.0])
     assert med == 3.0
     assert iqr == pytest.approx(2.0)
+
+
+def test_tensor_parallel_bf16_on_cpu_ranks_completes() -> None:
+    # Regression: the tuner's trials are bf16 (ScheduleConfig's default) where the tests and
+    # `autoslapo run` on CPU were fp32. Under bf16 autocast a row-parallel Linear with a bias (BERT's
+    # attention output and MLP out) gave a bf16 partial sum on tp rank 0 and an fp32 one on rank 1
+    # (fp32 bias subtracted), so the all-reduce mismatched and every tp > 1 trial failed.
+    bert = ModelSpec.from_name("bert-tiny", seq_len=32)
+    config = ScheduleConfig(tp=2, micro_batch=1, grad_accum=2, attn_kernel="eager", precision="bf16")
+    r = run_trial(bert, config, steps=2, warmup=1, timeout_s=300, device="cpu")
+    assert r.status == "complete", r.reason
+    assert r.final_loss is not None and 0.0 < r.final_loss < 20.0
