@@ -333,7 +333,7 @@ def sync(
         if bias_name is not None and rank != 0:
             b = mod._parameters[bias_name]
             if b is not None and t.shape[-1:] == b.shape:
-                t = t - b.detach()  # every rank added the bias; keep rank 0's only
+                t = t - b.detach().to(t.dtype)  # every rank added the bias; keep rank 0's only
         return comm.apply(t, op, bwd=bwd, dim=dim, group=group)
 
     if mode in ("fwd_pre", "bwd_post"):
