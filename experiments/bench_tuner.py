@@ -201,7 +201,8 @@ def bench_landscape(name: str, model: ModelSpec, cluster: ClusterSpec, seeds: in
             rows[m].append((trials_to_reach(curve, target), max(curve or [0.0]) / optimum))
         log(f"  {name} seed {seed}: optimum {optimum:,.1f} samples/s over {len(configs)} configs; "
             + ", ".join(f"{m} {trials_to_reach(c, target) or '-'}" for m, c in curves.items())
-            + f" ({time.monotonic() - t0:.1f}s)")
+            + f"; final/opt autoslapo@{budget} {finals[-1]:.3f}, slapo {rows['slapo'][-1][1]:.3f}, "
+            f"top-1 {rows['cost-model top-1'][-1][1]:.3f} ({time.monotonic() - t0:.1f}s)")
     summary: dict[str, object] = {"configs": len(configs), "budget": budget}
     for m, rs in rows.items():
         reach = sorted(r if r is not None else 10**9 for r, _ in rs)
