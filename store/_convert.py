@@ -20,6 +20,8 @@ _FLOAT_METRICS = (
     "step_time_spread_s",
     "final_loss",
 )
+#: Every per-trial metric column (what a restarted trial clears).
+METRIC_COLUMNS: tuple[str, ...] = (*_FLOAT_METRICS, "peak_memory_bytes")
 _SOFTWARE = ("autoslapo", "torch", "optuna", "sqlalchemy", "alembic", "transformers", "deepspeed", "ray")
 
 

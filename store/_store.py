@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
 from store import _engine, _migrate
-from store._convert import result_columns, software_versions, study_record, trial_record
+from store._convert import METRIC_COLUMNS, result_columns, software_versions, study_record, trial_record
 from store._frames import export_frame, trials_frame
 from store._records import (
     RANK_METRICS,
@@ -563,19 +563,7 @@ class Store:
         self, study: str, study_id: int, existing: TrialRecord, values: dict[str, Any]
     ) -> TrialRecord | None:
         """Reset an ended, not complete trial to ``running``; None if another process got it first."""
-        cleared: dict[str, Any] = dict.fromkeys(
-            (
-                "samples_per_s",
-                "tokens_per_s",
-                "tflops_per_device",
-                "hw_tflops_per_device",
-                "peak_memory_bytes",
-                "step_time_s",
-                "step_time_spread_s",
-                "final_loss",
-                "ended_at",
-            )
-        )
+        cleared: dict[str, Any] = dict.fromkeys((*METRIC_COLUMNS, "ended_at"))
         fresh = {
             k: values[k] for k in ("number", "status", "measured", "reason", "host", "result", "started_at")
         }
