@@ -234,12 +234,12 @@ def apply_best(
         )
     from autoslapo.dist import build_groups
     from autoslapo.runtime.engine import build_deepspeed_engine, build_pipeline_optimizer
-    from autoslapo.runtime.train import _build_scheduled, loss_function
+    from autoslapo.runtime.train import build_scheduled, loss_function
 
     device = _device()
     dev_type = device.split(":")[0]
     groups = build_groups(config.tp, config.pp, config.dp, device_type=dev_type)
-    sch, module = _build_scheduled(spec, config, groups, seed=seed, device=device, dropout=dropout)
+    sch, module = build_scheduled(spec, config, groups, seed=seed, device=device, dropout=dropout)
     plan = dict(sch.root().meta.get("plan", {}))
     job = TrainingJob(spec=spec, config=config, trial=trial, groups=groups, device=device, plan=plan)
     if config.pp == 1:

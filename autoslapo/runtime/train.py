@@ -86,7 +86,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _build_scheduled(spec: ModelSpec, config: ScheduleConfig, groups: Any, *, seed: int,
+def build_scheduled(spec: ModelSpec, config: ScheduleConfig, groups: Any, *, seed: int,
                      device: str, dropout: float | None) -> tuple[Any, nn.Module]:
     """Meta-device model -> schedule -> this rank's shards on ``device``. Returns (schedule, model)."""
     from autoslapo.build import materialize
@@ -153,7 +153,7 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
     if dev_type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     groups = build_groups(config.tp, config.pp, config.dp, device_type=dev_type)
-    sch, model = _build_scheduled(spec, config, groups, seed=seed, device=device, dropout=dropout)
+    sch, model = build_scheduled(spec, config, groups, seed=seed, device=device, dropout=dropout)
     plan = dict(sch.root().meta.get("plan", {}))
     plan.pop("config", None)
     accum, micro = config.grad_accum, config.micro_batch
