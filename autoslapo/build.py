@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from autoslapo.errors import ScheduleError
-from autoslapo.primitives.tp import SHARD_ATTR, ShardSpec, slice_shard
+from autoslapo.primitives.tp import SHARD_ATTR, ShardSpec, copy_param_attrs, slice_shard
 from autoslapo.schedule import Schedule
 
 __all__ = ["build", "has_pipeline_cuts", "materialize", "path_seed"]
@@ -162,8 +162,7 @@ def materialize(
             with torch.no_grad():
                 local = slice_shard(full.data, spec) if spec is not None else full.data
                 new = nn.Parameter(local.to(device), requires_grad=old.requires_grad)
-            for k, v in vars(old).items():  # ShardSpec, annotations, grad-sync flags
-                setattr(new, k, v)
+            copy_param_attrs(old, new)  # ShardSpec, annotations, grad-sync flags and hooks
             module._parameters[n] = new
             done[id(old)] = new
         for n in bufs:

@@ -22,7 +22,8 @@ Recipes (``tp`` = group size; ``W`` = weight):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,9 @@ __all__ = ["ShardSpec", "gather_shards", "param_places", "shard_spec", "slice_sh
 
 SHARD_ATTR = "_autoslapo_shard"
 GRAD_SYNC_ATTR = "_autoslapo_grad_sync"
+# Gradient hooks a primitive put on a parameter. A tensor hook belongs to the Parameter object, so
+# ``build``/``materialize``, which replace meta parameters by new ones, register these again.
+GRAD_HOOKS_ATTR = "_autoslapo_grad_hooks"
 MODES = ("fwd_pre", "fwd_post", "bwd_pre", "bwd_post")
 SYNC_OPS = ("all_reduce", "all_gather", "reduce_scatter", "split")
 
@@ -447,6 +451,21 @@ def vocab_parallel_head(sch: Schedule, *, pad: bool = True) -> ShardSpec:
     return spec
 
 
+def add_grad_hook(p: nn.Parameter, hook: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Register ``hook`` on ``p``'s gradient and record it, so a materialized copy gets it too."""
+    hooks: list[Callable[[torch.Tensor], torch.Tensor]] = getattr(p, GRAD_HOOKS_ATTR, [])
+    setattr(p, GRAD_HOOKS_ATTR, [*hooks, hook])
+    p.register_hook(hook)
+
+
+def copy_param_attrs(old: nn.Parameter, new: nn.Parameter) -> None:
+    """Give ``new`` (a materialized ``old``) its ShardSpec, annotations, flags and gradient hooks."""
+    for k, v in vars(old).items():
+        setattr(new, k, v)
+    for hook in getattr(old, GRAD_HOOKS_ATTR, ()):
+        new.register_hook(hook)
+
+
 @register_primitive("allreduce_grads")
 def allreduce_grads(sch: Schedule, *names: str) -> list[str]:
     """Sum the gradients of this module's parameters over the group during backward.
@@ -472,6 +491,6 @@ def allreduce_grads(sch: Schedule, *names: str) -> list[str]:
         p = params[name]
         setattr(p, GRAD_SYNC_ATTR, True)
         if world > 1:
-            p.register_hook(lambda g: comm.all_reduce(g, group))
+            add_grad_hook(p, functools.partial(comm.all_reduce, group=group))
     sch.meta.setdefault("grad_sync", []).extend(chosen)
     return chosen

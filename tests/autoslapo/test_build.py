@@ -205,3 +205,19 @@ def test_gpt2_meta_rehearsal_fake_tp4() -> None:
         assert model.h[0].attn.c_attn.nf == 48 and model.h[0].attn.split_size == 16
     finally:
         dist.destroy_process_group()
+
+
+def test_build_keeps_gradient_hooks_of_materialized_parameters() -> None:
+    """A primitive's gradient hook (sequence parallelism's norm-gradient sum) is on the Parameter
+    object; ``build`` replaces meta parameters, so it must register the hook on the new one."""
+    from autoslapo.primitives.tp import add_grad_hook
+
+    sch = create_schedule(_meta_bert())
+    norm = sch["encoder.layer.0.output.LayerNorm"].mod
+    add_grad_hook(norm.weight, lambda g: g * 3)
+    model = build(sch, seed=0)
+    w = model.encoder.layer[0].output.LayerNorm.weight
+    assert not w.is_meta
+    w.grad = None
+    (w * 2).sum().backward()
+    assert torch.equal(w.grad, torch.full_like(w, 6.0))

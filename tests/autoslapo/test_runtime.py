@@ -16,8 +16,9 @@ from autoslapo.runtime.train import reference_losses
 
 STEPS = 2
 SEQ = 32
-# fp32 on CPU: the layouts differ only by the order of floating-point sums.
-TOL = 1e-4
+# fp32 on CPU: the layouts differ only by the order of floating-point sums (measured <= 5e-7 over
+# 3 steps; a missing gradient sum, e.g. of a norm under sequence parallelism, shows as >= 1e-4).
+TOL = 1e-5
 
 MATRIX: list[dict[str, Any]] = [
     {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
