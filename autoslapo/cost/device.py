@@ -42,6 +42,14 @@ class DevicePerf:
     ``step_overhead_s`` / ``microbatch_overhead_s``: the runtime's fixed cost a step and a
     micro-batch, whatever the model's size (Python, DeepSpeed's engine, barriers); measured by
     ``autoslapo profile`` with a tiny real trial.
+    ``activation_slack``: resident bytes per activation byte the model counts (autograd's
+    temporaries beyond the accounted tensors). ``heap_retention``: resident bytes the host
+    allocator keeps per byte of the step's *un-checkpointed* activation volume. glibc serves
+    tensors up to its mmap threshold (raised to 32 MiB by the first large free) from its heap and
+    keeps what they free for reuse, fragmented: every layer's full activations pass through the
+    heap in forward and again when backward recomputes them, so checkpointing lowers the live
+    peak but not what the heap has grown to. Both measured by ``autoslapo profile``; 0 on a GPU,
+    whose memory counter is the caching allocator's live bytes.
     ``zero_overhead_bytes``: what DeepSpeed's ZeRO optimizer adds to a process whatever the
     model's size (its own modules and set-up), measured by a tiny ZeRO-1 trial.
     ``gemm_curve``: optional measured ``(flops, tflops)`` points (a CPU profile); replaces the
@@ -63,6 +71,7 @@ class DevicePerf:
     overlap: float
     fixed_overhead_bytes: int
     activation_slack: float = 1.0
+    heap_retention: float = 0.0
     runtime: str = "megatron"
     step_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
@@ -78,7 +87,7 @@ class DevicePerf:
         """
         changes: dict[str, Any] = {}
         for key in ("hbm_gbps", "op_latency_s", "coll_latency_s", "fixed_overhead_bytes", "activation_slack",
-                    "step_overhead_s", "microbatch_overhead_s", "zero_overhead_bytes"):
+                    "heap_retention", "step_overhead_s", "microbatch_overhead_s", "zero_overhead_bytes"):
             if profile.get(key) is not None:
                 changes[key] = type(getattr(base, key))(profile[key])
         for key in ("gemm_curve", "mem_curve"):

@@ -24,7 +24,7 @@ lazily on a CPU). See ``state_bytes_per_param``, ``layer_activation_bytes_per_to
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -305,6 +305,10 @@ def estimate_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
         # autocast caches a 16-bit copy of every weight it casts, kept until backward used it
         w += int(max(stage_params(model, config)) * element_bytes(config))
     act = int(estimate_activation_bytes(model, config, dropout, rt, transients=True) * perf.activation_slack)
+    if perf.heap_retention:
+        # the host allocator's heap keeps what every layer's full activations occupied (see DevicePerf)
+        full = config if config.ckpt_ratio == 0 else replace(config, ckpt_ratio=0.0)
+        act += int(estimate_activation_bytes(model, full, dropout, rt, transients=True) * perf.heap_retention)
     during, after = zero_buffer_bytes(model, config, rt)
     buffers = during + max(0, after - act)
     if config.zero_stage >= 1 and config.pp == 1:  # DeepSpeed's ZeRO optimizer (pipelines use torch's)

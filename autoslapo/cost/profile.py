@@ -109,14 +109,23 @@ def _reset_hwm() -> bool:
 
 
 def _memory_calibration(torch: Any) -> dict[str, Any]:
-    """Peak RSS of real training steps at two batch sizes, against the cost model's terms.
+    """Peak RSS of real training steps, against the cost model's activation terms.
 
-    The slope gives ``activation_slack`` (peak RSS growth per predicted activation byte: autograd's
-    transient gradients and the allocator's retention on top of the tensors saved for backward);
-    the intercept, less the model states, gives the process's fixed overhead.
+    Three runs of a small GPT-2 in this process, in rising order of peak (so what the heap kept
+    from one run does not hide the next one's growth): micro-batch 4, micro-batch 16 with every
+    layer checkpointed, micro-batch 16. With ``A`` the activations the model predicts for a run and
+    ``F`` those of the same run un-checkpointed, peak RSS = fixed + states + s A + r F:
+
+    * the two un-checkpointed runs (A = F) give the slope ``s + r``;
+    * checkpointing at micro-batch 16 changes only A, which gives ``s`` (``activation_slack``:
+      autograd's temporaries beyond the accounted tensors) and so ``r`` (``heap_retention``: what
+      the allocator keeps of the activations every layer builds in forward and rebuilds in
+      backward, see ``DevicePerf``);
+    * the intercept, less the model states, is the process's fixed overhead.
     """
     try:
         from autoslapo.models.build import build_model
+        from autoslapo.plan import apply_schedule
     except ImportError:
         return {}
     from autoslapo.config import ScheduleConfig
@@ -125,32 +134,45 @@ def _memory_calibration(torch: Any) -> dict[str, Any]:
 
     spec = ModelSpec(family="gpt2", hidden=256, layers=4, heads=4, ffn=1024, seq_len=128, vocab=2048,
                      preset="profile", max_positions=128)
-    model = build_model(spec, attn_kernel="sdpa", seed=0, dropout=0.0)
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    runs = {"b4": ScheduleConfig(micro_batch=4, precision="fp32"),
+            "b16_ckpt": ScheduleConfig(micro_batch=16, ckpt_ratio=1.0, precision="fp32"),
+            "b16": ScheduleConfig(micro_batch=16, precision="fp32")}
+    plain = build_model(spec, attn_kernel="sdpa", seed=0, dropout=0.0)
+    ckpt = build_model(spec, attn_kernel="sdpa", seed=0, dropout=0.0)
+    apply_schedule(ckpt, spec, runs["b16_ckpt"])  # tp 1: only the checkpointing applies
+    models = {"b4": plain, "b16_ckpt": ckpt, "b16": plain}
+    opts = {id(m): torch.optim.Adam(m.parameters(), lr=1e-4) for m in (plain, ckpt)}
 
-    def step(b: int) -> None:
+    def step(name: str) -> None:
+        model, b = (ckpt, 1) if name == "warm_ckpt" else (models[name], runs[name].micro_batch)
+        model.train()
         ids = torch.randint(0, spec.vocab, (b, spec.seq_len))
         model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        opts[id(model)].step()
+        opts[id(model)].zero_grad(set_to_none=True)
 
-    step(2)  # optimizer state exists from here on
+    for name in ("b4", "b4", "b16_ckpt"):  # both models' optimizer states exist from here on
+        step(name if name == "b4" else "warm_ckpt")
     peaks = {}
-    for b in (4, 16):
+    for name in runs:
         if not _reset_hwm():
             return {}
         for _ in range(4):  # as a trial does: repeated steps fragment the heap the allocator keeps
-            step(b)
-        peaks[b] = _hwm_bytes()
-    # the same terms ``estimate_memory`` uses for autoslapo's runtime
-    pred = {b: estimate_activation_bytes(spec, ScheduleConfig(micro_batch=b, precision="fp32"), dropout=False,
-                                         runtime="autoslapo", transients=True)
-            for b in peaks}
-    slack = (peaks[16] - peaks[4]) / (pred[16] - pred[4])
-    states = sum(estimate_state_bytes(spec, ScheduleConfig(precision="fp32"), "autoslapo"))
-    fixed = peaks[4] - slack * pred[4] - states
-    return {"activation_slack": max(1.0, slack), "fixed_overhead_bytes": int(max(fixed, 0)),
+            step(name)
+        peaks[name] = _hwm_bytes()
+    pred = {name: estimate_activation_bytes(spec, cfg, dropout=False, runtime="autoslapo", transients=True)
+            for name, cfg in runs.items()}
+    total = (peaks["b16"] - peaks["b4"]) / (pred["b16"] - pred["b4"])
+    slack = (peaks["b16"] - peaks["b16_ckpt"]) / (pred["b16"] - pred["b16_ckpt"])
+    # s may fall below 1: the transients the model counts at the backward peak (a layer's gradients)
+    # are not all live at once in a checkpointed step
+    total = max(total, 0.5)
+    slack = min(max(slack, 0.5), total)
+    retention = max(total - slack, 0.0)
+    # the model that steps holds weights, gradients and Adam's state; the idle one weights and state
+    w, g, o = estimate_state_bytes(spec, ScheduleConfig(precision="fp32"), "autoslapo")
+    fixed = peaks["b4"] - (slack + retention) * pred["b4"] - (w + g + o) - (w + o)
+    return {"activation_slack": slack, "heap_retention": retention, "fixed_overhead_bytes": int(max(fixed, 0)),
             "calibration_peaks": peaks}
 
 
@@ -278,7 +300,9 @@ def calibrate_runtime(profile: dict[str, Any], world: int, steps: int = 9, warmu
         if accum == 1:
             out["fixed_overhead_bytes"] = int(max(unexplained, 0))
             out["calibration_peak_rss_bytes"] = res.peak_memory_bytes
-    per_mb = max((residual[4] - residual[1]) / 3, 0.0)
+    # A one-micro-batch step carries one micro-batch's overhead: its residual bounds the figure (a
+    # loaded machine can slow the 4-micro-batch trial alone and inflate the difference).
+    per_mb = min(max((residual[4] - residual[1]) / 3, 0.0), max(residual[1], 0.0))
     out["microbatch_overhead_s"] = per_mb
     out["step_overhead_s"] = max(residual[1] - per_mb, 0.0)
     return out
@@ -339,6 +363,7 @@ def measure_profile(world: int = 2, threads: int | None = None, quick: bool = Fa
         # measured by a training step where the model builder exists; else the loaded stack's RSS
         "fixed_overhead_bytes": int(max(r.get("fixed_overhead_bytes") or r["rss_bytes"] for r in ranks)),
         "activation_slack": max(r.get("activation_slack", 1.0) for r in ranks),
+        "heap_retention": max(r.get("heap_retention", 0.0) for r in ranks),
         "memory_bytes": int(total_mem // world),
         "load_avg": os.getloadavg()[0],
     }

@@ -237,3 +237,29 @@ def test_activation_function_storage_by_family() -> None:
     m = ModelSpec.from_name("gpt2-medium")
     assert estimate_activation_bytes(m, cfg.with_(fuse_bias_gelu=True)) < estimate_activation_bytes(m, cfg)
     assert estimate_activation_bytes(m, cfg, dropout=False) < estimate_activation_bytes(m, cfg, dropout=True)
+
+
+def test_heap_retention_charges_a_checkpointed_step_for_its_full_activations() -> None:
+    """On a CPU profile with heap retention, checkpointing lowers the live term only: the allocator
+    keeps what every layer's full activations occupied (``DevicePerf.heap_retention``)."""
+    from dataclasses import replace
+
+    from autoslapo.cost.memory import estimate_memory
+
+    spec = ModelSpec(family="gpt2", hidden=256, layers=4, heads=4, ffn=1024, seq_len=128, vocab=2048)
+    plain = ScheduleConfig(dp=2, micro_batch=8, precision="fp32")
+    ckpt = ScheduleConfig(dp=2, micro_batch=8, ckpt_ratio=1.0, precision="fp32")
+    perf = replace(PERF["cpu"], activation_slack=0.8, heap_retention=0.6)
+    full = estimate_activation_bytes(spec, plain, runtime="autoslapo", transients=True)
+    live = estimate_activation_bytes(spec, ckpt, runtime="autoslapo", transients=True)
+    assert live < full
+    assert estimate_memory(spec, plain, perf).activations == int(full * 0.8) + int(full * 0.6)
+    assert estimate_memory(spec, ckpt, perf).activations == int(live * 0.8) + int(full * 0.6)
+    # without retention (every GPU preset) the checkpointed step is charged its live bytes only
+    assert estimate_memory(spec, ckpt, replace(perf, heap_retention=0.0)).activations == int(live * 0.8)
+    assert all(p.heap_retention == 0.0 for name, p in PERF.items() if name != "cpu")
+    # a measured profile carries the figure
+    cpu = ClusterSpec(gpus=2, gpu_type="cpu", gpus_per_node=2)
+    a = estimate(spec, ckpt, cpu.with_profile({"heap_retention": 0.0}), profile={"heap_retention": 0.0})
+    b = estimate(spec, ckpt, cpu.with_profile({"heap_retention": 0.6}), profile={"heap_retention": 0.6})
+    assert b.memory_per_device_bytes > a.memory_per_device_bytes
