@@ -36,6 +36,13 @@ class StorageError(AutoslapoError):
     exit_code = 2
 
 
+class StorageLost(StorageError):
+    """The store failed while a study was running: a runtime failure (what is stored is kept and the
+    study resumes with ``--resume``), not bad input."""
+
+    exit_code = 1
+
+
 class VerifyError(AutoslapoError):
     """A schedule changed the function: an output or a gradient differs from the reference."""
 

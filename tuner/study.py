@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
-from autoslapo.errors import ConfigError, UsageError
+from autoslapo.errors import ConfigError, StorageError, StorageLost, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from search_spaces import BoundSpace, SearchSpace, space_for
@@ -352,15 +352,21 @@ class StudyRunner:
         """Run the study to its budget (or a stop) and score the baselines; returns the outcome."""
         started = time.monotonic()
         self.store.set_study_status(self.name, "running")
-        stop = self.should_stop(started)
-        if stop is None:
-            if self.o.dispatch == "ray":
-                from tuner.dispatch import run_with_ray
+        try:
+            stop = self.should_stop(started)
+            if stop is None:
+                if self.o.dispatch == "ray":
+                    from tuner.dispatch import run_with_ray
 
-                stop = run_with_ray(self, started)
-            else:
-                stop = self._run_inline(started)
-        self.flush()
+                    stop = run_with_ray(self, started)
+                else:
+                    stop = self._run_inline(started)
+            self.flush()
+        except StorageLost:
+            raise
+        except StorageError as err:
+            raise StorageLost(f"{err}; the study {self.name!r} stopped mid-run and keeps every trial stored; "
+                              "rerun with --resume once the database answers") from None
         if self.mirror is not None:
             self.mirror.sync()
         outcome = TuneOutcome(self.name, self.launched, self.pruned, self.best_config, self.best_result,
@@ -386,5 +392,9 @@ class StudyRunner:
 
 def tune(options: TuneOptions, store: Store, *, evaluator: Evaluator | None = None,
          progress: Callable[[Progress], None] | None = None) -> TuneOutcome:
-    """Run (or resume) a study; returns its outcome. Raises UsageError/StorageError for bad input."""
+    """Run (or resume) a study; returns its outcome.
+
+    Raises UsageError/StorageError for bad input (exit code 2); StorageLost (exit code 1) when the
+    store fails once the study is running (what is stored stays; ``resume=True`` continues).
+    """
     return StudyRunner(options, store, evaluator=evaluator, progress=progress).run()

@@ -165,3 +165,27 @@ def test_resume_refuses_another_cluster(store: Store) -> None:
 
     with pytest.raises(UsageError, match="same model and cluster"):
         tune(TuneOptions(model=BASE, cluster=ClusterSpec(gpus=8, gpu_type="v100-32gb"), trials=2, study="x", resume=True), store)
+
+
+def test_a_store_failing_mid_study_is_a_runtime_failure_and_keeps_what_is_stored(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoslapo.errors import StorageError, StorageLost
+
+    first = tune(TuneOptions(model=BERT, cluster=A100_64, trials=10, baselines=False), store)
+    kept = {t.number: t.config_hash for t in store.trials(first.study)}
+    calls = {"n": 0}
+    real = Store.claim_trial
+
+    def flaky(self: Store, *args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise StorageError("cannot add trials in sqlite:///x.db: disk I/O error")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Store, "claim_trial", flaky)
+    with pytest.raises(StorageLost, match=r"disk I/O error; the study .* stopped mid-run.*--resume") as caught:
+        tune(TuneOptions(model=BERT, cluster=A100_64, trials=400, baselines=False, study="second"), store)
+    assert caught.value.exit_code == 1 and "\n" not in str(caught.value)
+    assert {t.number: t.config_hash for t in store.trials(first.study)} == kept
+    monkeypatch.setattr(Store, "claim_trial", real)
+    assert len([t for t in store.trials("second") if t.status == "complete"]) == 5  # stored before it
