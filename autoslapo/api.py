@@ -177,6 +177,32 @@ class TrainingJob:
         rows = global_batch // self.config.dp
         return slice(self.groups.dp_rank * rows, (self.groups.dp_rank + 1) * rows)
 
+    def step(self, batch: dict[str, Any]) -> float:
+        """One optimizer step on a global batch (``input_ids``, ``labels``, ...; the same on every rank).
+
+        Runs this rank's replica rows through the engine or the pipeline exactly as the tuner's
+        trials do (``autoslapo.runtime.train.train_step``) and returns the global batch's mean
+        loss, the same on every rank. Raises UsageError when the batch does not split into the
+        schedule's micro-batches.
+        """
+        import torch.distributed as dist
+
+        from autoslapo.runtime.train import train_step
+
+        size = int(batch["input_ids"].shape[0])
+        per_step = self.config.dp * self.config.grad_accum
+        if size % per_step:
+            raise UsageError(
+                f"a global batch must split into dp x grad_accum = {per_step} equal micro-batches: got {size} "
+                f"rows; use a multiple of {per_step} (the tuned schedule used {self.config.global_batch})"
+            )
+        rows = {k: v[self.local_rows(size)] for k, v in batch.items()}
+        local = train_step(rows, self.config, self.groups, self.device, engine=self.engine, pipeline=self.pipeline,
+                           optimizer=self.optimizer)
+        value = local.reshape(1)
+        dist.all_reduce(value)
+        return float(value.item())
+
 
 def _device() -> str:
     import os

@@ -6,7 +6,8 @@
 
 Step 1 runs ``autoslapo tune`` (unless ``--skip-tune``); it records every trial in the store.
 Step 2 trains: on every rank, ``autoslapo.apply_best`` looks the winner up and returns the model
-scheduled with it and its engine; the loop below is an ordinary DeepSpeed (or pipeline) loop.
+scheduled with it and its engine; ``job.step(batch)`` runs one optimizer step the way the trials did
+(or drive ``job.engine`` / ``job.pipeline`` yourself, as an ordinary DeepSpeed or pipeline loop).
 Without torchrun the script launches its own ``--gpus`` local ranks (gloo on CPU).
 """
 
@@ -26,7 +27,6 @@ sys.path.insert(0, str(ROOT))
 def train(model: str, gpus: int, gpu_type: str | None, storage: str, steps: int, global_batch: int | None,
           lr: float) -> dict[str, Any]:
     """The training script proper: runs on every rank of the job."""
-    import torch
     import torch.distributed as dist
 
     import autoslapo.api as autoslapo  # the same functions as `import autoslapo` (best, apply_best)
@@ -35,39 +35,13 @@ def train(model: str, gpus: int, gpu_type: str | None, storage: str, steps: int,
     job = autoslapo.apply_best(model, gpus=gpus, gpu_type=gpu_type, storage=storage, lr=lr)
     cfg = job.config
     batch_size = global_batch or cfg.global_batch
-    rows = job.local_rows(batch_size)
     losses = []
     for step in range(steps):
         # Stand-in data: random tokens of the model's vocabulary (swap in a real DataLoader).
         batch = example_batch(job.spec, batch_size, seed=1000 + step)
-        mine = {k: v[rows].to(job.device) for k, v in batch.items()}
-        if job.engine is not None:
-            # DeepSpeed steps the optimizer once every grad_accum micro-batches.
-            micro = mine["input_ids"].shape[0] // cfg.grad_accum
-            total = torch.zeros((), device=job.device)
-            for i in range(cfg.grad_accum):
-                part = {k: v[i * micro:(i + 1) * micro] for k, v in mine.items()}
-                with job.autocast():
-                    loss = job.engine(**part).loss
-                job.engine.backward(loss)
-                job.engine.step()
-                total += loss.detach().float()
-            local = total / cfg.grad_accum / (cfg.dp * cfg.tp)
-        else:
-            from autoslapo.runtime.engine import average_gradients
-
-            pipe = job.pipeline
-            target = mine["labels"] if pipe.has_last else None
-            with job.autocast():
-                out = pipe.step(mine["input_ids"], target=target) if pipe.has_first else pipe.step(target=target)
-            average_gradients(pipe.parameters(), job.groups.dp_group, cfg.dp)
-            job.optimizer.step()
-            job.optimizer.zero_grad(set_to_none=True)
-            has = pipe.has_last and out is not None
-            local = (out.detach().float() if has else torch.zeros((), device=job.device)) / (cfg.dp * cfg.tp)
-        value = local.reshape(1).to(job.device)
-        dist.all_reduce(value)  # the global batch's mean loss, the same on every rank
-        losses.append(float(value.item()))
+        # One optimizer step: this replica's rows through the engine (or the pipeline), exactly as
+        # the tuner's trials ran them; the global batch's mean loss comes back on every rank.
+        losses.append(job.step(batch))
         if dist.get_rank() == 0:
             print(f"step {step}: loss {losses[-1]:.4f}", flush=True)
     return {"rank": dist.get_rank(), "config": cfg.to_dict(), "losses": losses, "trial": job.trial.number,

@@ -133,6 +133,46 @@ def reference_losses(spec: ModelSpec, *, global_batch: int, micro_batch: int, st
     return out
 
 
+def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: Any, device: str, *,
+               engine: Any = None, pipeline: Any = None, optimizer: Any = None) -> torch.Tensor:
+    """One optimizer step on this data-parallel replica's rows of the global batch.
+
+    Takes: the replica's rows (``grad_accum`` equal micro-batches of them, normally
+    ``micro_batch`` rows each; on any device), the knobs,
+    the ``ParallelGroups``, this rank's device, and either DeepSpeed's ``engine`` (pp == 1: one
+    forward/backward/``engine.step()`` a micro-batch, the engine updating every ``grad_accum``) or
+    the ``pipeline`` runtime with its ``optimizer`` (pp > 1: the pipeline runs every micro-batch,
+    then the gradients are averaged over the data-parallel group and the optimizer steps).
+    Returns: this rank's share of the global batch's mean loss (a 0-dim float tensor on
+    ``device``): summed over every rank (``dist.all_reduce``) it is that mean.
+    """
+    n_ranks = config.dp * config.tp  # ranks whose shares add up (the loss-holding stage's, with pp)
+    if engine is not None:
+        micro = int(rows["input_ids"].shape[0]) // config.grad_accum
+        total = torch.zeros((), device=device)
+        for i in range(config.grad_accum):
+            mb = {k: v[i * micro:(i + 1) * micro].to(device) for k, v in rows.items()}
+            with _autocast(device, config.precision):
+                loss = engine(**mb).loss
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
+        return total / config.grad_accum / n_ranks
+    from autoslapo.runtime.engine import average_gradients
+
+    ids = rows["input_ids"].to(device)
+    labels = rows["labels"].to(device) if pipeline.has_last else None
+    with _autocast(device, config.precision):
+        out = pipeline.step(ids, target=labels) if pipeline.has_first else pipeline.step(target=labels)
+    params = pipeline.parameters()
+    average_gradients(params, groups.dp_group, config.dp)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if pipeline.has_last and out is not None:
+        return out.detach().float() / n_ranks
+    return torch.zeros((), device=device)
+
+
 def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warmup: int, seed: int = 0,
           lr: float = 1e-3, dropout: float | None = 0.0) -> dict[str, Any]:
     """Train ``steps`` optimizer steps of the scheduled model on this rank and time them.
@@ -145,7 +185,7 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
     Raises: FloatingPointError when the loss stops being finite (``loss became nan at step k``).
     """
     from autoslapo.dist import build_groups
-    from autoslapo.runtime.engine import average_gradients, build_deepspeed_engine, build_pipeline_optimizer
+    from autoslapo.runtime.engine import build_deepspeed_engine, build_pipeline_optimizer
 
     device = ctx.device
     dev_type = device.split(":")[0]
@@ -156,7 +196,6 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
     sch, model = build_scheduled(spec, config, groups, seed=seed, device=device, dropout=dropout)
     plan = dict(sch.root().meta.get("plan", {}))
     plan.pop("config", None)
-    accum, micro = config.grad_accum, config.micro_batch
     engine: Any = None
     runtime: Any = None
     optimizer: Any = None
@@ -167,55 +206,30 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
         from autoslapo.primitives.pipeline import build_pipeline
 
         runtime = build_pipeline(
-            sch, pp_group=groups.pp_group, n_microbatches=accum, schedule=config.pipeline_schedule,
+            sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,
             virtual_stages=config.virtual_stages, loss_fn=loss_function(spec), device=device,
         )
         for m in runtime.modules:
             m.train()
-        params = runtime.parameters()
-        optimizer = build_pipeline_optimizer(params, config, groups, lr=lr)
+        optimizer = build_pipeline_optimizer(runtime.parameters(), config, groups, lr=lr)
     del sch, model  # a pipeline rank keeps only its own stages' parameters
     gc.collect()
     setup_s = time.perf_counter() - t_setup
 
     losses: list[float] = []
     times: list[float] = []
-    world = dist.get_world_size()
+    rows = config.micro_batch * config.grad_accum  # this data-parallel replica's share of a batch
     for step in range(steps):
         batch = step_batch(spec, config.global_batch, step, seed)
         dist.barrier()
         t0 = time.perf_counter()
-        if engine is not None:
-            total = torch.zeros((), device=device)
-            for mb in _micro_batches(batch, groups.dp_rank, config.dp, micro, accum, device):
-                with _autocast(device, config.precision):
-                    loss = engine(**mb).loss
-                engine.backward(loss)
-                engine.step()
-                total += loss.detach().float()
-            local = total / accum
-            share = 1.0 / world  # every tp rank holds the same loss; average over dp
-        else:
-            rows = micro * accum
-            a = groups.dp_rank * rows
-            ids = batch["input_ids"][a:a + rows].to(device)
-            labels = batch["labels"][a:a + rows].to(device)
-            with _autocast(device, config.precision):
-                if runtime.has_first:
-                    out = runtime.step(ids, target=labels if runtime.has_last else None)
-                else:
-                    out = runtime.step(target=labels if runtime.has_last else None)
-            average_gradients(params, groups.dp_group, config.dp)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            has_loss = runtime.has_last and out is not None
-            local = out.detach().float() if has_loss else torch.zeros((), device=device)
-            share = 1.0 / (config.dp * config.tp)  # only the last stage's ranks contribute
+        mine = {k: v[groups.dp_rank * rows:(groups.dp_rank + 1) * rows] for k, v in batch.items()}
+        local = train_step(mine, config, groups, device, engine=engine, pipeline=runtime, optimizer=optimizer)
         _sync(device)
         dist.barrier()
         t1 = time.perf_counter()
         # Outside the timed region: the global loss for the record and the finiteness check.
-        value = (local * share).to(device).reshape(1)
+        value = local.to(device).reshape(1)
         dist.all_reduce(value)
         v = float(value.item())
         if not math.isfinite(v):
