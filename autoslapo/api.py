@@ -276,7 +276,7 @@ def apply_best(
 
     job.pipeline = build_pipeline(
         sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,
-        virtual_stages=config.virtual_stages, loss_fn=loss_function(spec), device=device,
+        virtual_stages=config.virtual_stages, loss_fn=loss_function(spec, sch), device=device,
     )
     for m in job.pipeline.modules:
         m.train()

@@ -7,7 +7,8 @@ applies primitives to the schedule tree, in this order:
 1. tensor parallelism (Megatron layout): q/k/v (or the fused q|k|v, block-wise) and the MLP's input
    projections column-parallel, the attention output and MLP output projections row-parallel, the
    head counts a forward reads shrunk; the token embedding and LM head vocabulary-parallel (the
-   vocabulary padded to a multiple of tp);
+   vocabulary padded to a multiple of tp) and, for a call with labels, the loss computed from the
+   logits' vocabulary shards (``vocab_parallel_loss``);
 2. bias + GeLU fusion (``fuse_bias_gelu``), before any hook goes on the traced modules;
 3. the collectives: at the input of each column-parallel region an identity whose gradient is
    all-reduced, at the output of each row-parallel one an all-reduce. With ``sequence_parallel``
@@ -32,6 +33,7 @@ from torch import nn
 import autoslapo.primitives.checkpoint
 import autoslapo.primitives.fuse
 import autoslapo.primitives.kernel
+import autoslapo.primitives.loss
 import autoslapo.primitives.pipeline
 import autoslapo.primitives.tp
 import autoslapo.primitives.trace  # noqa: F401
@@ -140,11 +142,13 @@ def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) ->
             layer[path].allreduce_grads()
 
 
-def _vocab_parallel(sch: Schedule, desc: FamilyDescription) -> None:
+def _vocab_parallel(sch: Schedule, desc: FamilyDescription, causal: bool) -> None:
     # A vocabulary tp does not divide (BERT's 30522 on tp=8) is padded to the next multiple, as
-    # Megatron does; the head all-gathers whole logits for the model's own loss and drops the pad.
+    # Megatron does. A call with labels computes the loss from the logits' vocabulary shards
+    # (Megatron's vocab-parallel cross-entropy); one without gathers whole logits and drops the pad.
     sch[desc.embed_tokens].vocab_parallel()
     sch[desc.lm_head].vocab_parallel_head()
+    sch.vocab_parallel_loss(desc.lm_head, causal=causal)
 
 
 # -- fusion ---------------------------------------------------------------------------------------
@@ -250,7 +254,7 @@ def apply_schedule(
         for layer in layers:
             _sync_layer(layer, desc, config.sequence_parallel)
         if vocab_parallel:
-            _vocab_parallel(sch, desc)
+            _vocab_parallel(sch, desc, spec.causal)
         if config.sequence_parallel:
             for start, stop in chunks:
                 layers[start].sync("fwd_pre", "split", dim=1)

@@ -213,6 +213,7 @@ class Verify:
                     m.zero_grad(set_to_none=True)
                     torch.manual_seed(self.seed)
                     outs.append(m(*_clone(self.args), **_clone(self.kwargs)))
+                outs[1] = self._whole(outs[1])
                 self._check_outputs(outs[0], outs[1])
                 for out in outs:
                     torch.manual_seed(self.seed + 1)
@@ -221,6 +222,17 @@ class Verify:
         finally:
             model.zero_grad(set_to_none=True)
             model.train(was_training)
+
+    def _whole(self, out: Any) -> Any:
+        """The scheduled model's output with the outputs it returned sharded gathered (e.g. the
+        logits of ``vocab_parallel_loss``), so they compare with the reference's (gradient: split)."""
+        from autoslapo.primitives import comm
+
+        sharded = self.sch.meta.get("sharded_outputs") or {}
+        for name, (dim, size) in sharded.items():
+            full = comm.apply(out[name], "all_gather", dim=dim, group=self.sch.group)
+            out[name] = full.narrow(dim, 0, size)
+        return out
 
     def _check_outputs(self, want: Any, got: Any) -> None:
         wants, gots = flatten_outputs(want), flatten_outputs(got)

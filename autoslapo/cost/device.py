@@ -36,7 +36,7 @@ class DevicePerf:
     Megatron-LM / DeepSpeed layout of the published runs (16-bit weights with fp32 master copies in
     the optimizer, vocab-parallel cross-entropy, DeepSpeed buffers sized by their config).
     ``"autoslapo"``: autoslapo's own runtime on this machine (``autoslapo.runtime``): transformers
-    modules, fp32 weights (autocast for 16-bit), the head gathering whole logits before the loss,
+    modules, fp32 weights (autocast for 16-bit),
     DeepSpeed's engine per micro-batch and its lazily touched buffers. GPU physics stays the same;
     only what the stack adds differs (see ``autoslapo.cost.memory`` and ``autoslapo.cost.time``).
     ``step_overhead_s`` / ``microbatch_overhead_s``: the runtime's fixed cost a step and a

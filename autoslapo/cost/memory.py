@@ -17,7 +17,7 @@ matrix.
 
 What the software stack adds is kept apart by ``DevicePerf.runtime``: ``"megatron"`` is the layout
 of the published runs; ``"autoslapo"`` is autoslapo's runtime (fp32 parameters under autocast, the
-transformers modules' extra saved tensors, the head's gathered logits, DeepSpeed's buffers touched
+transformers modules' extra saved tensors, DeepSpeed's buffers touched
 lazily on a CPU). See ``state_bytes_per_param``, ``layer_activation_bytes_per_token`` and
 ``zero_buffer_bytes``.
 """
@@ -168,17 +168,13 @@ def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
     return replicated + sharded / t
 
 
-def head_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig, runtime: str = "megatron") -> float:
-    """Bytes the output head keeps per token: 16-bit logits and the fp32 log-softmax of the loss.
+def head_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig) -> float:
+    """Bytes the output head keeps per token: 16-bit logits and the fp32 softmax of the loss.
 
-    Megatron's vocab-parallel cross-entropy keeps ``V/t`` of each. autoslapo's vocab-parallel head
-    all-gathers whole logits for the model's own loss (``autoslapo.plan``), so every TP rank keeps
-    ``V`` of them, besides its ``V/t`` shard.
+    A vocab-parallel cross-entropy keeps ``V/t`` of each: Megatron's, and autoslapo's
+    (``autoslapo.primitives.loss``, which every tp > 1 schedule uses for calls with labels).
     """
-    v, e, t = model.vocab, element_bytes(config), config.tp
-    if runtime == "autoslapo":
-        return v * (e + 4) + (v / t * e if t > 1 else 0.0)
-    return v / t * (e + 4)
+    return model.vocab / config.tp * (element_bytes(config) + 4)
 
 
 def checkpointed_layer_bytes_per_token(model: ModelSpec, config: ScheduleConfig) -> float:
@@ -244,9 +240,9 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     # Embedding output and its dropout mask on the first stage; on the last the head's logits
     # (16-bit, plus the fp32 softmax the cross-entropy keeps), freed once the loss's backward ran.
     emb = tokens * model.hidden * (e + (1 if has_dropout(model, dropout) else 0))
-    logits = tokens * head_activation_bytes_per_token(model, config, runtime)
+    logits = tokens * head_activation_bytes_per_token(model, config)
     if transients:
-        logits += tokens * 4 * model.vocab / (1 if runtime == "autoslapo" else config.tp)
+        logits += tokens * 4 * model.vocab / config.tp
     fwd_first, bwd_first = stage(0, in_flight_microbatches(config))
     if config.pp == 1:
         return int(max(fwd_first + logits, bwd_first) + emb)

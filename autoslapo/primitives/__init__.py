@@ -10,6 +10,7 @@ from autoslapo.primitives import annotate as annotate
 from autoslapo.primitives import checkpoint as checkpoint
 from autoslapo.primitives import fuse as fuse
 from autoslapo.primitives import kernel as kernel
+from autoslapo.primitives import loss as loss
 from autoslapo.primitives import pipeline as pipeline
 from autoslapo.primitives import replace as replace
 from autoslapo.primitives import rng as rng

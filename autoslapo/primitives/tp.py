@@ -411,7 +411,8 @@ def vocab_parallel_head(sch: Schedule, *, pad: bool = True) -> ShardSpec:
 
     Shards the weight and bias rows (a weight tied to a ``vocab_parallel`` embedding already is),
     padded like :func:`vocab_parallel`; all-gathers the logits over the group and drops the padded
-    columns, so the output has the true vocabulary size; sums the input gradient over the group.
+    columns, so the output has the true vocabulary size (unless ``vocab_parallel_loss`` on the
+    model computes the loss from the shards); sums the input gradient over the group.
     Returns: the weight's ShardSpec. Raises: ScheduleError for a module without a 2-D weight, or a
     weight sharded along another axis.
     """
@@ -435,11 +436,16 @@ def vocab_parallel_head(sch: Schedule, *, pad: bool = True) -> ShardSpec:
     if isinstance(getattr(mod, "out_features", None), int) and local is not None:
         setattr(mod, "out_features", local.shape[0])  # noqa: B010  (an int attribute)
     vocab, group = spec.full_shape[0], sch.group
-    sch.meta["vocab_parallel_head"] = {"vocab": vocab, "pad": spec.pad}
+    # ``gather`` is switched off by ``vocab_parallel_loss`` for a call whose loss it computes itself
+    info = {"vocab": vocab, "pad": spec.pad, "gather": True}
+    sch.meta["vocab_parallel_head"] = info
     if sch.world_size == 1:
         return spec
 
     def post_hook(_m: nn.Module, _args: tuple[Any, ...], out: Any) -> Any:
+        if not info["gather"]:
+            return out
+
         def gather(t: torch.Tensor) -> torch.Tensor:
             full = comm.apply(t, "all_gather", dim=-1, group=group)
             return full.narrow(-1, 0, vocab) if spec.pad else full

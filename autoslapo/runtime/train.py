@@ -60,9 +60,16 @@ def _micro_batches(batch: dict[str, torch.Tensor], dp_rank: int, dp: int, micro:
         yield {k: v[a:a + micro].to(device) for k, v in batch.items()}
 
 
-def loss_function(spec: ModelSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def loss_function(spec: ModelSpec, sch: Any = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``loss(logits, labels)`` as the family's transformers class computes it (mean over labelled
-    tokens; causal models predict the next token). The pipeline's last stage uses it."""
+    tokens; causal models predict the next token). The pipeline's last stage uses it.
+
+    With ``sch``, a schedule whose head is vocabulary-parallel (tp > 1): the vocab-parallel loss of
+    the logits' shards (``autoslapo.primitives.loss``), the head then never gathering them.
+    """
+    vocab_parallel = None if sch is None else sch.root().meta.get("vocab_parallel_loss")
+    if vocab_parallel is not None:
+        return vocab_parallel.for_pipeline()  # type: ignore[no-any-return]
     if spec.causal:
         def causal(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(
@@ -207,7 +214,7 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
 
         runtime = build_pipeline(
             sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,
-            virtual_stages=config.virtual_stages, loss_fn=loss_function(spec), device=device,
+            virtual_stages=config.virtual_stages, loss_fn=loss_function(spec, sch), device=device,
         )
         for m in runtime.modules:
             m.train()

@@ -41,15 +41,21 @@ PP_CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _verify_tp(name: str, knobs: dict[str, Any], groups: Any, broken: str | None = None) -> str:
+def _verify_tp(name: str, knobs: dict[str, Any], groups: Any, broken: str | None = None,
+               dtype: torch.dtype = torch.float64) -> str:
+    """Verify at ``dtype``. With labels the scheduled model computes its loss vocabulary-parallel;
+    transformers computes a causal LM's loss in fp32 (``logits.float()``), so at float64 a causal
+    model is checked without labels (whole logits) and its loss path in a float32 case."""
     from autoslapo.models import families
     from autoslapo.schedule import create_schedule
     from autoslapo.verify import Verify
 
     spec = ModelSpec.from_name(name)
     config = ScheduleConfig(**knobs)
-    model = build_model(spec, seed=5, dtype=torch.float64, dropout=0.0)
+    model = build_model(spec, seed=5, dtype=dtype, dropout=0.0)
     batch = example_batch(spec, 2, 16, seed=6)
+    if spec.causal and dtype == torch.float64:
+        batch.pop("labels")
     sch = create_schedule(model, group=groups.tp_group)
     saved = families.FAMILY_DESCRIPTIONS[spec.family]
     if broken is not None:  # a description that forgets what the forward needs must be caught
@@ -87,6 +93,8 @@ def _world() -> dict[str, str]:
     tp = build_groups(2, 1, 1)
     for key, (name, knobs) in TP_CASES.items():
         out[key] = _verify_tp(name, knobs, tp)
+    for family in ("gpt2", "llama", "opt"):  # the vocab-parallel causal loss, at its own precision
+        out[f"tp2-{family}-fp32-loss"] = _verify_tp(f"{family}-tiny", {"tp": 2}, tp, dtype=torch.float32)
     out["broken-opt-heads"] = _verify_tp("opt-tiny", {"tp": 2}, tp, broken="attention_attrs")
     out["broken-bert-norms-sp"] = _verify_tp(
         "bert-tiny", {"tp": 2, "sequence_parallel": True}, tp, broken="norms"
@@ -105,6 +113,11 @@ def verdicts() -> dict[str, str]:
 @pytest.mark.parametrize("case", sorted(TP_CASES))
 def test_tensor_parallel_schedule_matches_unscheduled(verdicts: dict[str, str], case: str) -> None:
     assert verdicts[case].startswith("ok"), verdicts[case]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "opt"])
+def test_vocab_parallel_causal_loss_matches_in_fp32(verdicts: dict[str, str], family: str) -> None:
+    assert verdicts[f"tp2-{family}-fp32-loss"].startswith("ok"), verdicts[f"tp2-{family}-fp32-loss"]
 
 
 def test_a_wrong_description_is_caught(verdicts: dict[str, str]) -> None:
