@@ -34,6 +34,7 @@ SCRIPTS = [
     "bench_cost_model",
     "bench_store",
     "bench_schedule",
+    "bench_vs_slapo",
     "bench_tuner",
     "tuned_vs_baselines",
     "overheads",
@@ -59,6 +60,13 @@ def _has_cuda() -> bool:
         return False
 
 
+def _has_slapo() -> bool:
+    # where bench_vs_slapo looks for it (a plain import, then its default directory), without importing it
+    import importlib.util
+
+    return importlib.util.find_spec("slapo") is not None or Path("/tmp/slapo-pkg/slapo").is_dir()
+
+
 def run_script(name: str, quick: bool, timeout_s: float) -> dict[str, Any]:
     """Run ``experiments/<name>.py`` in its own interpreter; returns its status line."""
     path = HERE / f"{name}.py"
@@ -66,6 +74,8 @@ def run_script(name: str, quick: bool, timeout_s: float) -> dict[str, Any]:
         return {"name": name, "status": "missing"}
     if name in GPU_ONLY and not _has_cuda():
         return {"name": name, "status": "skipped", "why": "needs a CUDA device"}
+    if name == "bench_vs_slapo" and not _has_slapo():
+        return {"name": name, "status": "skipped", "why": "needs Slapo installed outside the project (see its docstring)"}
     cmd = [sys.executable, str(path)]
     if quick and "--quick" in path.read_text():
         cmd.append("--quick")
