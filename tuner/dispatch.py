@@ -8,6 +8,7 @@ with ``max_concurrent_trials``, each trial reserving the devices it needs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import socket
@@ -106,15 +107,33 @@ def _searcher(runner: StudyRunner, started: float) -> Any:
     return StudySearcher(id(runner))
 
 
-def trial_resources(runner: StudyRunner) -> dict[str, float]:
+def ranks_per_node(runner: StudyRunner) -> list[int] | None:
+    """How a real trial's ranks split over machines (``gpus_per_node`` each), or None: one machine."""
+    cluster = runner.o.cluster
+    if runner.evaluator.instant or cluster.nodes < 2:
+        return None
+    return [cluster.gpus_per_node] * cluster.nodes
+
+
+def trial_resources(runner: StudyRunner) -> Any:
     """What one trial reserves: a CPU for an estimate; its ranks for a real trial.
 
-    A real trial runs ``cluster.gpus`` ranks on one machine (the runtime's launcher is local):
-    that many CPUs on a CPU cluster, or that many GPUs (capped at a node) plus a CPU.
+    A real trial on one machine reserves its ranks there: that many CPUs on a CPU cluster, or that
+    many GPUs plus a CPU. One spanning machines (``cluster.nodes > 1``) reserves a placement group:
+    a CPU for the trial's driver, then one bundle a machine for its slice of the ranks
+    (``autoslapo.runtime.multinode``), placed by Ray wherever those devices are free.
     """
     cluster = runner.o.cluster
     if runner.evaluator.instant:
         return {"cpu": 1}
+    split = ranks_per_node(runner)
+    if split is not None:
+        from ray import tune
+
+        from autoslapo.runtime.multinode import bundles_for
+
+        device = "cpu" if cluster.gpu_type == "cpu" else "cuda"
+        return tune.PlacementGroupFactory([{"CPU": 1.0}, *bundles_for(split, device)], strategy="PACK")
     if cluster.gpu_type == "cpu":
         return {"cpu": float(cluster.gpus)}
     return {"cpu": 1, "gpu": float(min(cluster.gpus, cluster.gpus_per_node))}
@@ -131,13 +150,21 @@ def run_with_ray(runner: StudyRunner, started: float) -> str:
 
     o = runner.o
     resources = trial_resources(runner)
+    evaluator = runner.evaluator
+    split = ranks_per_node(runner)
+    if split is not None:
+        from tuner.evaluators import LocalEvaluator
+
+        if isinstance(evaluator, LocalEvaluator):  # its trials spread their ranks over the machines
+            evaluator = dataclasses.replace(evaluator, options={**evaluator.options, "ranks_per_node": split})
     owned = not ray.is_initialized()
     if owned:
         if o.ray_address:
             ray.init(address=o.ray_address, log_to_driver=False)
         else:
             # Logical CPUs: enough for max_concurrent trials of this size, at least 2.
-            cpus = max(2, int(o.max_concurrent * resources["cpu"]))
+            need = resources["cpu"] if isinstance(resources, dict) else resources.required_resources.get("CPU", 1)
+            cpus = max(2, int(o.max_concurrent * need))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     storage = tempfile.mkdtemp(prefix="autoslapo-ray-")
     try:
@@ -145,8 +172,7 @@ def run_with_ray(runner: StudyRunner, started: float) -> str:
         remaining = o.trials - runner.launched
         time_left = None if o.timeout_s is None else max(1.0, o.timeout_s - (time.monotonic() - started))
         tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(_trainable, evaluator=runner.evaluator),
-                                resources),
+            tune.with_resources(tune.with_parameters(_trainable, evaluator=evaluator), resources),
             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining,
                                         max_concurrent_trials=o.max_concurrent, time_budget_s=time_left,
                                         metric=_METRIC, mode="max"),

@@ -35,8 +35,12 @@ def resolve_device(device: str, world_size: int) -> str:
         return "cpu"
 
 
-def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cpu") -> None:
+def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cpu",
+                   this_machine: bool = True) -> None:
     """Raise ConfigError (rule, values, fix) if the runtime cannot run ``config`` on ``device``.
+
+    ``this_machine=False``: the ranks run on other machines (a trial spanning a Ray cluster, whose
+    placement group reserves their devices), so this machine's GPU count is not checked.
 
     Rules beyond ``config.validate(spec)``:
     * fp16 needs dynamic loss scaling, which the runtime does not do: use bf16 or fp32;
@@ -68,7 +72,7 @@ def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cp
             f"a pipeline needs at least one micro-batch per stage: got grad_accum={config.grad_accum} "
             f"micro-batches for pp={config.pp} ({stages} stages); raise grad_accum to >= {config.pp}"
         )
-    if device == "cuda":
+    if device == "cuda" and this_machine:
         import torch
 
         have = torch.cuda.device_count()

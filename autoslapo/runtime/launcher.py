@@ -41,6 +41,31 @@ PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pi
              "recvBytes", "Socket Timeout")
 
 
+@dataclass(frozen=True)
+class NodeSlice:
+    """One machine's part of a job spanning several: global ranks ``rank_offset`` ..
+    ``rank_offset + local_ranks - 1`` of ``world_size``, meeting at the store that global rank 0
+    serves on ``master_addr:master_port``."""
+
+    rank_offset: int
+    local_ranks: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+    def check(self, world_size: int) -> None:
+        """Raise ConfigError unless the slice lies inside a world of ``world_size`` ranks."""
+        if not (self.rank_offset >= 0 and self.local_ranks >= 1
+                and self.rank_offset + self.local_ranks <= self.world_size == world_size):
+            raise ConfigError(
+                f"a node's ranks must lie inside the job's world: got ranks {self.rank_offset}.."
+                f"{self.rank_offset + self.local_ranks - 1} of {self.world_size} for a world of {world_size}"
+            )
+        if not 0 < self.master_port < 65536 or not self.master_addr:
+            raise ConfigError(f"the rank-0 store needs a host and a port in 1..65535: got "
+                              f"{self.master_addr!r}:{self.master_port}")
+
+
 @dataclass
 class LaunchOutcome:
     """What the ranks of one launch gave.
@@ -206,6 +231,7 @@ def launch(
     threads: int | None = None,
     grace_s: float = 5.0,
     env: dict[str, str] | None = None,
+    node: NodeSlice | None = None,
 ) -> LaunchOutcome:
     """Run ``entry`` (``"package.module:function"``) on ``world_size`` fresh processes.
 
@@ -213,10 +239,15 @@ def launch(
     process group (see ``autoslapo.runtime.worker``); a JSON-safe payload; the wall-clock limit;
     an optional per-rank cap on peak resident memory; ``device`` "cpu" (gloo) or "cuda" (nccl, one
     GPU per rank); threads per rank (default: this machine's cores shared out, at least 1); how
-    long peers of a failed rank may linger; extra environment.
-    Returns: a LaunchOutcome; never raises for what happens inside the ranks.
-    Raises: ConfigError for a bad world size, device or entry.
+    long peers of a failed rank may linger; extra environment; ``node``: this machine's part of a
+    job that spans several (its ranks, the whole world and the rank-0 store's address), else the
+    whole job runs here (``world_size`` ranks, a store on localhost).
+    Returns: a LaunchOutcome for the ranks started here; never raises for what happens in them.
+    Raises: ConfigError for a bad world size, device, entry or node slice.
     """
+    if node is not None:
+        node.check(world_size)
+        world_size = node.local_ranks
     if not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size must be a positive integer: got {world_size!r}")
     if device not in ("cpu", "cuda"):
@@ -227,6 +258,7 @@ def launch(
         raise ConfigError(f"mem_cap_bytes must be positive: got {mem_cap_bytes}")
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
+    offset = node.rank_offset if node is not None else 0
     tmp = Path(tempfile.mkdtemp(prefix="autoslapo-trial-"))
     shm_before = _shm_names()
     procs: list[subprocess.Popen[bytes]] = []
@@ -242,7 +274,10 @@ def launch(
         request = {
             "entry": entry,
             "payload": payload or {},
-            "world_size": world_size,
+            "world_size": node.world_size if node is not None else world_size,
+            "rank_offset": offset,
+            "local_world_size": world_size,
+            "master": [node.master_addr, node.master_port] if node is not None else None,
             "device": device,
             "threads": threads,
             "timeout_s": timeout_s,
@@ -250,7 +285,7 @@ def launch(
         (tmp / "request.json").write_text(json.dumps(request))
         child_env = _child_env(device, threads, env)
         child_env["AUTOSLAPO_LAUNCH_ID"] = tmp.name
-        for rank in range(world_size):
+        for rank in range(offset, offset + world_size):
             log = open(tmp / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed right after Popen
             try:
                 procs.append(
@@ -308,7 +343,7 @@ def launch(
         _clean_shm(shm_before, seen_pids, port)
         results: list[dict[str, Any] | None] = []
         logs: list[str] = []
-        for rank in range(world_size):
+        for rank in range(offset, offset + world_size):
             try:
                 results.append(json.loads((tmp / f"rank{rank}.json").read_text()))
             except (OSError, ValueError):

@@ -60,14 +60,17 @@ def run_trial(
     data: str = "random",
     lr: float = 1e-3,
     dropout: float | None = 0.0,
+    ranks_per_node: list[int] | None = None,
 ) -> TrialResult:
-    """Run ``config`` on ``config.world_size`` local ranks and measure it.
+    """Run ``config`` on ``config.world_size`` local ranks (or across machines) and measure it.
 
     Takes: the model spec and knobs; optimizer steps in all and how many of them are warm-up (not
     timed); the wall-clock limit for the whole trial (start-up included); an optional per-rank
     memory cap (CPU: peak resident memory; going over it is status ``oom``); ``device`` auto, cpu
     (gloo ranks) or cuda (nccl, one GPU per rank); the seed of weights and data; ``data`` (only
-    "random": the family's example batches); learning rate; dropout (0: off, ``None``: the family's).
+    "random": the family's example batches); learning rate; dropout (0: off, ``None``: the family's);
+    ``ranks_per_node``: split the ranks over that many machines of the Ray cluster this process is
+    joined to (``autoslapo.runtime.multinode``; Ray must be initialized), else all run here.
     Returns: a TrialResult (complete, oom, failed or timeout).
     Raises: ConfigError before anything starts when the configuration cannot run here
     (``check_runnable``) or the arguments are bad.
@@ -82,7 +85,8 @@ def run_trial(
     if timeout_s <= 0:
         raise ConfigError(f"timeout_s must be positive: got {timeout_s}")
     dev = resolve_device(device, config.world_size)
-    check_runnable(spec, config, device=dev)
+    spans = ranks_per_node is not None and len(ranks_per_node) > 1
+    check_runnable(spec, config, device=dev, this_machine=not spans)
     payload = {
         "spec": spec.to_dict(),
         "config": config.to_dict(),
@@ -92,8 +96,18 @@ def run_trial(
         "lr": lr,
         "dropout": dropout,
     }
-    out = launch(ENTRY, config.world_size, payload, timeout_s=timeout_s, mem_cap_bytes=mem_cap_bytes,
-                 device=dev)
+    if spans:
+        assert ranks_per_node is not None
+        if sum(ranks_per_node) != config.world_size:
+            raise ConfigError(f"the ranks of the machines must add up to the world size: got {ranks_per_node} "
+                              f"for tp*pp*dp = {config.world_size}; split {config.world_size} ranks")
+        from autoslapo.runtime.multinode import launch_on_nodes
+
+        out = launch_on_nodes(ENTRY, payload, ranks_per_node, timeout_s=timeout_s, mem_cap_bytes=mem_cap_bytes,
+                              device=dev, bundle_offset=1)
+    else:
+        out = launch(ENTRY, config.world_size, payload, timeout_s=timeout_s, mem_cap_bytes=mem_cap_bytes,
+                     device=dev)
     host = platform.node()
     peaks = out.peak_rss_bytes
     memory_kind = "cuda_max_allocated" if dev == "cuda" else "cpu_peak_rss"
@@ -103,6 +117,7 @@ def run_trial(
         "memory_kind": memory_kind,
         "peak_rss_bytes_per_rank": peaks,
         "wall_s": round(out.elapsed_s, 3),
+        "machines": len(ranks_per_node) if ranks_per_node else 1,
     }
     if out.status != "complete":
         return TrialResult.failure(out.status, _strip_rank(out.reason), host=host, **common)

@@ -69,11 +69,27 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _rendezvous(workdir: Path, rank: int, world_size: int, timeout_s: float) -> Any:
-    """The TCPStore of this launch: rank 0 serves it on an OS-picked port, the others join."""
+def _rendezvous(workdir: Path, rank: int, world_size: int, timeout_s: float,
+                master: list[Any] | None = None, local_rank: int | None = None,
+                local_world: int | None = None) -> Any:
+    """The TCPStore of this launch: rank 0 serves it on an OS-picked port, the others join.
+
+    ``master`` ([host, port]): a job spanning machines, whose global rank 0 serves the store on
+    that port and the others reach it at that host.
+    """
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=max(30.0, timeout_s))
+    local_rank = rank if local_rank is None else local_rank
+    local_world = world_size if local_world is None else local_world
+    if master is not None:
+        host, port = str(master[0]), int(master[1])
+        store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
+        if rank == 0:
+            (workdir / "port").write_text(str(port))  # the launcher cleans up after this port too
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
+                          LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR=host, MASTER_PORT=str(port))
+        return store
     port_file = workdir / "port"
     if rank == 0:
         store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=timeout, wait_for_workers=False)
@@ -111,10 +127,12 @@ def _run(workdir: Path, rank: int) -> dict[str, Any]:
 
     torch.set_num_threads(int(request.get("threads") or 1))
     backend = "nccl" if device == "cuda" else "gloo"
-    dev = f"cuda:{rank}" if device == "cuda" else "cpu"
+    local_rank = rank - int(request.get("rank_offset") or 0)  # this machine's devices count from 0
+    dev = f"cuda:{local_rank}" if device == "cuda" else "cpu"
     if device == "cuda":
-        torch.cuda.set_device(rank)
-    store = _rendezvous(workdir, rank, world_size, timeout_s)
+        torch.cuda.set_device(local_rank)
+    store = _rendezvous(workdir, rank, world_size, timeout_s, request.get("master"), local_rank,
+                        request.get("local_world_size"))
     kw: dict[str, Any] = {}
     if device == "cuda":
         kw["device_id"] = torch.device(dev)
@@ -124,7 +142,7 @@ def _run(workdir: Path, rank: int) -> dict[str, Any]:
     )
     module_name, fn_name = str(request["entry"]).split(":", 1)
     fn = getattr(importlib.import_module(module_name), fn_name)
-    ctx = WorkerContext(rank, world_size, rank, dev, backend, timeout_s, str(workdir))
+    ctx = WorkerContext(rank, world_size, local_rank, dev, backend, timeout_s, str(workdir))
     try:
         value = fn(ctx, request.get("payload") or {})
     except BaseException as exc:
