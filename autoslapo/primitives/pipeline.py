@@ -474,14 +474,18 @@ class PipelineRuntime:
     has_last: bool = field(default=False)
     tied: list[TiedParam] = field(default_factory=list)
     group: Any = None
+    _params: list[nn.Parameter] | None = field(default=None, repr=False)
 
     def parameters(self) -> list[nn.Parameter]:
-        """This rank's parameters (for its optimizer), each once."""
-        seen: dict[int, nn.Parameter] = {}
-        for m in self.modules:
-            for p in m.parameters():
-                seen.setdefault(id(p), p)
-        return list(seen.values())
+        """This rank's parameters (for its optimizer), each once; collected on the first call (the
+        stages are fixed once built), so a training step may ask for them every time."""
+        if self._params is None:
+            seen: dict[int, nn.Parameter] = {}
+            for m in self.modules:
+                for p in m.parameters():
+                    seen.setdefault(id(p), p)
+            self._params = list(seen.values())
+        return list(self._params)
 
     def sync_tied_grads(self) -> None:
         """Sum the gradients of parameters shared by stages on different ranks (tied embeddings).
