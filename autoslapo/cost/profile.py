@@ -143,22 +143,21 @@ def _memory_calibration(torch: Any) -> dict[str, Any]:
     models = {"b4": plain, "b16_ckpt": ckpt, "b16": plain}
     opts = {id(m): torch.optim.Adam(m.parameters(), lr=1e-4) for m in (plain, ckpt)}
 
-    def step(name: str) -> None:
-        model, b = (ckpt, 1) if name == "warm_ckpt" else (models[name], runs[name].micro_batch)
+    def step(model: Any, b: int) -> None:
         model.train()
         ids = torch.randint(0, spec.vocab, (b, spec.seq_len))
         model(input_ids=ids, labels=ids).loss.backward()
         opts[id(model)].step()
         opts[id(model)].zero_grad(set_to_none=True)
 
-    for name in ("b4", "b4", "b16_ckpt"):  # both models' optimizer states exist from here on
-        step(name if name == "b4" else "warm_ckpt")
+    for model, b in ((plain, 4), (plain, 4), (ckpt, 1)):  # both models' optimizer states exist from here on
+        step(model, b)
     peaks = {}
-    for name in runs:
+    for name, cfg in runs.items():
         if not _reset_hwm():
             return {}
         for _ in range(4):  # as a trial does: repeated steps fragment the heap the allocator keeps
-            step(name)
+            step(models[name], cfg.micro_batch)
         peaks[name] = _hwm_bytes()
     pred = {name: estimate_activation_bytes(spec, cfg, dropout=False, runtime="autoslapo", transients=True)
             for name, cfg in runs.items()}
