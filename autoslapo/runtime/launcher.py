@@ -360,7 +360,8 @@ def launch(
     return LaunchOutcome(status, reason, values, peaks, elapsed, logs, tmp.name)
 
 
-def _is_peer_lost(text: str) -> bool:
+def is_peer_lost(text: str) -> bool:
+    """True when an error text says a rank lost its peers (the effect of another rank's failure)."""
     return any(m in text for m in PEER_LOST)
 
 
@@ -397,7 +398,7 @@ def _classify(
     causes: list[tuple[int, float, Status, str]] = []
     for r, res in errors:
         text = str(res.get("error", "unknown error"))
-        causes.append((int(_is_peer_lost(text)), float(res.get("time", 0.0)), "failed", f"rank {r}: {text}"))
+        causes.append((int(is_peer_lost(text)), float(res.get("time", 0.0)), "failed", f"rank {r}: {text}"))
     for r, maybe in enumerate(results):
         code = codes[r]
         if maybe is not None or code is None:
@@ -411,7 +412,7 @@ def _classify(
         why = _last_error_line(logs[r])
         how = f"signal {-code}" if code < 0 else f"code {code}"
         text = f"rank {r} exited with {how} without a result" + (f": {why}" if why else "")
-        causes.append((int(_is_peer_lost(why)), when, "failed", text))
+        causes.append((int(is_peer_lost(why)), when, "failed", text))
     if causes:
         _, _, status, reason = min(causes, key=lambda c: (c[0], c[1]))
         return status, reason

@@ -16,7 +16,7 @@ import socket
 from typing import Any
 
 from autoslapo.errors import ConfigError
-from autoslapo.runtime.launcher import LaunchOutcome, NodeSlice, launch
+from autoslapo.runtime.launcher import LaunchOutcome, NodeSlice, is_peer_lost, launch
 
 __all__ = ["bundles_for", "launch_on_nodes", "merge_outcomes"]
 
@@ -55,7 +55,7 @@ def merge_outcomes(parts: list[LaunchOutcome], offsets: list[int], hosts: list[s
     explains the others' (out of memory, then a failure of its own, then a timeout), its reason
     prefixed with the machine and ranks it happened on.
     """
-    worst = min(range(len(parts)), key=lambda i: (_PRIORITY[parts[i].status], _peer_lost(parts[i])))
+    worst = min(range(len(parts)), key=lambda i: (_PRIORITY[parts[i].status], is_peer_lost(parts[i].reason)))
     w = parts[worst]
     reason = w.reason
     if w.status != "complete":
@@ -70,12 +70,6 @@ def merge_outcomes(parts: list[LaunchOutcome], offsets: list[int], hosts: list[s
         logs=[log for p in parts for log in p.logs],
         launch_id=",".join(p.launch_id for p in parts),
     )
-
-
-def _peer_lost(out: LaunchOutcome) -> bool:
-    from autoslapo.runtime.launcher import _is_peer_lost
-
-    return _is_peer_lost(out.reason)
 
 
 def launch_on_nodes(
