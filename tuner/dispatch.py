@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import socket
 import tempfile
@@ -139,9 +140,54 @@ def trial_resources(runner: StudyRunner) -> Any:
     return {"cpu": 1, "gpu": float(min(cluster.gpus, cluster.gpus_per_node))}
 
 
+def join_ray(address: str) -> None:
+    """Connect this process to the Ray cluster at ``address`` (once; later calls do nothing).
+
+    Raises UsageError, one line, when the cluster cannot be joined (nothing listening there, or a
+    token it does not accept), before any study is created or changed.
+    """
+    import ray
+
+    from autoslapo.errors import UsageError
+    from autoslapo.redact import redact
+
+    if ray.is_initialized():
+        return
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and "://" not in address:
+        # Ray retries an address where nothing listens for minutes: find out in seconds.
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as err:
+            raise UsageError(
+                f"cannot join the Ray cluster at {address}: nothing answers there ({err.strerror or err}); "
+                "check the address and that the cluster runs (`ray start --head` on its head node)"
+            ) from None
+    # Ray's C++ client logs each failed attempt on the stderr file descriptor: keep that aside and
+    # say what matters in one line.
+    with tempfile.TemporaryFile() as aside:
+        saved = os.dup(2)
+        os.dup2(aside.fileno(), 2)
+        try:
+            ray.init(address=address, log_to_driver=False)
+            return
+        except Exception as err:  # ConnectionError, AuthenticationError, RuntimeError: not joined
+            detail = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        aside.seek(0)
+        logged = aside.read().decode(errors="replace")
+    if "InvalidAuthToken" in logged or "Unauthenticated" in logged:
+        detail = "it refused this process's authentication token"
+    raise UsageError(
+        f"cannot join the Ray cluster at {address}: {redact(detail)}; check the address, that the cluster runs, "
+        "and its token (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)"
+    )
+
+
 def run_with_ray(runner: StudyRunner, started: float) -> str:
     """Run the rest of ``runner``'s budget through Ray Tune; returns the stop reason."""
-    import os
 
     # The legacy reporter honours verbose=0; the new one prints tables into the CLI's output.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -160,7 +206,7 @@ def run_with_ray(runner: StudyRunner, started: float) -> str:
     owned = not ray.is_initialized()
     if owned:
         if o.ray_address:
-            ray.init(address=o.ray_address, log_to_driver=False)
+            join_ray(o.ray_address)
         else:
             # Logical CPUs: enough for max_concurrent trials of this size, at least 2.
             need = resources["cpu"] if isinstance(resources, dict) else resources.required_resources.get("CPU", 1)

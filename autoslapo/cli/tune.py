@@ -131,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
             f"--ray-address joins a Ray cluster only with its token authentication: got RAY_AUTH_MODE={auth!r}; "
             "set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
         )
+    if args.ray_address:
+        from tuner.dispatch import join_ray
+
+        join_ray(args.ray_address)  # before the store changes: a cluster that cannot be joined is bad input
     if backend == "local" and gpu_type != "cpu" and _cuda_devices() < args.gpus:
         raise UsageError(f"--backend local runs --gpus {args.gpus} ranks on this machine's CUDA devices: it has "
                          f"{_cuda_devices()}; use --gpu-type cpu, fewer --gpus, or --backend sim")
