@@ -42,14 +42,43 @@ def _pids_of(marker: str) -> list[int]:
     return pids
 
 
+def _parents() -> dict[int, int]:
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            out[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
 def _stop(marker: str) -> None:
+    """Stop the processes whose command line names ``marker`` and all their descendants (Ray's
+    agents rename themselves ``ray::...``), collected before any is killed."""
+    pids = set(_pids_of(marker))
+    parents = _parents()
+    grew = True
+    while grew:
+        kids = {pid for pid, ppid in parents.items() if ppid in pids} - pids
+        grew = bool(kids)
+        pids |= kids
+    pids.discard(os.getpid())
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _pids_of(marker):
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + 10
-        while _pids_of(marker) and time.monotonic() < deadline:
+        while any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.fixture
