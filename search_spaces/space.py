@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,8 @@ class SearchSpace:
 
     ``knobs``: knob -> tuple of values to search (or ``"auto"`` for tp, pp, micro_batch).
     ``fixed``: knob -> the one value used. Knobs in neither take ``ScheduleConfig``'s default,
-    except ``precision``, which falls back to fp16 on devices without bf16.
+    except ``precision``, which falls back to fp16 on devices without bf16 (fp32 where the trials
+    cannot run fp16).
     ``rules``: ``tp_within_node`` (default true), ``max_micro_batch`` (64), and the default global
     batch: ``batch_per_gpu`` x gpus, clipped to [``min_global_batch``, ``max_global_batch``].
     """
@@ -113,12 +114,15 @@ class SearchSpace:
         r = self.rules
         return int(min(max(r["batch_per_gpu"] * gpus, r["min_global_batch"]), max(r["max_global_batch"], gpus)))
 
-    def bind(self, model: ModelSpec, cluster: ClusterSpec, global_batch: int | None = None) -> BoundSpace:
+    def bind(self, model: ModelSpec, cluster: ClusterSpec, global_batch: int | None = None,
+             precisions: Collection[str] | None = None) -> BoundSpace:
         """Fix the domains for ``model`` on ``cluster`` with ``global_batch`` sequences a step.
 
         Values that can never be valid on this cluster (tp not dividing the heads, pp not dividing
         the layers, tp across nodes...) are dropped here, so the domains stay small; they are the
-        same on every call with the same inputs. Raises UsageError for a bad global batch.
+        same on every call with the same inputs. ``precisions``: the ones the trials can run (None:
+        all, as estimates can); a device without bf16 then falls back to fp16 if it is among them,
+        else fp32. Raises UsageError for a bad global batch.
         """
         gb = self.default_global_batch(cluster.gpus) if global_batch is None else global_batch
         if not isinstance(gb, int) or gb < 1:
@@ -128,7 +132,8 @@ class SearchSpace:
         domains: dict[str, tuple[Any, ...]] = {}
         for knob, dom in self.knobs.items():
             values = _auto_domain(knob, model, cluster, self.rules) if dom == AUTO else tuple(dom)
-            kept = tuple(v for v in values if _statically_ok(knob, v, model, cluster, self.rules))
+            kept = tuple(v for v in values if _statically_ok(knob, v, model, cluster, self.rules)
+                         and (knob != "precision" or precisions is None or v in precisions))
             if not kept:
                 raise ConfigError(
                     f"no value of {knob} in {self.name!r} can run {model.preset} on {cluster.gpus} "
@@ -137,7 +142,7 @@ class SearchSpace:
             domains[knob] = kept
         fixed = dict(self.fixed)
         if "precision" not in fixed and "precision" not in domains and not cluster.device.bf16:
-            fixed["precision"] = "fp16"
+            fixed["precision"] = "fp16" if precisions is None or "fp16" in precisions else "fp32"
         return BoundSpace(self, model, cluster, gb, domains, fixed)
 
 

@@ -155,10 +155,14 @@ class StudyRunner:
         self.progress = progress
         space = options.space or space_for(options.model.family)
         self.space = space
-        self.bound: BoundSpace = space.bind(options.model, options.cluster, options.global_batch)
-        _check_layouts(self.bound)  # before the study is created: bad input leaves the store as it was
         self.evaluator = evaluator or make_evaluator(options.backend, options.model, options.cluster,
                                                      steps=options.steps, timeout_s=options.trial_timeout_s)
+        # Real trials run only what the runtime trains in (no fp16: fp32 on a device without bf16).
+        from autoslapo.runtime.check import RUNTIME_PRECISIONS
+
+        precisions = None if self.evaluator.instant else RUNTIME_PRECISIONS
+        self.bound: BoundSpace = space.bind(options.model, options.cluster, options.global_batch, precisions)
+        _check_layouts(self.bound)  # before the study is created: bad input leaves the store as it was
         self.name = self._open_study()
         self.proposer = Proposer(self.bound, sampler=options.sampler, seed=options.seed,
                                  prior=cost_prior(options.model, options.cluster,

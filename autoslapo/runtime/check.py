@@ -16,6 +16,8 @@ from autoslapo.models.spec import ModelSpec
 __all__ = ["check_runnable", "resolve_device"]
 
 MAX_CPU_RANKS = 64
+# What the runtime trains in: fp16 needs dynamic loss scaling, which it does not do.
+RUNTIME_PRECISIONS = ("bf16", "fp32")
 
 
 def resolve_device(device: str, world_size: int) -> str:

@@ -98,6 +98,36 @@ def test_flash_dropped_where_the_device_has_none() -> None:
     assert b.fixed["precision"] == "fp16"
 
 
+def test_real_trials_fall_back_to_a_precision_the_runtime_trains_in() -> None:
+    from autoslapo.errors import ConfigError
+    from autoslapo.runtime.check import RUNTIME_PRECISIONS
+
+    spec = ModelSpec.from_name("bert-base")
+    v100 = ClusterSpec(gpus=8, gpu_type="v100-16gb")
+    assert get_space("bert").bind(spec, v100, precisions=RUNTIME_PRECISIONS).fixed["precision"] == "fp32"
+    a100 = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    assert "precision" not in get_space("bert").bind(spec, a100, precisions=RUNTIME_PRECISIONS).fixed
+    d = get_space("bert").to_dict()
+    d["knobs"]["precision"] = ["fp16", "bf16"]
+    assert space_from_dict(d).bind(spec, a100, precisions=RUNTIME_PRECISIONS).domains["precision"] == ("bf16",)
+    with pytest.raises(ConfigError, match="no value of precision"):
+        space_from_dict(d).bind(spec, v100, precisions=RUNTIME_PRECISIONS)
+
+
+def test_a_real_study_on_a_device_without_bf16_trains_in_fp32(tmp_path: Path) -> None:
+    from store import open_store
+    from tuner import StudyRunner, TuneOptions
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    try:
+        spec, v100 = ModelSpec.from_name("bert-tiny"), ClusterSpec(gpus=2, gpu_type="v100-16gb")
+        real = StudyRunner(TuneOptions(model=spec, cluster=v100, backend="local", trials=1), store)
+        sim = StudyRunner(TuneOptions(model=spec, cluster=v100, backend="sim", trials=1, study="sim"), store)
+        assert real.bound.fixed["precision"] == "fp32" and sim.bound.fixed["precision"] == "fp16"
+    finally:
+        store.close()
+
+
 def test_round_trip_and_registry() -> None:
     for space in SPACES.values():
         assert space_from_dict(json.loads(json.dumps(space.to_dict()))) == space
