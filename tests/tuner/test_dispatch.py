@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from autoslapo.cluster import ClusterSpec
@@ -48,3 +51,20 @@ def test_trials_are_placed_across_the_nodes_of_a_ray_cluster(store: Store) -> No
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
+
+
+
+def test_joining_an_address_where_nothing_listens_is_one_line_of_bad_input(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from autoslapo.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    db = tmp_path / "never.db"
+    code = main(["tune", "bert-tiny", "--gpus", "4", "--dispatch", "ray", "--ray-address", f"127.0.0.1:{port}",
+                 "--storage", f"sqlite:///{db}"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and "nothing answers there" in err[0], err
+    assert not db.exists()  # refused before the store was opened
