@@ -68,3 +68,23 @@ def test_joining_an_address_where_nothing_listens_is_one_line_of_bad_input(
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and "nothing answers there" in err[0], err
     assert not db.exists()  # refused before the store was opened
+
+
+def test_a_real_trial_needing_several_nodes_reserves_a_bundle_per_machine(store: Store) -> None:
+    from tuner import StudyRunner
+    from tuner.dispatch import ranks_per_node, trial_resources
+
+    tiny = ModelSpec.from_name("bert-tiny")
+    gpus = StudyRunner(TuneOptions(model=tiny, cluster=ClusterSpec(gpus=16, gpu_type="a100-80gb", gpus_per_node=8),
+                                   backend="ray", trials=1, study="g"), store)
+    assert ranks_per_node(gpus) == [8, 8]
+    assert trial_resources(gpus).bundles == [{"CPU": 1.0}, {"CPU": 1.0, "GPU": 8.0}, {"CPU": 1.0, "GPU": 8.0}]
+    cpus = StudyRunner(TuneOptions(model=tiny, cluster=ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=2),
+                                   backend="ray", trials=1, study="c"), store)
+    assert trial_resources(cpus).bundles == [{"CPU": 1.0}, {"CPU": 2.0}, {"CPU": 2.0}]
+    one = StudyRunner(TuneOptions(model=tiny, cluster=ClusterSpec(gpus=8, gpu_type="a100-80gb"), backend="ray",
+                                  trials=1, study="o"), store)
+    assert ranks_per_node(one) is None and trial_resources(one) == {"cpu": 1, "gpu": 8.0}
+    sim = StudyRunner(TuneOptions(model=tiny, cluster=ClusterSpec(gpus=16, gpu_type="a100-80gb", gpus_per_node=8),
+                                  backend="sim", trials=1, study="s"), store)
+    assert ranks_per_node(sim) is None and trial_resources(sim) == {"cpu": 1}
