@@ -90,7 +90,8 @@ def launch_on_nodes(
     bundle_offset + len(ranks_per_node) - 1`` hold the slices (default: the placement group this
     task runs in, e.g. a Ray Tune trial's, else one made here with a bundle a slice, PACK).
     Needs Ray initialized (joined to the cluster). Returns the merged LaunchOutcome.
-    Raises: ConfigError for an empty or non-positive split, or a placement group too small.
+    Raises: ConfigError for an empty or non-positive split, Ray not initialized, or a placement
+    group too small.
     """
     if not ranks_per_node or any(k < 1 for k in ranks_per_node):
         raise ConfigError(f"every machine of a trial needs at least one rank: got {ranks_per_node}")
@@ -99,6 +100,9 @@ def launch_on_nodes(
     from ray.util.placement_group import remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    if not ray.is_initialized():
+        raise ConfigError("a trial spanning machines runs through Ray: this process has not joined a cluster; "
+                          "call ray.init(address=...) first (the tuner's --ray-address does)")
     owned = None
     pg = placement_group or ray.util.get_current_placement_group()
     if pg is None:

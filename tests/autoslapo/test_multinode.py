@@ -45,6 +45,12 @@ def test_node_slices_and_bundles_are_checked() -> None:
         NodeSlice(3, 2, 4, "10.0.0.1", 29500).check(4)
     with pytest.raises(ConfigError, match="host and a port"):
         NodeSlice(0, 2, 4, "10.0.0.1", 0).check(4)
+    from autoslapo.runtime.multinode import launch_on_nodes
+
+    with pytest.raises(ConfigError, match="at least one rank"):
+        launch_on_nodes("m:f", {}, [2, 0], timeout_s=10)
+    with pytest.raises(ConfigError, match="has not joined a cluster"):
+        launch_on_nodes("m:f", {}, [2, 2], timeout_s=10)
     assert bundles_for([2, 2], "cpu") == [{"CPU": 2.0}, {"CPU": 2.0}]
     assert bundles_for([8], "cuda") == [{"CPU": 1.0, "GPU": 8.0}]
 
