@@ -68,3 +68,17 @@ class TrialResult:
         """A non-complete result with its reason (first line only, trimmed to 500 characters)."""
         line = (reason.strip().splitlines() or [""])[0][:500]
         return cls(status=status, reason=line, measured=measured, host=host, extra=dict(extra))
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the ``(memory, throughput)`` points no other point beats on both (less memory,
+    more throughput), in increasing memory order: throughput rises along the front. Ties on
+    memory keep the faster point; a point as fast as a lighter one is dropped."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    keep: list[int] = []
+    best = -math.inf
+    for i in order:
+        if points[i][1] > best:
+            keep.append(i)
+            best = points[i][1]
+    return keep

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch", type=int, default=None, help="sequences an optimizer step (default per space)")
     parser.add_argument("--seq-len", type=int, default=None, help="training sequence length (default: the preset's)")
     parser.add_argument("--sampler", choices=SAMPLER_NAMES, default="tpe",
-                        help="Optuna sampler (nsga2: throughput vs memory; default tpe)")
+                        help="Optuna sampler (nsga2: throughput vs memory, prints the Pareto front; default tpe)")
     parser.add_argument("--space", default=None, help="search space file (.toml or .json) instead of the family's")
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster (implies Ray dispatch)")
     parser.add_argument("--dispatch", choices=["inline", "ray"], default=None,
@@ -169,10 +169,18 @@ def run(args: argparse.Namespace) -> int:
               f"predicted OOM, stopped by {outcome.stop_reason}, {outcome.elapsed_s:.1f}s "
               f"({model.preset} on {cluster.gpus}x {cluster.gpu_type}, backend {backend})\n")
     rows = sorted((t for t in store.trials(outcome.study) if t.status == "complete"),
-                  key=lambda t: -(t.samples_per_s or 0.0))[: args.top]
+                  key=lambda t: -(t.samples_per_s or 0.0))
     if not rows:
         out.write("no trial completed: see `autoslapo show " + outcome.study + "` for the reasons\n")
         return 1
+    if options.sampler == "nsga2":  # a two-objective search: show its trade-off, fastest first
+        from autoslapo.result import pareto_front
+
+        points = [(float(t.peak_memory_bytes or 0), float(t.samples_per_s or 0.0)) for t in rows]
+        front = sorted(pareto_front(points), key=lambda i: -points[i][1])
+        rows = [rows[i] for i in front]
+        out.write(f"Pareto front of throughput vs memory per device ({len(rows)} schedules):\n")
+    rows = rows[: args.top]
     out.write(f"{'#':>4} {'samples/s':>11} {'TFLOP/s/dev':>11} {'mem GiB':>8}  schedule\n")
     for t in rows:
         mem = (t.peak_memory_bytes or 0) / 2**30

@@ -110,18 +110,14 @@ def pareto_front(frame: pd.DataFrame) -> pd.DataFrame:
 
     Returns them in increasing memory order (throughput rises along the front).
     """
+    from autoslapo.result import pareto_front as front
+
     done = complete(frame)
     done = done[done["peak_memory_bytes"].fillna(0) > 0] if "peak_memory_bytes" in done else done.iloc[0:0]
     if done.empty:
         return done
-    ordered = done.sort_values(["peak_memory_bytes", "samples_per_s"], ascending=[True, False])
-    keep = []
-    best = -math.inf
-    for idx, value in zip(ordered.index, ordered["samples_per_s"], strict=True):
-        if value > best:
-            keep.append(idx)
-            best = value
-    return ordered.loc[keep]
+    points = list(zip(done["peak_memory_bytes"].astype(float), done["samples_per_s"].astype(float), strict=True))
+    return done.iloc[front(points)]
 
 
 def knob_importance(frame: pd.DataFrame) -> list[tuple[str, float]]:

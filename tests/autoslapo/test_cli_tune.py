@@ -59,6 +59,32 @@ def test_user_space_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "no value of tp" in capsys.readouterr().err
 
 
+def test_nsga2_prints_its_pareto_front(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["tune", "bert", "--gpus", "64", "--sampler", "nsga2", "--trials", "40", "--no-baselines",
+               "--top", "50", "--storage", f"sqlite:///{tmp_path / 'n.db'}"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "Pareto front of throughput vs memory per device" in out
+    numbers = [int(line.split()[0]) for line in out.splitlines() if line[:4].strip().isdigit()]
+    from store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 'n.db'}")
+    try:
+        by_number = {t.number: t for t in store.trials("bert-large-64xa100-80gb-sim")}
+    finally:
+        store.close()
+    speed = [by_number[n].samples_per_s or 0.0 for n in numbers]
+    mem = [by_number[n].peak_memory_bytes or 0 for n in numbers]
+    assert len(numbers) >= 2 and speed == sorted(speed, reverse=True)
+    # fastest first, and each slower schedule of the front needs less memory than every faster one
+    assert all(mem[i + 1] < mem[i] for i in range(len(mem) - 1)), (speed, mem)
+    # and no complete trial beats one of them on both
+    done = [t for t in by_number.values() if t.status == "complete"]
+    for n in numbers:
+        t = by_number[n]
+        assert not any((o.samples_per_s or 0) > (t.samples_per_s or 0) and (o.peak_memory_bytes or 0) <
+                       (t.peak_memory_bytes or 0) for o in done)
+
+
 def test_cli_modules_import_nothing_heavy() -> None:
     code = ("import sys, autoslapo.cli.tune, autoslapo.cli.best; "
             "print([m for m in ('optuna', 'ray', 'sqlalchemy', 'torch') if m in sys.modules])")
