@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from autoslapo.build import build as build
     from autoslapo.cluster import ClusterSpec as ClusterSpec
     from autoslapo.config import ScheduleConfig as ScheduleConfig
-    from autoslapo.cost import estimate as estimate
+    from autoslapo.cost.estimate import estimate as estimate
     from autoslapo.models.build import build_model as build_model
     from autoslapo.models.spec import ModelSpec as ModelSpec
     from autoslapo.plan import apply_schedule as apply_schedule

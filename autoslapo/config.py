@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from autoslapo.errors import ConfigError
+from autoslapo.knobs import Knob, bind_knobs, knob
+from autoslapo.layout import check_layout
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -29,58 +32,66 @@ CKPT_PLACEMENTS: tuple[str, ...] = ("front", "back", "spread")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
 
+def _all_or_no_layers_checkpointed(knobs: Mapping[str, Any], layers: int) -> bool:
+    n = round(float(knobs.get("ckpt_ratio", 0.0)) * layers) if layers else -1
+    return n in (0, layers) or float(knobs.get("ckpt_ratio", 0.0)) in (0.0, 1.0)
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """One point in the search space.
+    """One point in the search space: every knob of a training schedule.
 
     Degrees: ``tp`` (tensor), ``pp`` (pipeline stages), ``dp`` (data replicas); world = tp*pp*dp.
     Batch: each data replica runs ``grad_accum`` micro-batches of ``micro_batch`` sequences per
     optimizer step (with ``pp > 1`` those are the pipeline's micro-batches), so the global batch is
-    ``micro_batch * grad_accum * dp``.
-    Memory: ``ckpt_ratio`` of the layers are activation-checkpointed, chosen by ``ckpt_placement``
-    (``front``: the first layers, which hold activations longest under 1F1B; ``back``; ``spread``:
-    evenly spaced); ``zero_stage`` 0-3 partitions optimizer state / gradients / parameters over dp.
-    Kernels: ``attn_kernel``; ``fuse_bias_gelu`` fuses the MLP's bias + activation;
-    ``compile_layers`` runs each layer as a ``torch.compile`` region.
+    ``micro_batch * grad_accum * dp``. The other knobs say how memory is saved and which kernels
+    run. Each field's ``knob(...)`` metadata is that knob's one declaration (see ``autoslapo.knobs``).
     """
 
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    micro_batch: int = 1
-    grad_accum: int = 1
-    ckpt_ratio: float = 0.0
-    ckpt_placement: CkptPlacement = "front"
-    zero_stage: int = 0
-    attn_kernel: AttnKernel = "sdpa"
-    fuse_bias_gelu: bool = False
-    compile_layers: bool = False
-    sequence_parallel: bool = False
-    pipeline_schedule: PipelineSchedule = "1f1b"
-    virtual_stages: int = 1
-    precision: Precision = "bf16"
+    tp: int = field(default=1, metadata=knob(
+        "int", "tensor-parallel degree", "tp", ordered=True, auto=True, brief=True, verify=True, effect=True))
+    pp: int = field(default=1, metadata=knob(
+        "int", "pipeline stages", "pp", ordered=True, auto=True, brief=True, verify=True, effect=True))
+    dp: int = field(default=1, metadata=knob(
+        "int", "data-parallel replicas (derived: --gpus / (tp*pp))", "dp", ordered=True, derived=True, brief=True))
+    micro_batch: int = field(default=1, metadata=knob(
+        "int", "sequences per micro-batch", "mb", ordered=True, auto=True, brief=True, effect=True))
+    grad_accum: int = field(default=1, metadata=knob(
+        "int", "micro-batches per replica and optimizer step (the pipeline's micro-batches when pp > 1; "
+        "derived from the global batch)", "accum", ordered=True, derived=True, brief=True, verify=True))
+    ckpt_ratio: float = field(default=0.0, metadata=knob(
+        "ratio", "share of the layers whose activations are checkpointed (recomputed), 0-1", "ckpt",
+        ordered=True, sweep=(0.0, 0.25, 0.5, 0.75, 1.0), brief=True, verify=True, effect=True))
+    ckpt_placement: CkptPlacement = field(default="front", metadata=knob(
+        "choice", "which layers are checkpointed: front (held longest under 1F1B), back, or spread",
+        "place", choices=CKPT_PLACEMENTS, verify=True, inert=_all_or_no_layers_checkpointed))
+    zero_stage: int = field(default=0, metadata=knob(
+        "int", "ZeRO stage: 1 partitions optimizer state, 2 also gradients, 3 also parameters over dp",
+        "zero", choices=(0, 1, 2, 3), ordered=True, sweep=(0, 1, 2, 3), brief=True, effect=True,
+        inert=lambda k, _: k.get("dp", 1) == 1))
+    attn_kernel: AttnKernel = field(default="sdpa", metadata=knob(
+        "choice", "attention kernel", "attn", choices=ATTN_KERNELS, flag="--attn", sweep=ATTN_KERNELS,
+        brief=True, verify=True, effect=True))
+    fuse_bias_gelu: bool = field(default=False, metadata=knob(
+        "bool", "fuse the MLP's bias + GeLU", "fuse", verify=True, effect=True))
+    compile_layers: bool = field(default=False, metadata=knob(
+        "bool", "run each layer as a torch.compile region", "compile", verify=True))
+    sequence_parallel: bool = field(default=False, metadata=knob(
+        "bool", "sequence parallelism: norms and dropout split over the tp group (needs tp > 1)", "sp",
+        sweep=(False, True), verify=True, effect=True, inert=lambda k, _: k.get("tp", 1) == 1))
+    pipeline_schedule: PipelineSchedule = field(default="1f1b", metadata=knob(
+        "choice", "pipeline schedule", "sched", choices=PIPELINE_SCHEDULES, effect=True,
+        inert=lambda k, _: k.get("pp", 1) == 1))
+    virtual_stages: int = field(default=1, metadata=knob(
+        "int", "pipeline chunks per rank (the interleaved schedule)", "vs", ordered=True,
+        inert=lambda k, _: k.get("pp", 1) == 1 or k.get("pipeline_schedule", "1f1b") != "interleaved"))
+    precision: Precision = field(default="bf16", metadata=knob(
+        "choice", "parameter and compute precision (default: bf16 where the device has it)", "prec",
+        choices=PRECISIONS))
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "micro_batch", "grad_accum", "virtual_stages"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer: got {v!r}")
-        if not isinstance(self.ckpt_ratio, (int, float)) or not 0.0 <= float(self.ckpt_ratio) <= 1.0:
-            raise ConfigError(f"ckpt_ratio must be between 0 and 1: got {self.ckpt_ratio!r}")
-        object.__setattr__(self, "ckpt_ratio", float(self.ckpt_ratio))
-        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
-            raise ConfigError(f"zero_stage must be 0, 1, 2 or 3: got {self.zero_stage!r}")
-        for name, allowed in (
-            ("attn_kernel", ATTN_KERNELS),
-            ("pipeline_schedule", PIPELINE_SCHEDULES),
-            ("ckpt_placement", CKPT_PLACEMENTS),
-            ("precision", PRECISIONS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}: got {getattr(self, name)!r}")
-        for name in ("fuse_bias_gelu", "compile_layers", "sequence_parallel"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be true or false: got {getattr(self, name)!r}")
+        for k in KNOBS:
+            object.__setattr__(self, k.name, k.check(getattr(self, k.name)))
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("sequence_parallel needs tp > 1: got tp=1; set tp >= 2 or turn it off")
         if self.pipeline_schedule == "interleaved":
@@ -131,46 +142,9 @@ class ScheduleConfig:
     def validate(self, model: ModelSpec, cluster: ClusterSpec | None = None) -> ScheduleConfig:
         """Check the config against a model shape and (optionally) a cluster; returns self.
 
-        Raises:
-            ConfigError: naming the rule, the values and the fix.
+        The rules live in ``autoslapo.layout``. Raises ConfigError naming the rule, the values and the fix.
         """
-        if cluster is not None and self.world_size != cluster.gpus:
-            raise ConfigError(
-                f"tp*pp*dp must equal --gpus: got tp={self.tp}, pp={self.pp}, dp={self.dp} "
-                f"({self.world_size}) for --gpus {cluster.gpus}; pick degrees whose product is {cluster.gpus}"
-            )
-        if model.heads % self.tp or model.kv_heads % self.tp:
-            raise ConfigError(
-                f"tp must divide the attention heads: got tp={self.tp} for {model.heads} heads and "
-                f"{model.kv_heads} key/value heads ({model.preset}); use a tp that divides {model.kv_heads}"
-            )
-        if model.ffn % self.tp:
-            raise ConfigError(
-                f"tp must divide the MLP width: got tp={self.tp} for ffn={model.ffn}; use a divisor of it"
-            )
-        chunks = self.pp * self.virtual_stages
-        if model.layers % chunks:
-            raise ConfigError(
-                f"pipeline stages must split the layers evenly: got {model.layers} layers for "
-                f"pp={self.pp} x virtual_stages={self.virtual_stages}; use a divisor of {model.layers}"
-            )
-        if self.sequence_parallel and model.seq_len % self.tp:
-            raise ConfigError(
-                f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={self.tp}"
-            )
-        if cluster is not None:
-            dev = cluster.device
-            if self.tp > cluster.devices_per_node and not cluster.allow_cross_node_tp:
-                raise ConfigError(
-                    f"tp must stay within a node: got tp={self.tp} with {cluster.devices_per_node} "
-                    "devices per node; lower tp or allow cross-node tensor parallelism"
-                )
-            if self.attn_kernel == "flash" and not dev.flash_attention:
-                raise ConfigError(
-                    f"attn_kernel flash needs a device with FlashAttention: {dev.name} has none; use sdpa"
-                )
-            if self.precision == "bf16" and not dev.bf16:
-                raise ConfigError(f"precision bf16 is not supported on {dev.name}; use fp16 or fp32")
+        check_layout(self, model, cluster)
         return self
 
     # --- (de)serialization ---------------------------------------------------------------
@@ -188,10 +162,39 @@ class ScheduleConfig:
         return cls(**d)
 
     def config_hash(self) -> str:
-        """Stable hash of every knob; two configs are the same trial iff their hashes match."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        """Stable digest of every knob (the store's duplicate-trial key): ``config_hash(self.to_dict())``."""
+        return config_hash(self.to_dict())
 
     def with_(self, **changes: Any) -> ScheduleConfig:
         """A validated copy with some knobs changed."""
         return replace(self, **changes)
+
+
+#: Every knob, in field order: the one list every consumer reads.
+KNOBS: tuple[Knob, ...] = bind_knobs(ScheduleConfig)
+KNOB: dict[str, Knob] = {k.name: k for k in KNOBS}
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """sha256 hex digest of a knob dict as canonical JSON (sorted keys, no spaces).
+
+    Knobs added after the first knob set (``Knob.since > 1``) are left out while at their default,
+    so trials stored before such a knob existed keep their digests. One function for the tuner and
+    the store: equal configurations have equal digests everywhere.
+    """
+    kept = {k: v for k, v in config.items()
+            if not (k in KNOB and KNOB[k].since > 1 and v == KNOB[k].default)}
+    blob = json.dumps(kept, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def describe(config: Mapping[str, Any]) -> str:
+    """One line for tables: the brief knobs always, the others when they matter and are not at default."""
+    parts = []
+    for k in KNOBS:
+        if k.name not in config:
+            continue
+        v = config[k.name]
+        if k.brief or (v != k.default and not (k.inert and k.inert(config, 0))):
+            parts.append(k.show(v))
+    return " ".join(parts)

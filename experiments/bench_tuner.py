@@ -45,7 +45,7 @@ from autoslapo.result import TrialResult
 from search_spaces import BoundSpace, SearchSpace, space_for, space_from_dict
 from store import open_store
 from tuner import PerturbedSimEvaluator, ReplayEvaluator, StudyRunner, TuneOptions
-from tuner.baselines import deepspeed_config
+from tuner.baselines import BaselineContext, deepspeed_config
 from tuner.evaluators import cost_prior
 
 GPT13B = ModelSpec(family="gpt2", hidden=5120, layers=40, heads=40, ffn=20480, seq_len=2048, vocab=50257,
@@ -168,15 +168,9 @@ def bench_landscape(name: str, model: ModelSpec, cluster: ClusterSpec, seeds: in
     # A measured landscape holds only what the runtime can run: the configurations the prior keeps.
     configs = [c for c in bound.configs() if runtime_device is None or prior(c).fits]
     ranked = sorted((c for c in configs if prior(c).fits), key=lambda c: -prior(c).samples_per_s)
-    stub = StudyRunner.__new__(StudyRunner)  # only what deepspeed_config reads: bound and a predictor
-    stub.bound = bound
-
-    class _P:
-        def predict(self, c: ScheduleConfig):
-            return prior(c)
-
-    stub.proposer = _P()
-    base = deepspeed_config(stub) or ranked[0]
+    # Only the bound space and the prior matter for the recipe's pick: nothing is evaluated or measured.
+    ctx = BaselineContext(bound, prior, lambda c: TrialResult.failure("failed", "not evaluated"), {})
+    base = deepspeed_config(ctx) or ranked[0]
     rows: dict[str, list[tuple[int | None, float]]] = {m: [] for m in ("autoslapo", "random", "grid", "slapo", "cost-model top-1")}
     finals: list[float] = []  # autoslapo's best within ``budget`` trials
     for seed in (seed_list if seed_list is not None else range(seeds)):

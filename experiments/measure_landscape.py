@@ -56,7 +56,7 @@ def main() -> int:
     done: set[str] = set()
     if out.exists():
         with out.open() as f:
-            done = {row["hash"] for row in csv.DictReader(f)}
+            done = {ScheduleConfig.from_dict(json.loads(row["config"])).config_hash() for row in csv.DictReader(f)}
     todo = [c for c in configs if c.config_hash() not in done][: args.limit]
     print(f"{len(configs)} runnable configurations, {len(done)} measured, {len(todo)} to go", flush=True)
     ev = LocalEvaluator(model, cluster, steps=args.steps, timeout_s=args.timeout)

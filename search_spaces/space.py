@@ -17,40 +17,23 @@ import json
 import math
 import tomllib
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import autoslapo.layout as layout
 from autoslapo.cluster import ClusterSpec
-from autoslapo.config import (
-    ATTN_KERNELS,
-    CKPT_PLACEMENTS,
-    PIPELINE_SCHEDULES,
-    PRECISIONS,
-    ScheduleConfig,
-)
+from autoslapo.config import KNOB, KNOBS, ScheduleConfig
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 
-#: Knobs a space may search or fix; ``dp`` and ``grad_accum`` are always derived.
-TUNABLE: tuple[str, ...] = tuple(f.name for f in fields(ScheduleConfig) if f.name not in ("dp", "grad_accum"))
+#: Knobs a space may search or fix; the derived ones (``dp``, ``grad_accum``) never.
+TUNABLE: tuple[str, ...] = tuple(k.name for k in KNOBS if not k.derived)
 #: Knobs whose domains are ordered numbers (the tuner samples them as an index, so TPE/GP/CMA-ES
 #: see their order); the others are categorical.
-ORDINAL: frozenset[str] = frozenset({"tp", "pp", "micro_batch", "ckpt_ratio", "zero_stage", "virtual_stages"})
+ORDINAL: frozenset[str] = frozenset(k.name for k in KNOBS if k.ordered and not k.derived)
 #: ``"auto"`` domains filled in per model and cluster by ``bind``.
 AUTO = "auto"
-
-_CHOICES: dict[str, tuple[Any, ...]] = {
-    "attn_kernel": ATTN_KERNELS,
-    "pipeline_schedule": PIPELINE_SCHEDULES,
-    "ckpt_placement": CKPT_PLACEMENTS,
-    "precision": PRECISIONS,
-    "zero_stage": (0, 1, 2, 3),
-    "fuse_bias_gelu": (False, True),
-    "compile_layers": (False, True),
-    "sequence_parallel": (False, True),
-}
-_POSITIVE_INT = ("tp", "pp", "micro_batch", "virtual_stages")
 _SPACE_KEYS = ("name", "version", "description", "knobs", "fixed", "rules")
 _RULE_KEYS = ("tp_within_node", "max_micro_batch", "batch_per_gpu", "min_global_batch", "max_global_batch")
 
@@ -109,6 +92,18 @@ class SearchSpace:
                 "knobs": {k: v if v == AUTO else list(v) for k, v in self.knobs.items()},
                 "fixed": dict(self.fixed), "rules": dict(self.rules)}
 
+    def pin(self, knobs: Mapping[str, Any]) -> SearchSpace:
+        """This space with ``knobs`` fixed to the given values (searched no more), as ``name+pinned``.
+
+        Raises ConfigError for a knob a space cannot fix (unknown or derived) or a bad value.
+        """
+        fixed = {**self.fixed, **knobs}
+        searched = {k: v for k, v in self.knobs.items() if k not in knobs}
+        note = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+        return SearchSpace(name=f"{self.name}+pinned", version=f"{self.version}+{note}",
+                           description=f"{self.description} (pinned: {note})", knobs=searched,
+                           fixed=fixed, rules=self.rules)
+
     def default_global_batch(self, gpus: int) -> int:
         """``batch_per_gpu`` x gpus clipped to the space's bounds."""
         r = self.rules
@@ -141,32 +136,28 @@ class SearchSpace:
                 )
             domains[knob] = kept
         fixed = dict(self.fixed)
-        if "precision" not in fixed and "precision" not in domains and not cluster.device.bf16:
-            fixed["precision"] = "fp16" if precisions is None or "fp16" in precisions else "fp32"
+        precision = layout.default_precision(cluster.device.bf16, precisions)
+        if "precision" not in fixed and "precision" not in domains and precision != KNOB["precision"].default:
+            fixed["precision"] = precision
         return BoundSpace(self, model, cluster, gb, domains, fixed)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _auto_domain(knob: str, model: ModelSpec, cluster: ClusterSpec, rules: Mapping[str, Any]) -> tuple[int, ...]:
     if knob == "tp":
-        return tuple(_divisors(math.gcd(model.kv_heads, cluster.gpus)))
+        return tuple(layout.divisors(math.gcd(model.kv_heads, cluster.gpus)))
     if knob == "pp":
-        return tuple(_divisors(math.gcd(model.layers, cluster.gpus)))
+        return tuple(layout.divisors(math.gcd(model.layers, cluster.gpus)))
     if knob == "micro_batch":
         return tuple(2**i for i in range(int(math.log2(rules["max_micro_batch"])) + 1))
-    raise ConfigError(f"{knob} has no automatic domain: only tp, pp and micro_batch do; list its values")
+    auto = ", ".join(k.name for k in KNOBS if k.auto)
+    raise ConfigError(f"{knob} has no automatic domain: only {auto} do; list its values")
 
 
 def _statically_ok(knob: str, v: Any, model: ModelSpec, cluster: ClusterSpec, rules: Mapping[str, Any]) -> bool:
     if knob == "tp":
-        within = v <= cluster.devices_per_node or cluster.allow_cross_node_tp
-        return bool(cluster.gpus % v == 0 and model.heads % v == 0 and model.kv_heads % v == 0
-                    and model.ffn % v == 0 and within)
+        return not layout.tp_problem(v, model, cluster)
     if knob == "pp":
-        return bool(cluster.gpus % v == 0 and model.layers % v == 0)
+        return not layout.pp_problem(v, model, cluster)
     if knob == "micro_batch":
         return bool(v <= rules["max_micro_batch"])
     if knob == "attn_kernel" and v == "flash":
@@ -199,31 +190,16 @@ class BoundSpace:
         the same way give the same config (and the same ``config_hash``).
         """
         knobs: dict[str, Any] = {**self.fixed, **params}
-        tp, pp = int(knobs.get("tp", 1)), int(knobs.get("pp", 1))
-        gpus = self.cluster.gpus
-        if gpus % (tp * pp):
-            return Invalid(f"tp*pp must divide --gpus: got tp={tp}, pp={pp} for {gpus}")
-        dp = gpus // (tp * pp)
-        mb = int(knobs.get("micro_batch", 1))
-        if self.global_batch % (mb * dp):
-            return Invalid(f"micro_batch*dp must divide the global batch: got {mb}*{dp} for {self.global_batch}")
-        knobs["dp"] = dp
-        knobs["grad_accum"] = self.global_batch // (mb * dp)
-        if pp == 1:
-            knobs["pipeline_schedule"], knobs["virtual_stages"] = "1f1b", 1
-        elif knobs.get("pipeline_schedule", "1f1b") != "interleaved":
-            knobs["virtual_stages"] = 1
-        if tp == 1:
-            knobs["sequence_parallel"] = False
-        if dp == 1:
-            knobs["zero_stage"] = 0  # nothing to partition over one replica
-        layers = self.model.layers
-        n_ckpt = round(float(knobs.get("ckpt_ratio", 0.0)) * layers)
-        knobs["ckpt_ratio"] = n_ckpt / layers
-        if n_ckpt in (0, layers):
-            knobs["ckpt_placement"] = "front"
         try:
-            return ScheduleConfig(**knobs).validate(self.model, self.cluster)
+            dp = layout.data_parallel(self.cluster.gpus, int(knobs.get("tp", 1)), int(knobs.get("pp", 1)))
+            knobs["dp"] = dp
+            knobs["grad_accum"] = layout.grad_accum_for(self.global_batch, int(knobs.get("micro_batch", 1)), dp)
+        except ConfigError as err:
+            return Invalid(str(err))
+        layers = self.model.layers
+        knobs["ckpt_ratio"] = round(float(knobs.get("ckpt_ratio", 0.0)) * layers) / layers
+        try:
+            return ScheduleConfig(**canonical(knobs, layers)).validate(self.model, self.cluster)
         except ConfigError as err:
             return Invalid(str(err))
 
@@ -265,31 +241,35 @@ class BoundSpace:
         return out
 
 
+def canonical(knobs: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """``knobs`` with every knob that changes nothing here (``Knob.inert``) at its default.
+
+    Two points that run the same way then give the same config (and the same ``config_hash``).
+    """
+    out = dict(knobs)
+    for k in KNOBS:
+        if k.inert is not None and k.inert(out, layers):
+            out[k.name] = k.default
+    return out
+
+
 # --- parsing and validation of space descriptions ---------------------------------------------
 
 def _check_value(knob: str, v: Any, where: str, what: str) -> Any:
     if knob not in TUNABLE:
+        derived = " and ".join(k.name for k in KNOBS if k.derived)
         raise ConfigError(
             f"unknown knob {knob!r} in {where}: valid knobs are {', '.join(TUNABLE)} "
-            "(dp and grad_accum are derived from --gpus and --global-batch)"
+            f"({derived} are derived from --gpus and --global-batch)"
         )
-    if knob in _POSITIVE_INT:
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ConfigError(f"{what} {knob} values must be positive integers: got {v!r} in {where}")
-    elif knob == "ckpt_ratio":
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
-            raise ConfigError(f"{what} ckpt_ratio values must be numbers in [0, 1]: got {v!r} in {where}")
-        v = float(v)
-    elif v not in _CHOICES[knob] or isinstance(v, bool) != isinstance(_CHOICES[knob][0], bool):
-        allowed = ", ".join(json.dumps(c) for c in _CHOICES[knob])
-        raise ConfigError(f"{what} {knob} must be one of {allowed}: got {json.dumps(v)} in {where}")
-    return v
+    return KNOB[knob].check(v, f"{what} of {where}")
 
 
 def _check_domain(knob: str, dom: Any, where: str) -> Any:
     if dom == AUTO:
-        if knob not in ("tp", "pp", "micro_batch"):
-            raise ConfigError(f"knobs.{knob} = \"auto\" is only for tp, pp and micro_batch in {where}; list its values")
+        if knob not in KNOB or not KNOB[knob].auto:
+            auto = ", ".join(k.name for k in KNOBS if k.auto)
+            raise ConfigError(f"knobs.{knob} = \"auto\" is only for {auto} in {where}; list its values")
         return AUTO
     if not isinstance(dom, (list, tuple)) or not dom:
         raise ConfigError(f"knobs.{knob} must be a non-empty list of values or \"auto\": got {dom!r} in {where}")

@@ -16,11 +16,16 @@ the fastest measured one is the baseline.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import autoslapo.layout as layout
 from autoslapo.config import ScheduleConfig
 from autoslapo.errors import ConfigError
 from autoslapo.result import TrialResult
+from search_spaces import BoundSpace
+from tuner.proposer import Prediction
 
 if TYPE_CHECKING:
     from tuner.study import StudyRunner, TuneOutcome
@@ -29,81 +34,85 @@ if TYPE_CHECKING:
 CANDIDATES = 3
 
 
-def _valid(runner: StudyRunner, **knobs: Any) -> ScheduleConfig | None:
-    b = runner.bound
-    gpus, gb = b.cluster.gpus, b.global_batch
-    dp = gpus // (knobs["tp"] * knobs["pp"])
-    if dp * knobs["tp"] * knobs["pp"] != gpus or gb % (knobs["micro_batch"] * dp):
-        return None
-    precision = b.fixed.get("precision", "bf16" if b.cluster.device.bf16 else "fp16")
+@dataclass(frozen=True)
+class BaselineContext:
+    """What the baselines need from a study: its bound space, its prior, its evaluator and what it measured."""
+
+    bound: BoundSpace
+    predict: Callable[[ScheduleConfig], Prediction]
+    evaluate: Callable[[ScheduleConfig], TrialResult]
+    measured: Mapping[ScheduleConfig, TrialResult]
+
+
+def _valid(ctx: BaselineContext, **knobs: Any) -> ScheduleConfig | None:
+    """The configuration with ``knobs`` set, the layout derived and every other knob as the study fixes
+    it (else its declared default), or None when it cannot run here."""
+    b = ctx.bound
     try:
-        return ScheduleConfig(dp=dp, grad_accum=gb // (knobs["micro_batch"] * dp), precision=precision,
-                              **knobs).validate(b.model, b.cluster)
+        dp = layout.data_parallel(b.cluster.gpus, knobs["tp"], knobs["pp"])
+        ga = layout.grad_accum_for(b.global_batch, knobs["micro_batch"], dp)
+        precision = b.fixed.get("precision", layout.default_precision(b.cluster.device.bf16))
+        return ScheduleConfig(precision=precision, dp=dp, grad_accum=ga, **knobs).validate(b.model, b.cluster)
     except ConfigError:
         return None
 
 
-def _fits(runner: StudyRunner, c: ScheduleConfig) -> bool:
-    return runner.proposer.predict(c).fits
-
-
-def _ranked(runner: StudyRunner, configs: list[ScheduleConfig]) -> list[ScheduleConfig]:
+def _ranked(ctx: BaselineContext, configs: list[ScheduleConfig]) -> list[ScheduleConfig]:
     """Distinct configurations, best predicted throughput first."""
     uniq = list(dict.fromkeys(configs))
-    return sorted(uniq, key=lambda c: -runner.proposer.predict(c).samples_per_s)
+    return sorted(uniq, key=lambda c: -ctx.predict(c).samples_per_s)
 
 
-def _micro_batches(runner: StudyRunner) -> list[int]:
-    return [2**i for i in range(12, -1, -1) if 2**i <= runner.bound.global_batch]
+def _micro_batches(ctx: BaselineContext) -> list[int]:
+    return [2**i for i in range(12, -1, -1) if 2**i <= ctx.bound.global_batch]
 
 
-def deepspeed_candidates(runner: StudyRunner) -> list[ScheduleConfig]:
+def deepspeed_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
     """DeepSpeed-style candidates (one per ZeRO stage), best predicted first; empty if nothing fits."""
-    gpus = runner.bound.cluster.gpus
+    gpus = ctx.bound.cluster.gpus
     for ratio in (0.0, 1.0):
         found: list[ScheduleConfig] = []
         for stage in ((0, 1, 2, 3) if gpus > 1 else (0,)):
-            for mb in _micro_batches(runner):
-                c = _valid(runner, tp=1, pp=1, micro_batch=mb, zero_stage=stage, ckpt_ratio=ratio,
+            for mb in _micro_batches(ctx):
+                c = _valid(ctx, tp=1, pp=1, micro_batch=mb, zero_stage=stage, ckpt_ratio=ratio,
                            attn_kernel="sdpa")
-                if c is not None and _fits(runner, c):
+                if c is not None and ctx.predict(c).fits:
                     found.append(c)
                     break  # the largest micro-batch that fits at this stage
         if found:
-            return _ranked(runner, found)
+            return _ranked(ctx, found)
     return []
 
 
-def megatron_candidates(runner: StudyRunner) -> list[ScheduleConfig]:
+def megatron_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
     """Megatron-style candidates (micro-batch x pipeline schedule), best predicted first; empty if none fits."""
-    b = runner.bound
-    dev = b.cluster.device
-    tps = [t for t in (8, 4, 2, 1) if t <= b.cluster.devices_per_node and b.model.heads % t == 0
-           and b.model.kv_heads % t == 0 and b.cluster.gpus % t == 0]
-    for tp in tps[:1]:
+    b = ctx.bound
+    tps = [t for t in layout.tp_degrees(b.model, b.cluster) if t in (1, 2, 4, 8)]
+    for tp in tps[-1:]:  # TP 8 within a node, or the largest that divides the heads
         for pp in range(1, b.model.layers + 1):
             found = []
             for schedule in (("1f1b", "gpipe") if pp > 1 else ("1f1b",)):
-                for mb in _micro_batches(runner):
-                    c = _valid(runner, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=1.0, zero_stage=0,
-                               sequence_parallel=tp > 1, attn_kernel="flash" if dev.flash_attention else "sdpa",
+                for mb in _micro_batches(ctx):
+                    c = _valid(ctx, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=1.0, zero_stage=0,
+                               sequence_parallel=tp > 1,
+                               attn_kernel="flash" if b.cluster.device.flash_attention else "sdpa",
                                pipeline_schedule=schedule)
-                    if c is not None and _fits(runner, c):
+                    if c is not None and ctx.predict(c).fits:
                         found.append(c)
             if found:  # the fewest pipeline stages at which something fits
-                return _ranked(runner, found)
+                return _ranked(ctx, found)
     return []
 
 
-def deepspeed_config(runner: StudyRunner) -> ScheduleConfig | None:
+def deepspeed_config(ctx: BaselineContext) -> ScheduleConfig | None:
     """The DeepSpeed-style configuration the cost model ranks first, or None if nothing fits."""
-    found = deepspeed_candidates(runner)
+    found = deepspeed_candidates(ctx)
     return found[0] if found else None
 
 
-def megatron_config(runner: StudyRunner) -> ScheduleConfig | None:
+def megatron_config(ctx: BaselineContext) -> ScheduleConfig | None:
     """The Megatron-style configuration the cost model ranks first, or None if nothing fits."""
-    found = megatron_candidates(runner)
+    found = megatron_candidates(ctx)
     return found[0] if found else None
 
 
@@ -125,11 +134,12 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
                     {**t.result, "extra": {k: v for k, v in t.result.get("extra", {}).items()
                                            if k not in ("baseline", "tuned_samples_per_s", "speedup")}})
     rows = []
+    ctx = runner.baseline_context()
     for i, (kind, pick) in enumerate((("deepspeed", deepspeed_candidates), ("megatron", megatron_candidates))):
         config: ScheduleConfig | None = None
         result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False)
-        for cand in pick(runner)[:CANDIDATES]:
-            r = runner.proposer.measured.get(cand) or earlier.get(cand) or runner.evaluator.evaluate(cand)
+        for cand in pick(ctx)[:CANDIDATES]:
+            r = ctx.measured.get(cand) or earlier.get(cand) or ctx.evaluate(cand)
             if config is None or (r.status == "complete" and (result.status != "complete"
                                                               or r.samples_per_s > result.samples_per_s)):
                 config, result = cand, r
@@ -139,7 +149,7 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
         extra = {**result.extra, "baseline": kind, "tuned_samples_per_s": tuned, "speedup": speedup}
         stored = TrialResult.from_dict({**result.to_dict(), "extra": extra})
         rows.append((i, config.to_dict() if config else {"baseline": kind}, stored.to_dict()))
-    o = runner.o
+    o = runner.options
     if store.has_study(name) and not o.join:  # joined tuners share one companion study
         store.delete_study(name)
     store.create_study(name, model=o.model.to_dict(), cluster=o.cluster.to_dict(), space_name="baselines",

@@ -15,7 +15,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autoslapo.config import ScheduleConfig
 from autoslapo.result import TrialResult
@@ -23,12 +23,27 @@ from autoslapo.result import TrialResult
 if TYPE_CHECKING:
     from tuner.evaluators import Evaluator
     from tuner.proposer import Proposal
-    from tuner.study import StudyRunner
+    from tuner.study import TuneOptions
+
+
+class DispatchedStudy(Protocol):
+    """What Ray dispatch drives: the study's options and evaluator, its proposals and its stop rule."""
+
+    options: TuneOptions
+    name: str
+    evaluator: Evaluator
+    launched: int
+
+    def propose(self) -> tuple[Proposal, int] | None: ...
+
+    def complete(self, proposal: Proposal, number: int, result: TrialResult) -> None: ...
+
+    def should_stop(self, started: float) -> str | None: ...
 
 _METRIC = "samples_per_s"
 # Tune pickles its search algorithm into the experiment's state file; the study it drives (with
 # its store connection) stays in this process, so the searcher pickles as a key into this table.
-_RUNNERS: dict[int, tuple[StudyRunner, float]] = {}
+_RUNNERS: dict[int, tuple[DispatchedStudy, float]] = {}
 
 
 def _trainable(params: dict[str, Any], evaluator: Evaluator) -> None:
@@ -45,7 +60,7 @@ def _trainable(params: dict[str, Any], evaluator: Evaluator) -> None:
     tune.report({_METRIC: result.samples_per_s, "trial_result": json.dumps(result.to_dict())})
 
 
-def _searcher(runner: StudyRunner, started: float) -> Any:
+def _searcher(runner: DispatchedStudy, started: float) -> Any:
     from ray.tune.search import Searcher
 
     class StudySearcher(Searcher):  # type: ignore[misc]
@@ -76,7 +91,7 @@ def _searcher(runner: StudyRunner, started: float) -> Any:
         def suggest(self, trial_id: str) -> Any:  # a config dict, None (wait) or Searcher.FINISHED
             runner, started = _RUNNERS[self.key]
             in_flight = len(self.live)
-            if runner.launched + in_flight >= runner.o.trials:
+            if runner.launched + in_flight >= runner.options.trials:
                 return Searcher.FINISHED if in_flight == 0 else None
             why = runner.should_stop(started)
             if why is not None:
@@ -108,15 +123,15 @@ def _searcher(runner: StudyRunner, started: float) -> Any:
     return StudySearcher(id(runner))
 
 
-def ranks_per_node(runner: StudyRunner) -> list[int] | None:
+def ranks_per_node(runner: DispatchedStudy) -> list[int] | None:
     """How a real trial's ranks split over machines (``gpus_per_node`` each), or None: one machine."""
-    cluster = runner.o.cluster
+    cluster = runner.options.cluster
     if runner.evaluator.instant or cluster.nodes < 2:
         return None
     return [cluster.gpus_per_node] * cluster.nodes
 
 
-def trial_resources(runner: StudyRunner) -> Any:
+def trial_resources(runner: DispatchedStudy) -> Any:
     """What one trial reserves: a CPU for an estimate; its ranks for a real trial.
 
     A real trial on one machine reserves its ranks there: that many CPUs on a CPU cluster, or that
@@ -124,7 +139,7 @@ def trial_resources(runner: StudyRunner) -> Any:
     a CPU for the trial's driver, then one bundle a machine for its slice of the ranks
     (``autoslapo.runtime.multinode``), placed by Ray wherever those devices are free.
     """
-    cluster = runner.o.cluster
+    cluster = runner.options.cluster
     if runner.evaluator.instant:
         return {"cpu": 1}
     split = ranks_per_node(runner)
@@ -186,7 +201,7 @@ def join_ray(address: str) -> None:
     )
 
 
-def run_with_ray(runner: StudyRunner, started: float) -> str:
+def run_with_ray(runner: DispatchedStudy, started: float) -> str:
     """Run the rest of ``runner``'s budget through Ray Tune; returns the stop reason."""
 
     # The legacy reporter honours verbose=0; the new one prints tables into the CLI's output.
@@ -194,7 +209,7 @@ def run_with_ray(runner: StudyRunner, started: float) -> str:
     import ray
     from ray import tune
 
-    o = runner.o
+    o = runner.options
     resources = trial_resources(runner)
     evaluator = runner.evaluator
     split = ranks_per_node(runner)

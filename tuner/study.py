@@ -23,12 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import autoslapo.layout as layout
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.errors import ConfigError, StorageError, StorageLost, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from search_spaces import BoundSpace, SearchSpace, space_for
+from tuner.baselines import BaselineContext
 from tuner.evaluators import Evaluator, cost_prior, make_evaluator
 from tuner.mirror import OptunaMirror
 from tuner.proposer import SAMPLERS, Proposal, Proposer
@@ -135,9 +137,9 @@ def _check_layouts(bound: BoundSpace) -> None:
     def dom(knob: str) -> tuple[int, ...]:
         return tuple(bound.domains.get(knob, (bound.fixed.get(knob, 1),)))
 
-    dps = [gpus // (tp * pp) for tp in dom("tp") for pp in dom("pp") if gpus % (tp * pp) == 0]
-    if any(gb % (int(mb) * dp) == 0 for dp in dps for mb in dom("micro_batch")):
+    if layout.batch_fits_some_layout(gb, gpus, dom("tp"), dom("pp"), dom("micro_batch")):
         return
+    dps = [gpus // (tp * pp) for tp in dom("tp") for pp in dom("pp") if gpus % (tp * pp) == 0]
     raise ConfigError(
         f"micro_batch*dp must divide the global batch for some layout: {gpus} devices with tp in "
         f"{list(dom('tp'))} and pp in {list(dom('pp'))} give dp in {sorted(set(dps))} for a global batch of "
@@ -150,7 +152,7 @@ class StudyRunner:
 
     def __init__(self, options: TuneOptions, store: Store, *, evaluator: Evaluator | None = None,
                  progress: Callable[[Progress], None] | None = None) -> None:
-        self.o = options
+        self.options = options
         self.store = store
         self.progress = progress
         space = options.space or space_for(options.model.family)
@@ -187,14 +189,18 @@ class StudyRunner:
                                        retried_prefix=INTERRUPTED_PREFIX)
         self._load()
 
+    def baseline_context(self) -> BaselineContext:
+        """What the baselines read from this study: bound space, prior, evaluator, measured results."""
+        return BaselineContext(self.bound, self.proposer.predict, self.evaluator.evaluate, self.proposer.measured)
+
     def _runtime_device(self) -> str | None:
-        if self.o.backend == "sim" or self.evaluator.name not in ("local", "ray"):
+        if self.options.backend == "sim" or self.evaluator.name not in ("local", "ray"):
             return None
-        return "cpu" if self.o.cluster.gpu_type == "cpu" else "cuda"
+        return "cpu" if self.options.cluster.gpu_type == "cpu" else "cuda"
 
     # --- study lifecycle -------------------------------------------------------------------
     def _open_study(self) -> str:
-        o = self.o
+        o = self.options
         name = o.study or default_study_name(o.model, o.cluster, o.backend)
         sig, fp = o.model.signature(), o.cluster.fingerprint()
         if o.resume:
@@ -219,7 +225,7 @@ class StudyRunner:
 
     def _load(self) -> None:
         """Bring the sampler up to date with the stored trials (resume) or similar studies (warm)."""
-        if not self.o.join:  # joined tuners' running trials belong to tuners still alive
+        if not self.options.join:  # joined tuners' running trials belong to tuners still alive
             self.store.mark_stale_running(self.name)
         retries: list[tuple[ScheduleConfig, int]] = []
         for t in self.store.trials(self.name):
@@ -236,13 +242,13 @@ class StudyRunner:
         for config, number in retries:
             self._numbers[config.config_hash()] = number
         self.proposer.enqueue([c for c, _ in retries], "retry")
-        if self.launched == 0 and not self.o.resume and self.o.warm_start:
+        if self.launched == 0 and not self.options.resume and self.options.warm_start:
             from tuner.resume import warm_start
 
-            warm_start(self.store, self.name, self.proposer, self.o.model, self.o.cluster)
-        if self.o.resume and self.mirror is not None:
+            warm_start(self.store, self.name, self.proposer, self.options.model, self.options.cluster)
+        if self.options.resume and self.mirror is not None:
             self.mirror.sync()  # catch up what a killed tuner had not mirrored yet
-        k = self.o.prior_seeds if self.o.prior_seeds is not None else min(10, max(3, self.o.trials // 10))
+        k = self.options.prior_seeds if self.options.prior_seeds is not None else min(10, max(3, self.options.trials // 10))
         if k:
             self.proposer.enqueue(self.proposer.ranking()[:k], "prior")
 
@@ -294,14 +300,14 @@ class StudyRunner:
                 return None
             key = p.config.config_hash()
             retry = self._numbers.get(key)
-            if retry is None and self.evaluator.instant and self.o.dispatch != "ray":
+            if retry is None and self.evaluator.instant and self.options.dispatch != "ray":
                 return p, -1  # stored once, with its result, by ``complete``
             try:
                 if retry is not None:
                     rec: TrialRecord | None = self.store.start_trial(self.name, retry, p.config.to_dict(),
                                                                      restart=True)
                 else:
-                    rec = self.store.claim_trial(self.name, p.config.to_dict(), budget=self.o.trials)
+                    rec = self.store.claim_trial(self.name, p.config.to_dict(), budget=self.options.trials)
             except DuplicateTrial as dup:
                 self._numbers.pop(key, None)
                 self._taken_elsewhere(p, dup.existing)
@@ -322,7 +328,7 @@ class StudyRunner:
             from store import DuplicateTrial
 
             try:
-                rec = self.store.claim_trial(self.name, proposal.config.to_dict(), budget=self.o.trials,
+                rec = self.store.claim_trial(self.name, proposal.config.to_dict(), budget=self.options.trials,
                                              result=result.to_dict())
             except DuplicateTrial as dup:
                 self._taken_elsewhere(proposal, dup.existing)
@@ -338,16 +344,16 @@ class StudyRunner:
         if self.mirror is not None:
             self.mirror.note(number)
         if self.progress is not None:
-            self.progress(Progress(self.launched, self.o.trials, self.best, dict(self.counts),
+            self.progress(Progress(self.launched, self.options.trials, self.best, dict(self.counts),
                                    f"#{number} {result.status}"))
 
     def should_stop(self, started: float) -> str | None:
         """Why the study stops now, or None to go on."""
-        if self.launched >= self.o.trials or self._full:
+        if self.launched >= self.options.trials or self._full:
             return "budget"
-        if self.o.timeout_s is not None and time.monotonic() - started >= self.o.timeout_s:
+        if self.options.timeout_s is not None and time.monotonic() - started >= self.options.timeout_s:
             return "timeout"
-        if self.o.patience is not None and self.best > 0 and self._since_best >= self.o.patience:
+        if self.options.patience is not None and self.best > 0 and self._since_best >= self.options.patience:
             return "patience"
         return None
 
@@ -359,7 +365,7 @@ class StudyRunner:
         try:
             stop = self.should_stop(started)
             if stop is None:
-                if self.o.dispatch == "ray":
+                if self.options.dispatch == "ray":
                     from tuner.dispatch import run_with_ray
 
                     stop = run_with_ray(self, started)
@@ -375,7 +381,7 @@ class StudyRunner:
             self.mirror.sync()
         outcome = TuneOutcome(self.name, self.launched, self.pruned, self.best_config, self.best_result,
                               stop, time.monotonic() - started, dict(self.counts), asks=self.proposer.asks)
-        if self.o.baselines:
+        if self.options.baselines:
             from tuner.baselines import score_baselines
 
             outcome.baselines = score_baselines(self, outcome)

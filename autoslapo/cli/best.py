@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
-    from autoslapo.cli.tune import _fmt_cfg
+    from autoslapo.config import describe
 
     kind = "measured" if t.measured else "estimated"
     sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type}: {t.samples_per_s:,.1f} samples/s "
-                     f"({kind}, study {t.study} trial {t.number})\n  {_fmt_cfg(t.config)}\n")
+                     f"({kind}, study {t.study} trial {t.number})\n  {describe(t.config)}\n")
     return 0

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.config import KNOBS
 from autoslapo.errors import UsageError
 
 
@@ -24,22 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-type", default="a100-80gb", help="device preset (default a100-80gb)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
     parser.add_argument("--allow-cross-node-tp", action="store_true", help="let TP span nodes")
-    knobs = parser.add_argument_group("schedule knobs (left out: chosen by the cost model)")
-    knobs.add_argument("--tp", type=int)
-    knobs.add_argument("--pp", type=int)
-    knobs.add_argument("--dp", type=int)
-    knobs.add_argument("--micro-batch", type=int)
-    knobs.add_argument("--global-batch", type=int, help="sequences an optimizer step (fixes grad accumulation)")
-    knobs.add_argument("--grad-accum", type=int)
-    knobs.add_argument("--ckpt-ratio", type=float)
-    knobs.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3])
-    knobs.add_argument("--attn", choices=["eager", "sdpa", "flash"])
-    knobs.add_argument("--sequence-parallel", choices=["on", "off"])
-    knobs.add_argument("--pipeline-schedule", choices=["gpipe", "1f1b", "interleaved"])
-    knobs.add_argument("--virtual-stages", type=int)
-    knobs.add_argument("--compile-layers", choices=["on", "off"])
-    knobs.add_argument("--fuse-bias-gelu", choices=["on", "off"])
-    knobs.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--global-batch", type=int, help="sequences an optimizer step (fixes grad accumulation)")
+    add_knob_arguments(parser, "estimate")
     shape = parser.add_argument_group("model shape overrides")
     for name in ("hidden", "layers", "heads", "ffn", "seq-len", "vocab"):
         shape.add_argument(f"--{name}", type=int)
@@ -80,19 +68,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{source}; pass a matching --profile"
             )
         cluster = cluster.with_profile(profile)
-    fixed: dict[str, Any] = {
-        "tp": args.tp, "pp": args.pp, "dp": args.dp, "micro_batch": args.micro_batch,
-        "grad_accum": args.grad_accum, "ckpt_ratio": args.ckpt_ratio, "zero_stage": args.zero_stage,
-        "attn_kernel": args.attn, "pipeline_schedule": args.pipeline_schedule,
-        "virtual_stages": args.virtual_stages, "precision": args.precision,
-    }
-    if args.sequence_parallel:
-        fixed["sequence_parallel"] = args.sequence_parallel == "on"
-    if args.compile_layers:
-        fixed["compile_layers"] = args.compile_layers == "on"
-    if args.fuse_bias_gelu:
-        fixed["fuse_bias_gelu"] = args.fuse_bias_gelu == "on"
-    if args.global_batch is not None and args.grad_accum is not None:
+    fixed = knob_values(args, "estimate")
+    if args.global_batch is not None and "grad_accum" in fixed:
         raise UsageError("--global-batch and --grad-accum both fix the batch: give one of them")
     est = best_config(model, cluster, global_batch=args.global_batch, profile=profile, **fixed)
     d = est.to_dict()
@@ -103,9 +80,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     c = est.config
     print(f"{model.preset} on {cluster.gpus} x {cluster.gpu_type}" + (f" (profile {source})" if source else ""))
-    print(f"  schedule: tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} grad_accum={c.grad_accum} "
-          f"ckpt_ratio={c.ckpt_ratio} zero={c.zero_stage} attn={c.attn_kernel} sp={c.sequence_parallel} "
-          f"fuse_bias_gelu={c.fuse_bias_gelu} compile_layers={c.compile_layers} precision={c.precision}")
+    print(f"  schedule: {' '.join(k.show(getattr(c, k.name)) for k in KNOBS)}")
     print(f"  {est.samples_per_s:,.1f} samples/s, {est.tokens_per_s:,.0f} tokens/s, step {est.step_time_s:.3f} s")
     print(f"  {est.tflops_per_device:.1f} model TFLOP/s a device ({est.hw_tflops_per_device:.1f} with recompute)")
     print(f"  memory {est.memory_per_device_bytes / 2**30:.2f} GiB of {cluster.memory_bytes / 2**30:.1f} GiB a "

@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from typing import Any
 
-from autoslapo.errors import UsageError
+import autoslapo.layout as layout
+from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cluster import DEVICES
+from autoslapo.config import ScheduleConfig, describe
+from autoslapo.errors import ConfigError, UsageError
 
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
          "g": 2**30, "gb": 2**30, "gib": 2**30}
@@ -30,20 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``autoslapo run``."""
     p.add_argument("model", metavar="MODEL", help="model preset, e.g. bert-tiny, gpt2-xl, llama-tiny")
     p.add_argument("--gpus", type=int, required=True, help="ranks to run (GPUs, or CPU processes)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
-    p.add_argument("--grad-accum", type=int, default=None,
-                   help="micro-batches per optimizer step (default: pp, at least 1)")
-    p.add_argument("--ckpt-ratio", type=float, default=0.0, help="share of layers checkpointed (0-1)")
-    p.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
-    p.add_argument("--attn", default="sdpa", choices=("eager", "sdpa", "flash"), help="attention kernel")
-    p.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism (needs tp > 1)")
-    p.add_argument("--fuse-bias-gelu", action="store_true", help="fuse the MLP's bias + GeLU")
-    p.add_argument("--pipeline-schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"))
-    p.add_argument("--virtual-stages", type=int, default=1, help="stages per rank (interleaved)")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                   help="auto: bf16 on GPUs, fp32 on CPU")
+    # grad_accum: the pipeline's micro-batches (pp, at least 1) unless given; precision: the device's default.
+    add_knob_arguments(p, "run", defaults={"grad_accum": None, "precision": None})
     p.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
     p.add_argument("--steps", type=int, default=6, help="optimizer steps in all (default 6)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps (default: a third, at least 1)")
@@ -54,33 +45,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
 
 
-def _config(args: argparse.Namespace, device: str) -> object:
-    from autoslapo.config import ScheduleConfig
+def _config(args: argparse.Namespace, device: str) -> ScheduleConfig:
+    from autoslapo.runtime.check import RUNTIME_PRECISIONS
 
-    if args.gpus < 1 or args.tp < 1 or args.pp < 1:
-        raise UsageError(f"--gpus, --tp and --pp must be positive: got {args.gpus}, {args.tp}, {args.pp}")
-    if args.gpus % (args.tp * args.pp):
-        raise UsageError(
-            f"--gpus must be a multiple of tp*pp: got --gpus {args.gpus} for tp={args.tp}, pp={args.pp} "
-            f"({args.tp * args.pp}); pick degrees whose product divides {args.gpus}"
-        )
-    precision: Any = args.precision if args.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
-    grad_accum = args.grad_accum if args.grad_accum is not None else max(1, args.pp)
-    return ScheduleConfig(
-        tp=args.tp, pp=args.pp, dp=args.gpus // (args.tp * args.pp), micro_batch=args.micro_batch,
-        grad_accum=grad_accum, ckpt_ratio=args.ckpt_ratio, zero_stage=args.zero_stage,
-        attn_kernel=args.attn, sequence_parallel=args.sequence_parallel,
-        fuse_bias_gelu=args.fuse_bias_gelu, pipeline_schedule=args.pipeline_schedule,
-        virtual_stages=args.virtual_stages, precision=precision,
-    )
+    knobs = knob_values(args, "run")
+    if args.gpus < 1:
+        raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
+    try:
+        knobs["dp"] = layout.data_parallel(args.gpus, knobs["tp"], knobs["pp"])
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+    knobs.setdefault("grad_accum", max(1, knobs["pp"]))
+    if "precision" not in knobs:
+        knobs["precision"] = layout.default_precision(_has_bf16(device), RUNTIME_PRECISIONS)
+    return ScheduleConfig(**knobs)
 
 
-def _table(result: object, model: str, config: object) -> str:
+def _has_bf16(device: str) -> bool:
+    if device == "cpu":
+        return DEVICES["cpu"].bf16
+    import torch
+
+    return bool(torch.cuda.is_bf16_supported())
+
+
+def _table(result: object, model: str, config: ScheduleConfig) -> str:
     r = result.to_dict()  # type: ignore[attr-defined]
-    c = config.to_dict()  # type: ignore[attr-defined]
-    knobs = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "micro_batch", "grad_accum", "ckpt_ratio",
-                                              "zero_stage", "attn_kernel", "precision"))
-    lines = [f"{model}: {knobs}", f"status           {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")]
+    c = config.to_dict()
+    lines = [f"{model}: {describe(c)}", f"status           {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")]
     if r["status"] == "complete":
         mib = r["peak_memory_bytes"] / 2**20
         lines += [
@@ -103,12 +95,12 @@ def run(args: argparse.Namespace) -> int:
     spec = ModelSpec.from_name(args.model, seq_len=args.seq_len)
     device = resolve_device(args.device, args.gpus)
     config = _config(args, device)
-    check_runnable(spec, config, device=device)  # type: ignore[arg-type]
+    check_runnable(spec, config, device=device)
     warmup = args.warmup if args.warmup is not None else max(1, args.steps // 3)
     if args.steps <= warmup:
         raise UsageError(f"--steps must exceed the warm-up steps: got --steps {args.steps}, warm-up {warmup}")
     cap = parse_bytes(args.mem_cap) if args.mem_cap else None
-    result = run_trial(spec, config, steps=args.steps, warmup=warmup, timeout_s=args.timeout,  # type: ignore[arg-type]
+    result = run_trial(spec, config, steps=args.steps, warmup=warmup, timeout_s=args.timeout,
                        mem_cap_bytes=cap, device=device, seed=args.seed)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))

@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.config import describe
 from autoslapo.errors import UsageError
 
 SAMPLER_NAMES = ("tpe", "random", "grid", "cmaes", "gp", "nsga2")
@@ -55,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-warm-start", action="store_true", help="do not start from earlier studies")
     parser.add_argument("--no-baselines", action="store_true", help="skip the DeepSpeed/Megatron baselines")
     parser.add_argument("--top", type=int, default=5, help="rows in the final table (default 5)")
+    add_knob_arguments(parser, "tune")
 
 
 def _cuda_devices() -> int:
@@ -93,18 +96,6 @@ class ProgressBar:
             self.stream.write("\n")
 
 
-def _fmt_cfg(c: dict[str, Any]) -> str:
-    s = (f"tp={c['tp']} pp={c['pp']} dp={c['dp']} mb={c['micro_batch']} accum={c['grad_accum']} "
-         f"ckpt={c['ckpt_ratio']:.2f} zero={c['zero_stage']} attn={c['attn_kernel']}")
-    if c.get("fuse_bias_gelu"):
-        s += " fuse"
-    if c.get("sequence_parallel"):
-        s += " sp"
-    if c["pp"] > 1:
-        s += f" {c['pipeline_schedule']}" + (f"x{c['virtual_stages']}" if c["virtual_stages"] > 1 else "")
-    return s
-
-
 def run(args: argparse.Namespace) -> int:
     """Run or resume a study; print the table. Returns 0."""
     from autoslapo.cluster import ClusterSpec
@@ -141,11 +132,12 @@ def run(args: argparse.Namespace) -> int:
     per_node = args.gpus_per_node or (args.gpus if gpu_type == "cpu" else 8)
     model = ModelSpec.from_name(args.model, seq_len=args.seq_len)
     cluster = ClusterSpec(gpus=args.gpus, gpu_type=gpu_type, gpus_per_node=per_node)
-    space = None
-    if args.space:
-        from search_spaces import load_space
+    from search_spaces import load_space, space_for
 
-        space = load_space(args.space)
+    pins = knob_values(args, "tune")
+    space = load_space(args.space) if args.space else None
+    if pins:  # pinned knobs: fixed in the study's space, whatever it searched
+        space = (space or space_for(model.family)).pin(pins)
     dispatch = args.dispatch or ("ray" if backend == "ray" or args.ray_address else "inline")
 
     from store import open_store
@@ -185,11 +177,11 @@ def run(args: argparse.Namespace) -> int:
     for t in rows:
         mem = (t.peak_memory_bytes or 0) / 2**30
         out.write(f"{t.number:>4} {t.samples_per_s or 0:>11,.1f} {t.tflops_per_device or 0:>11.1f} "
-                  f"{mem:>8.1f}  {_fmt_cfg(t.config)}\n")
+                  f"{mem:>8.1f}  {describe(t.config)}\n")
     for name, b in outcome.baselines.items():
         if b["speedup"] is not None:
             out.write(f"speedup over {name}-style baseline: {b['speedup']:.2f}x "
-                      f"({b['samples_per_s']:,.1f} samples/s: {_fmt_cfg(b['config'])})\n")
+                      f"({b['samples_per_s']:,.1f} samples/s: {describe(b['config'])})\n")
         else:
             out.write(f"speedup over {name}-style baseline: n/a (baseline {b['status']}: {b['reason']})\n")
     return 0

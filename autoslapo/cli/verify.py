@@ -19,6 +19,7 @@ import argparse
 import time
 from typing import Any
 
+from autoslapo.cli._knobs import add_knob_arguments, knob_values
 from autoslapo.errors import UsageError
 
 DTYPES = ("float32", "float64")
@@ -27,13 +28,9 @@ DTYPES = ("float32", "float64")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the verify command's arguments."""
     parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see ModelSpec presets)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
-    parser.add_argument("--ckpt-ratio", type=float, default=0.0, help="fraction of layers to checkpoint")
-    parser.add_argument("--attn", choices=("eager", "sdpa", "flash"), default="sdpa", help="attention kernel")
+    # The test batch is --batch sequences: with pp > 1, grad_accum (default 2) pipeline micro-batches of it.
+    add_knob_arguments(parser, "verify", defaults={"grad_accum": None})
     parser.add_argument("--device", choices=("cpu",), default="cpu", help="where the ranks run (cpu: gloo)")
-    parser.add_argument("--sequence-parallel", action="store_true", help="turn on sequence parallelism")
-    parser.add_argument("--fuse-bias-gelu", action="store_true", help="fuse the MLP's bias + GeLU")
     parser.add_argument(
         "--layers",
         type=int,
@@ -44,7 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seq-len", type=int, default=32, help="sequence length of the test batch (default 32)"
     )
     parser.add_argument("--batch", type=int, default=4, help="batch size of the test batch (default 4)")
-    parser.add_argument("--microbatches", type=int, default=2, help="pipeline micro-batches when pp > 1")
     parser.add_argument(
         "--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)"
     )
@@ -59,37 +55,29 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
 
     spec = ModelSpec.from_name(args.model)
     full_layers = spec.layers
-    if args.seq_len < 1 or args.batch < 1 or args.microbatches < 1:
+    knobs = knob_values(args, "verify")
+    grad_accum = knobs.pop("grad_accum", 2) if knobs["pp"] > 1 else knobs.pop("grad_accum", 1)
+    if args.seq_len < 1 or args.batch < 1 or grad_accum < 1:
         raise UsageError(
-            f"--seq-len, --batch and --microbatches must be >= 1: got {args.seq_len}, {args.batch}, "
-            f"{args.microbatches}"
+            f"--seq-len, --batch and --grad-accum must be >= 1: got {args.seq_len}, {args.batch}, {grad_accum}"
         )
-    if args.pp > 1 and args.batch % args.microbatches:
+    if args.batch % grad_accum:
         raise UsageError(
-            f"--batch must split into --microbatches: got batch={args.batch}, microbatches={args.microbatches}"
+            f"--batch must split into --grad-accum micro-batches: got batch={args.batch}, grad_accum={grad_accum}"
         )
     if args.layers is not None and args.layers < 0:
         raise UsageError(f"--layers must be >= 0: got {args.layers}")
+    pp = knobs["pp"]
     if args.layers:
         layers = args.layers
-    elif args.layers == 0 or full_layers <= 2 * args.pp:
+    elif args.layers == 0 or full_layers <= 2 * pp:
         layers = full_layers
     else:
-        layers = 2 * args.pp
+        layers = 2 * pp
     spec = spec.with_overrides(layers=layers, seq_len=min(args.seq_len, spec.max_positions))
     if args.seq_len > spec.max_positions:
         raise UsageError(f"--seq-len must be <= {spec.max_positions} for {args.model}: got {args.seq_len}")
-    config = ScheduleConfig(
-        tp=args.tp,
-        pp=args.pp,
-        micro_batch=args.batch // args.microbatches if args.pp > 1 else args.batch,
-        grad_accum=args.microbatches if args.pp > 1 else 1,
-        ckpt_ratio=args.ckpt_ratio,
-        attn_kernel=args.attn,
-        sequence_parallel=args.sequence_parallel,
-        fuse_bias_gelu=args.fuse_bias_gelu,
-        precision="fp32",
-    )
+    config = ScheduleConfig(micro_batch=args.batch // grad_accum, grad_accum=grad_accum, precision="fp32", **knobs)
     config.validate(spec)
     return spec, config, full_layers
 
@@ -110,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     opts = {
         "batch": args.batch,
         "seq_len": spec.seq_len,
-        "microbatches": args.microbatches,
+        "grad_accum": config.grad_accum,
         "dtype": args.dtype,
         "seed": args.seed,
     }
@@ -230,7 +218,7 @@ def _verify_pipeline(
     model.eval()  # dropout is off anyway; eval keeps both runs deterministic
     ref = build_model(spec, attn_kernel=config.attn_kernel, seed=opts["seed"], dtype=model.dtype, dropout=0.0)
     ref.eval()
-    m = opts["microbatches"]
+    m = opts["grad_accum"]
     loss_of = model.loss_function
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -11,11 +11,13 @@ micro-batch never needs less memory, so the search stops growing it at the first
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from autoslapo.config import ScheduleConfig
+import autoslapo.layout as layout
+from autoslapo.config import KNOB, KNOBS, ScheduleConfig
 from autoslapo.cost.device import DevicePerf, device_perf
 from autoslapo.cost.estimate import Estimate, estimate
 from autoslapo.errors import ConfigError
@@ -25,92 +27,58 @@ if TYPE_CHECKING:
     from autoslapo.models.spec import ModelSpec
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-CKPT_RATIOS = (0.0, 0.25, 0.5, 0.75, 1.0)
-KNOBS = ("tp", "pp", "dp", "micro_batch", "grad_accum", "ckpt_ratio", "zero_stage", "attn_kernel",
-         "sequence_parallel", "precision", "pipeline_schedule", "virtual_stages", "compile_layers",
-         "fuse_bias_gelu", "ckpt_placement")
+#: Knobs the layout enumerates (degrees and batch); every other knob is swept by its declaration.
+_LAYOUT = ("tp", "pp", "dp", "micro_batch", "grad_accum")
 
 
-def default_precision(cluster: ClusterSpec) -> str:
-    """bf16 where the device has it (GPUs), fp16 on V100, fp32 on CPU ranks."""
-    if cluster.gpu_type == "cpu":
-        return "fp32"
-    return "bf16" if cluster.device.bf16 else "fp16"
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _layouts(model: ModelSpec, cluster: ClusterSpec, fixed: dict[str, Any]) -> Iterator[tuple[int, int, int]]:
-    g = cluster.gpus
-    for tp in _divisors(g):
-        if "tp" in fixed and tp != fixed["tp"]:
-            continue
-        if model.heads % tp or model.kv_heads % tp or model.ffn % tp:
-            continue
-        if tp > cluster.devices_per_node and not cluster.allow_cross_node_tp:
-            continue
-        for pp in _divisors(g // tp):
-            if "pp" in fixed and pp != fixed["pp"]:
-                continue
-            if model.layers % pp:
-                continue
-            dp = g // (tp * pp)
-            if "dp" in fixed and dp != fixed["dp"]:
-                continue
-            yield tp, pp, dp
+def _domain(name: str, cluster: ClusterSpec, fixed: dict[str, Any]) -> list[Any]:
+    """The values the sweep tries for one non-layout knob: the pinned one, else its sweep, else its default."""
+    k = KNOB[name]
+    if name in fixed:
+        return [k.check(fixed[name], "the pinned knobs")]
+    if name == "precision":
+        return [layout.default_precision(cluster.device.bf16)]
+    if name == "attn_kernel":
+        return [v for v in k.sweep or (k.default,) if v != "flash" or cluster.device.flash_attention]
+    return list(k.sweep) if k.sweep is not None else [k.default]
 
 
 def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int | None = None,
                       **fixed: Any) -> Iterator[list[ScheduleConfig]]:
     """Valid configs, grouped by everything but the micro-batch (each group in growing micro-batch).
 
-    ``fixed`` pins knobs by ScheduleConfig field name; unknown names raise ``ConfigError``.
+    ``fixed`` pins knobs by ``ScheduleConfig`` field name; every knob of ``KNOBS`` can be pinned, and
+    an unknown name raises ``ConfigError``. A pinned value is never dropped: a pin no valid
+    configuration can have yields nothing (and ``best_config`` says so).
     """
-    bad = sorted(set(fixed) - set(KNOBS))
+    bad = sorted(set(fixed) - set(KNOB))
     if bad:
-        raise ConfigError(f"unknown knobs {bad}; valid knobs are {sorted(KNOBS)}")
+        raise ConfigError(f"unknown knobs {bad}; valid knobs are {sorted(KNOB)}")
     fixed = {k: v for k, v in fixed.items() if v is not None}
-    dev = cluster.device
-    precision = fixed.get("precision", default_precision(cluster))
-    kernels: list[Any] = [fixed["attn_kernel"]] if "attn_kernel" in fixed else (
-        ["eager", "sdpa", "flash"] if dev.flash_attention else ["eager", "sdpa"])
-    ckpts = [fixed["ckpt_ratio"]] if "ckpt_ratio" in fixed else list(CKPT_RATIOS)
+    others = [k.name for k in KNOBS if k.name not in _LAYOUT]
+    domains = {n: _domain(n, cluster, fixed) for n in others}
     mbs = [fixed["micro_batch"]] if "micro_batch" in fixed else list(MICRO_BATCHES)
-    base = {k: fixed[k] for k in ("compile_layers", "fuse_bias_gelu", "ckpt_placement") if k in fixed}
-    for tp, pp, dp in _layouts(model, cluster, fixed):
-        zeros = [fixed["zero_stage"]] if "zero_stage" in fixed else ([0, 1] if pp > 1 else [0, 1, 2, 3])
-        sps = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else (
-            [False, True] if tp > 1 and model.seq_len % tp == 0 else [False])
-        sched = fixed.get("pipeline_schedule", "1f1b")
-        vs = fixed.get("virtual_stages", 2 if sched == "interleaved" else 1)
-        for zero in zeros:
-            if pp > 1 and zero >= 2:
-                continue
-            for attn in kernels:
-                for sp in sps:
-                    for ckpt in ckpts:
-                        group = []
-                        for mb in mbs:
-                            if global_batch is not None:
-                                if global_batch % (mb * dp):
-                                    continue
-                                ga = global_batch // (mb * dp)
-                            else:
-                                ga = fixed.get("grad_accum", 4 * pp if pp > 1 else 1)
-                            try:
-                                cfg = ScheduleConfig(
-                                    tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga, ckpt_ratio=ckpt,
-                                    zero_stage=zero, attn_kernel=attn, sequence_parallel=sp,
-                                    pipeline_schedule=sched, virtual_stages=vs, precision=precision,
-                                    **base,
-                                ).validate(model, cluster)
-                            except ConfigError:
-                                continue
-                            group.append(cfg)
-                        if group:
-                            yield group
+    for tp, pp, dp in layout.layouts(model, cluster, tp=fixed.get("tp"), pp=fixed.get("pp"), dp=fixed.get("dp")):
+        for combo in itertools.product(*(domains[n] for n in others)):
+            knobs = dict(zip(others, combo, strict=True))
+            if "virtual_stages" not in fixed and knobs["pipeline_schedule"] == "interleaved":
+                knobs["virtual_stages"] = 2  # the fewest chunks a rank interleaves
+            group = []
+            for mb in mbs:
+                if global_batch is not None:
+                    if global_batch % (mb * dp):
+                        continue
+                    ga = global_batch // (mb * dp)
+                else:
+                    ga = fixed.get("grad_accum", 4 * pp if pp > 1 else 1)
+                try:
+                    cfg = ScheduleConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga,
+                                         **knobs).validate(model, cluster)
+                except ConfigError:
+                    continue
+                group.append(cfg)
+            if group:
+                yield group
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, configs: Iterable[ScheduleConfig], *,

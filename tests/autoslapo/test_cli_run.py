@@ -35,7 +35,7 @@ def test_run_prints_a_complete_trial_as_json() -> None:
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (("llama-tiny", "--gpus", "4", "--tp", "3"), "multiple of tp*pp"),
+        (("llama-tiny", "--gpus", "4", "--tp", "3"), "tp*pp must divide --gpus"),
         (("bert-tiny", "--gpus", "3", "--tp", "3"), "tp must divide the attention heads"),
         (("gpt2-tiny", "--gpus", "2", "--pp", "2", "--grad-accum", "1"), "micro-batch per stage"),
         (("gpt2-tiny", "--gpus", "1", "--mem-cap", "lots"), "--mem-cap"),

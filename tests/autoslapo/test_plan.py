@@ -84,7 +84,7 @@ def _verify_pp(name: str, knobs: dict[str, Any], groups: Any) -> str:
 
     layers = model.get_submodule(get_family(spec.family).layers)
     ckpt = [i for i, layer in enumerate(layers) if "forward" in layer.__dict__]  # checkpoint's wrapper
-    n, diff, _ = _verify_pipeline(sch, spec, config, groups, batch, {"microbatches": 2, "seed": 5})
+    n, diff, _ = _verify_pipeline(sch, spec, config, groups, batch, {"grad_accum": 2, "seed": 5})
     return f"ok {n} checks, checkpointed {ckpt}, max diff {diff:.1e}"
 
 

@@ -104,7 +104,8 @@ def test_baseline_configs_follow_their_recipes() -> None:
     store = open_store("sqlite://")
     r = StudyRunner(TuneOptions(model=ModelSpec.from_name("llama-13b"), cluster=ClusterSpec(gpus=16, gpu_type="a100-40gb"),
                                 trials=1, prior_seeds=0, warm_start=False), store)
-    ds, mg = deepspeed_config(r), megatron_config(r)
+    ctx = r.baseline_context()
+    ds, mg = deepspeed_config(ctx), megatron_config(ctx)
     assert ds is not None and ds.tp == ds.pp == 1 and ds.dp == 16 and r.proposer.predict(ds).fits
     assert ds.zero_stage >= 1  # 13B does not fit replicated on 40 GB
     assert mg is not None and mg.tp == 8 and mg.ckpt_ratio == 1.0 and mg.sequence_parallel
@@ -124,20 +125,21 @@ def test_baselines_pick_their_micro_batch_and_zero_stage_like_their_users() -> N
     r = StudyRunner(TuneOptions(model=ModelSpec.from_name("bert"), cluster=ClusterSpec(gpus=64, gpu_type="a100-80gb"),
                                 trials=1, prior_seeds=0, warm_start=False), store)
     speed = lambda c: r.proposer.predict(c).samples_per_s  # noqa: E731
-    mg = megatron_config(r)
+    ctx = r.baseline_context()
+    mg = megatron_config(ctx)
     assert mg is not None and mg.tp == 8 and mg.pp == 1 and mg.ckpt_ratio == 1.0
     # not micro-batch 1: the fastest micro-batch that fits under the recipe
     others = [mg.with_(micro_batch=mb, grad_accum=512 // (mb * mg.dp)) for mb in (1, 2, 4, 8, 16, 32, 64)
               if 512 % (mb * mg.dp) == 0]
     assert mg.micro_batch > 1
     assert speed(mg) >= max(speed(c) for c in others if r.proposer.predict(c).fits)
-    cands = megatron_candidates(r)
+    cands = megatron_candidates(ctx)
     assert all(c.tp == 8 and c.pp == mg.pp and c.ckpt_ratio == 1.0 for c in cands)
     # DeepSpeed: one candidate per ZeRO stage, each with the largest micro-batch that fits; the fastest first
-    ds = deepspeed_candidates(r)
+    ds = deepspeed_candidates(ctx)
     assert sorted(c.zero_stage for c in ds) == [0, 1, 2, 3]
     assert all(c.tp == c.pp == 1 and c.micro_batch == 8 for c in ds)  # 512 / 64 ranks: 8 fits at every stage
-    assert deepspeed_config(r) == ds[0] and speed(ds[0]) == max(speed(c) for c in ds)
+    assert deepspeed_config(ctx) == ds[0] and speed(ds[0]) == max(speed(c) for c in ds)
     out = r.run()
     assert out.baselines["megatron"]["config"]["micro_batch"] > 1
     assert out.baselines["megatron"]["speedup"] < 5  # was ~30x with micro-batch 1 and 64 accumulation steps

@@ -1,0 +1,162 @@
+"""The layout of a training step on a cluster: degrees, batch, placement, and every rule tying them.
+
+One module states the rules (torchtitan's ``ParallelDims`` idea): tp x pp x dp = the devices; tp
+divides the attention heads, the key/value heads and the MLP width, and stays within a node; the
+pipeline's chunks (pp x virtual stages) split the layers evenly; micro-batch x dp x gradient
+accumulation = the global batch; sequence parallelism splits the sequence over tp. The config's
+validation, the search spaces, the cost model's sweep, the tuner, the baselines and the CLI all ask
+here. One rule, too, for the default precision.
+
+Pure: no torch, no I/O. Messages name the rule, the values and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autoslapo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.spec import ModelSpec
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Degrees and batch of one step: ``world_size = tp*pp*dp``, ``global_batch = micro_batch*grad_accum*dp``."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    grad_accum: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.dp
+
+
+def data_parallel(gpus: int, tp: int, pp: int) -> int:
+    """dp for ``tp`` and ``pp`` on ``gpus`` devices. Raises ConfigError unless tp*pp divides them."""
+    if tp < 1 or pp < 1 or gpus % (tp * pp):
+        raise ConfigError(
+            f"tp*pp must divide --gpus: got tp={tp}, pp={pp} ({tp * pp}) for --gpus {gpus}; "
+            f"pick degrees whose product divides {gpus}"
+        )
+    return gpus // (tp * pp)
+
+
+def grad_accum_for(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per replica and step. Raises ConfigError unless micro_batch*dp divides the global batch."""
+    if global_batch % (micro_batch * dp):
+        raise ConfigError(
+            f"micro_batch*dp must divide the global batch: got {micro_batch}*{dp} for {global_batch}; "
+            f"use a global batch that is a multiple of {micro_batch * dp}"
+        )
+    return global_batch // (micro_batch * dp)
+
+
+def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) -> str:
+    """Why ``tp`` cannot shard ``model`` (on ``cluster``), or "" when it can."""
+    if model.heads % tp or model.kv_heads % tp:
+        return (f"tp must divide the attention heads: got tp={tp} for {model.heads} heads and "
+                f"{model.kv_heads} key/value heads ({model.preset}); use a tp that divides {model.kv_heads}")
+    if model.ffn % tp:
+        return f"tp must divide the MLP width: got tp={tp} for ffn={model.ffn}; use a divisor of it"
+    if cluster is not None:
+        if cluster.gpus % tp:
+            return f"tp must divide --gpus: got tp={tp} for --gpus {cluster.gpus}"
+        if tp > cluster.devices_per_node and not cluster.allow_cross_node_tp:
+            return (f"tp must stay within a node: got tp={tp} with {cluster.devices_per_node} devices per "
+                    "node; lower tp or allow cross-node tensor parallelism")
+    return ""
+
+
+def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, virtual_stages: int = 1) -> str:
+    """Why ``pp`` (x ``virtual_stages`` chunks) cannot split ``model`` (on ``cluster``), or ""."""
+    chunks = pp * virtual_stages
+    if model.layers % chunks:
+        return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
+                f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
+    if cluster is not None and cluster.gpus % pp:
+        return f"pp must divide --gpus: got pp={pp} for --gpus {cluster.gpus}"
+    return ""
+
+
+def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
+    """Every tp that can shard ``model`` on ``cluster``, ascending."""
+    return [t for t in divisors(cluster.gpus) if not tp_problem(t, model, cluster)]
+
+
+def pp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
+    """Every pp that can split ``model`` on ``cluster``, ascending."""
+    return [p for p in divisors(cluster.gpus) if not pp_problem(p, model, cluster)]
+
+
+def layouts(model: ModelSpec, cluster: ClusterSpec, *, tp: int | None = None, pp: int | None = None,
+            dp: int | None = None) -> Iterator[tuple[int, int, int]]:
+    """Every (tp, pp, dp) of ``cluster`` that can run ``model``, optionally with degrees pinned."""
+    for t in tp_degrees(model, cluster):
+        if tp is not None and t != tp:
+            continue
+        for p in pp_degrees(model, cluster):
+            if (pp is not None and p != pp) or cluster.gpus % (t * p):
+                continue
+            d = cluster.gpus // (t * p)
+            if dp is None or d == dp:
+                yield t, p, d
+
+
+def batch_fits_some_layout(global_batch: int, gpus: int, tps: Collection[int], pps: Collection[int],
+                           micro_batches: Collection[int]) -> bool:
+    """Whether some (tp, pp, micro_batch) of the domains splits ``global_batch`` over its replicas."""
+    dps = [gpus // (t * p) for t in tps for p in pps if gpus % (t * p) == 0]
+    return any(global_batch % (int(mb) * d) == 0 for d in dps for mb in micro_batches)
+
+
+def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec | None = None) -> None:
+    """Check ``config``'s degrees and kernels against ``model`` and (optionally) ``cluster``.
+
+    Raises ConfigError naming the rule, the values and the fix.
+    """
+    if cluster is not None and config.world_size != cluster.gpus:
+        raise ConfigError(
+            f"tp*pp*dp must equal --gpus: got tp={config.tp}, pp={config.pp}, dp={config.dp} "
+            f"({config.world_size}) for --gpus {cluster.gpus}; pick degrees whose product is {cluster.gpus}"
+        )
+    problem = tp_problem(config.tp, model, cluster) or pp_problem(config.pp, model, cluster, config.virtual_stages)
+    if problem:
+        raise ConfigError(problem)
+    if config.sequence_parallel and model.seq_len % config.tp:
+        raise ConfigError(
+            f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={config.tp}"
+        )
+    if cluster is not None:
+        dev = cluster.device
+        if config.attn_kernel == "flash" and not dev.flash_attention:
+            raise ConfigError(f"attn_kernel flash needs a device with FlashAttention: {dev.name} has none; use sdpa")
+        if config.precision == "bf16" and not dev.bf16:
+            raise ConfigError(f"precision bf16 is not supported on {dev.name}; use fp16 or fp32")
+
+
+def default_precision(has_bf16: bool, runnable: Collection[str] | None = None) -> str:
+    """The precision a schedule gets unless one is given: bf16 where the device has it; else fp16,
+    unless the trials cannot run it (``runnable``: the precisions the runtime can run; None: all,
+    as the cost model can), then fp32."""
+    if has_bf16 and (runnable is None or "bf16" in runnable):
+        return "bf16"
+    return "fp16" if runnable is None or "fp16" in runnable else "fp32"
