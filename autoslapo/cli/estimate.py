@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo estimate``."""
-    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...)")
+    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...; see `autoslapo models`)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices")
     parser.add_argument("--gpu-type", default="a100-80gb", help="device preset (default a100-80gb)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
@@ -40,9 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     knobs.add_argument("--compile-layers", choices=["on", "off"])
     knobs.add_argument("--fuse-bias-gelu", choices=["on", "off"])
     knobs.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
-    shape = parser.add_argument_group("model shape overrides")
-    for name in ("hidden", "layers", "heads", "ffn", "seq-len", "vocab"):
-        shape.add_argument(f"--{name}", type=int)
+    add_shape_arguments(parser)
     parser.add_argument("--profile", type=Path, help="measured device profile JSON (see autoslapo profile)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
@@ -67,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.cost import best_config
     from autoslapo.models.spec import ModelSpec
 
-    model = ModelSpec.from_name(args.model, hidden=args.hidden, layers=args.layers, heads=args.heads,
-                                ffn=args.ffn, seq_len=args.seq_len, vocab=args.vocab)
+    overrides = shape_overrides(args)
+    model = ModelSpec.from_name(args.model, **overrides)
     per_node = args.gpus_per_node or (args.gpus if args.gpu_type == "cpu" else min(8, args.gpus))
     cluster = ClusterSpec(gpus=args.gpus, gpu_type=args.gpu_type, gpus_per_node=per_node,
                           allow_cross_node_tp=args.allow_cross_node_tp)
@@ -102,7 +101,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
         return 0
     c = est.config
-    print(f"{model.preset} on {cluster.gpus} x {cluster.gpu_type}" + (f" (profile {source})" if source else ""))
+    shape = ""
+    if overrides:  # the preset's name alone would hide the shape estimated
+        keys = [*overrides, *(["ffn"] if "hidden" in overrides else []), *(["kv_heads"] if "heads" in overrides else [])]
+        shape = " with " + " ".join(f"{k}={getattr(model, k)}" for k in dict.fromkeys(keys))
+    print(f"{model.preset}{shape} on {cluster.gpus} x {cluster.gpu_type}" + (f" (profile {source})" if source else ""))
     print(f"  schedule: tp={c.tp} pp={c.pp} dp={c.dp} micro_batch={c.micro_batch} grad_accum={c.grad_accum} "
           f"ckpt_ratio={c.ckpt_ratio} zero={c.zero_stage} attn={c.attn_kernel} sp={c.sequence_parallel} "
           f"fuse_bias_gelu={c.fuse_bias_gelu} compile_layers={c.compile_layers} precision={c.precision}")

@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any
 
+from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import UsageError
 
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
@@ -44,7 +45,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--virtual-stages", type=int, default=1, help="stages per rank (interleaved)")
     p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                    help="auto: bf16 on GPUs, fp32 on CPU")
-    p.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
     p.add_argument("--steps", type=int, default=6, help="optimizer steps in all (default 6)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps (default: a third, at least 1)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the trial is killed")
@@ -52,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
+    add_shape_arguments(p)
 
 
 def _config(args: argparse.Namespace, device: str) -> object:
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.models.spec import ModelSpec
     from autoslapo.runtime import check_runnable, resolve_device, run_trial
 
-    spec = ModelSpec.from_name(args.model, seq_len=args.seq_len)
+    spec = ModelSpec.from_name(args.model, **shape_overrides(args))
     device = resolve_device(args.device, args.gpus)
     config = _config(args, device)
     check_runnable(spec, config, device=device)  # type: ignore[arg-type]
