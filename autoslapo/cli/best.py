@@ -50,11 +50,15 @@ def parse_headroom(text: str | None) -> tuple[int | None, float | None]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the best schedule; exit 1 when the store has none for this model and cluster."""
+    from autoslapo.cluster import MAX_GPUS
     from autoslapo.models.spec import ModelSpec
     from store import open_store
 
     if args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
+    if args.gpus > MAX_GPUS:
+        raise UsageError(f"--gpus must be at most {MAX_GPUS:,} (2**20, beyond the largest machines built): "
+                         f"got {args.gpus:,}; give a smaller --gpus")
     if args.gpu_type is not None:
         from autoslapo.cluster import DEVICES
 
