@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     header = ["PRESET (ALIASES)", *(c.upper() for c in COLUMNS)]
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     for row in [header, *table]:
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), *(c.rjust(w) for c, w in zip(row[2:], widths[2:]))]
+        right = (c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True))
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), *right]
         print("  ".join(cells).rstrip())
     return 0
