@@ -18,6 +18,13 @@ from autoslapo.errors import ConfigError, UsageError
 GiB = 1024**3
 MiB = 1024**2
 
+# Bounds that only typos and absurd values reach: the largest machines built have a few hundred
+# thousand GPUs, and the largest NVLink domain announced (NVL576) 576 GPUs.
+MAX_GPUS = 2**20  # 1,048,576
+MAX_GPUS_PER_NODE = 1024
+_LIMITS = {"gpus": (MAX_GPUS, "2**20, beyond the largest machines built"),
+           "gpus_per_node": (MAX_GPUS_PER_NODE, "beyond the largest NVLink domain, 576 GPUs")}
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -77,11 +84,13 @@ class ClusterSpec:
             raise UsageError(
                 f"--gpu-type must be one of {', '.join(DEVICES)}: got {self.gpu_type!r}{hint}"
             )
-        for name in ("gpus", "gpus_per_node"):
+        for name, (limit, why) in _LIMITS.items():
             v = getattr(self, name)
+            flag = "--" + name.replace("_", "-")
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                flag = "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} must be a positive integer: got {v!r}")
+            if v > limit:
+                raise UsageError(f"{flag} must be at most {limit:,} ({why}): got {v:,}; give a smaller {flag}")
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise UsageError(
                 f"--gpus must fill whole nodes: got --gpus {self.gpus} with --gpus-per-node "

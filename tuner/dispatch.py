@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import socket
@@ -155,6 +156,12 @@ def trial_resources(runner: DispatchedStudy) -> Any:
     return {"cpu": 1, "gpu": float(min(cluster.gpus, cluster.gpus_per_node))}
 
 
+def _ray_logging_level() -> int:
+    """Ray's own log lines (INFO, and warnings such as its token notice) stay out of autoslapo's
+    output: errors only, unless ``AUTOSLAPO_DEBUG=1`` asks for Ray's default (INFO)."""
+    return logging.INFO if os.environ.get("AUTOSLAPO_DEBUG") else logging.ERROR
+
+
 def join_ray(address: str) -> None:
     """Connect this process to the Ray cluster at ``address`` (once; later calls do nothing).
 
@@ -184,7 +191,7 @@ def join_ray(address: str) -> None:
         saved = os.dup(2)
         os.dup2(aside.fileno(), 2)
         try:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, logging_level=_ray_logging_level())
             return
         except Exception as err:  # ConnectionError, AuthenticationError, RuntimeError: not joined
             detail = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
@@ -226,7 +233,8 @@ def run_with_ray(runner: DispatchedStudy, started: float) -> str:
             # Logical CPUs: enough for max_concurrent trials of this size, at least 2.
             need = resources["cpu"] if isinstance(resources, dict) else resources.required_resources.get("CPU", 1)
             cpus = max(2, int(o.max_concurrent * need))
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                     logging_level=_ray_logging_level())
     storage = tempfile.mkdtemp(prefix="autoslapo-ray-")
     try:
         searcher = _searcher(runner, started)

@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "write a study's report: PNG figures and a self-contained HTML page",
     "estimate": "predict throughput and memory of a schedule on a described cluster (cost model, no devices)",
     "profile": "measure this machine's compute rate and gloo bandwidth for the cost model",
+    "models": "list the model presets with their family and shape (hidden, layers, heads, ffn, ...)",
 }
 
 

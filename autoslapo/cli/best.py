@@ -6,15 +6,15 @@ import argparse
 import json
 import sys
 
+from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import AutoslapoError, UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo best``."""
-    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...)")
+    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...; see `autoslapo models`)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices")
     parser.add_argument("--gpu-type", default=None, help="device preset (default: any)")
-    parser.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
     parser.add_argument("--metric", default="samples_per_s",
                         choices=["samples_per_s", "tokens_per_s", "tflops_per_device", "hw_tflops_per_device"])
@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave at least this much device memory free at peak: GiB (e.g. 8) or a "
                              "share of the device (e.g. 10%%); trials with unknown memory are dropped")
     parser.add_argument("--json", action="store_true", help="print the schedule and its metrics as JSON")
+    add_shape_arguments(parser)
 
 
 def parse_headroom(text: str | None) -> tuple[int | None, float | None]:
@@ -49,17 +50,21 @@ def parse_headroom(text: str | None) -> tuple[int | None, float | None]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the best schedule; exit 1 when the store has none for this model and cluster."""
+    from autoslapo.cluster import MAX_GPUS
     from autoslapo.models.spec import ModelSpec
     from store import open_store
 
     if args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
+    if args.gpus > MAX_GPUS:
+        raise UsageError(f"--gpus must be at most {MAX_GPUS:,} (2**20, beyond the largest machines built): "
+                         f"got {args.gpus:,}; give a smaller --gpus")
     if args.gpu_type is not None:
         from autoslapo.cluster import DEVICES
 
         if args.gpu_type not in DEVICES:
             raise UsageError(f"--gpu-type must be one of {', '.join(DEVICES)}: got {args.gpu_type!r}")
-    model = ModelSpec.from_name(args.model, seq_len=args.seq_len)
+    model = ModelSpec.from_name(args.model, **shape_overrides(args))
     store = open_store(args.storage)
     headroom_bytes, headroom_fraction = parse_headroom(args.headroom)
     found = store.best(model.signature(), args.gpus, args.gpu_type, metric=args.metric,

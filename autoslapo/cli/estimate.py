@@ -15,22 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import KNOBS
 from autoslapo.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo estimate``."""
-    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...)")
+    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...; see `autoslapo models`)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices")
     parser.add_argument("--gpu-type", default="a100-80gb", help="device preset (default a100-80gb)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
     parser.add_argument("--allow-cross-node-tp", action="store_true", help="let TP span nodes")
     parser.add_argument("--global-batch", type=int, help="sequences an optimizer step (fixes grad accumulation)")
     add_knob_arguments(parser, "estimate")
-    shape = parser.add_argument_group("model shape overrides")
-    for name in ("hidden", "layers", "heads", "ffn", "seq-len", "vocab"):
-        shape.add_argument(f"--{name}", type=int)
+    add_shape_arguments(parser)
     parser.add_argument("--profile", type=Path, help="measured device profile JSON (see autoslapo profile)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
@@ -55,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.cost import best_config
     from autoslapo.models.spec import ModelSpec
 
-    model = ModelSpec.from_name(args.model, hidden=args.hidden, layers=args.layers, heads=args.heads,
-                                ffn=args.ffn, seq_len=args.seq_len, vocab=args.vocab)
+    overrides = shape_overrides(args)
+    model = ModelSpec.from_name(args.model, **overrides)
     per_node = args.gpus_per_node or (args.gpus if args.gpu_type == "cpu" else min(8, args.gpus))
     cluster = ClusterSpec(gpus=args.gpus, gpu_type=args.gpu_type, gpus_per_node=per_node,
                           allow_cross_node_tp=args.allow_cross_node_tp)
@@ -79,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
         return 0
     c = est.config
-    print(f"{model.preset} on {cluster.gpus} x {cluster.gpu_type}" + (f" (profile {source})" if source else ""))
+    shape = ""
+    if overrides:  # the preset's name alone would hide the shape estimated
+        keys = [*overrides, *(["ffn"] if "hidden" in overrides else []), *(["kv_heads"] if "heads" in overrides else [])]
+        shape = " with " + " ".join(f"{k}={getattr(model, k)}" for k in dict.fromkeys(keys))
+    print(f"{model.preset}{shape} on {cluster.gpus} x {cluster.gpu_type}" + (f" (profile {source})" if source else ""))
     print(f"  schedule: {' '.join(k.show(getattr(c, k.name)) for k in KNOBS)}")
     print(f"  {est.samples_per_s:,.1f} samples/s, {est.tokens_per_s:,.0f} tokens/s, step {est.step_time_s:.3f} s")
     print(f"  {est.tflops_per_device:.1f} model TFLOP/s a device ({est.hw_tflops_per_device:.1f} with recompute)")

@@ -13,6 +13,7 @@ import re
 
 import autoslapo.layout as layout
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.cluster import DEVICES
 from autoslapo.config import ScheduleConfig, describe
 from autoslapo.errors import ConfigError, UsageError
@@ -35,7 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, required=True, help="ranks to run (GPUs, or CPU processes)")
     # grad_accum: the pipeline's micro-batches (pp, at least 1) unless given; precision: the device's default.
     add_knob_arguments(p, "run", defaults={"grad_accum": None, "precision": None})
-    p.add_argument("--seq-len", type=int, default=None, help="override the preset's sequence length")
     p.add_argument("--steps", type=int, default=6, help="optimizer steps in all (default 6)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps (default: a third, at least 1)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the trial is killed")
@@ -43,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
+    add_shape_arguments(p)
 
 
 def _config(args: argparse.Namespace, device: str) -> ScheduleConfig:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.models.spec import ModelSpec
     from autoslapo.runtime import check_runnable, resolve_device, run_trial
 
-    spec = ModelSpec.from_name(args.model, seq_len=args.seq_len)
+    spec = ModelSpec.from_name(args.model, **shape_overrides(args))
     device = resolve_device(args.device, args.gpus)
     config = _config(args, device)
     check_runnable(spec, config, device=device)

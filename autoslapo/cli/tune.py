@@ -16,6 +16,7 @@ import time
 from typing import Any, TextIO
 
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import UsageError
 
@@ -24,7 +25,7 @@ SAMPLER_NAMES = ("tpe", "random", "grid", "cmaes", "gp", "nsga2")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo tune``."""
-    parser.add_argument("model", help="model preset (bert, bert-tiny, gpt2-xl, llama-70b, ...)")
+    parser.add_argument("model", help="model preset (bert, bert-tiny, gpt2-xl, llama-70b, ...; see `autoslapo models`)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices (ranks) a trial uses")
     parser.add_argument("--gpu-type", default=None,
                         help="device preset (default a100-80gb; cpu for --backend local without CUDA)")
@@ -44,7 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--study and --join share its budget (e.g. on one PostgreSQL store)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--global-batch", type=int, default=None, help="sequences an optimizer step (default per space)")
-    parser.add_argument("--seq-len", type=int, default=None, help="training sequence length (default: the preset's)")
     parser.add_argument("--sampler", choices=SAMPLER_NAMES, default="tpe",
                         help="Optuna sampler (nsga2: throughput vs memory, prints the Pareto front; default tpe)")
     parser.add_argument("--space", default=None, help="search space file (.toml or .json) instead of the family's")
@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-baselines", action="store_true", help="skip the DeepSpeed/Megatron baselines")
     parser.add_argument("--top", type=int, default=5, help="rows in the final table (default 5)")
     add_knob_arguments(parser, "tune")
+    add_shape_arguments(parser)
 
 
 def _cuda_devices() -> int:
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--backend local runs --gpus {args.gpus} ranks on this machine's CUDA devices: it has "
                          f"{_cuda_devices()}; use --gpu-type cpu, fewer --gpus, or --backend sim")
     per_node = args.gpus_per_node or (args.gpus if gpu_type == "cpu" else 8)
-    model = ModelSpec.from_name(args.model, seq_len=args.seq_len)
+    model = ModelSpec.from_name(args.model, **shape_overrides(args))
     cluster = ClusterSpec(gpus=args.gpus, gpu_type=gpu_type, gpus_per_node=per_node)
     from search_spaces import load_space, space_for
 

@@ -8,7 +8,8 @@ schedule's cuts, runs one pipelined step on micro-batches and compares the loss 
 parameter's gradient with the unscheduled model's (tied embedding/head gradients summed over the
 stages that hold them).
 
-The model keeps its real widths (hidden, heads, ffn, vocab); ``--layers`` shortens the layer stack,
+The model keeps the preset's widths (hidden, heads, ffn, vocab) unless the shape flags change them;
+``--layers`` shortens the layer stack,
 by default to 2 layers per pipeline chunk: every layer gets the same primitives, so more layers
 check nothing new and cost time. ``--layers 0`` keeps the preset's depth. The summary says which.
 """
@@ -20,6 +21,7 @@ import time
 from typing import Any
 
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import UsageError
 
 DTYPES = ("float32", "float64")
@@ -27,25 +29,24 @@ DTYPES = ("float32", "float64")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the verify command's arguments."""
-    parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see ModelSpec presets)")
+    parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see `autoslapo models`)")
     # The test batch is --batch sequences: with pp > 1, grad_accum (default 2) pipeline micro-batches of it.
     add_knob_arguments(parser, "verify", defaults={"grad_accum": None})
     parser.add_argument("--device", choices=("cpu",), default="cpu", help="where the ranks run (cpu: gloo)")
-    parser.add_argument(
-        "--layers",
-        type=int,
-        default=None,
-        help="layers to verify (default: 2 per pipeline chunk; 0: the preset's full depth)",
-    )
-    parser.add_argument(
-        "--seq-len", type=int, default=32, help="sequence length of the test batch (default 32)"
-    )
     parser.add_argument("--batch", type=int, default=4, help="batch size of the test batch (default 4)")
     parser.add_argument(
         "--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)"
     )
     parser.add_argument("--seed", type=int, default=0, help="weight and batch seed")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+    add_shape_arguments(
+        parser,
+        defaults={"seq_len": 32},
+        helps={
+            "layers": "layers to verify (default: 2 per pipeline chunk; 0: the preset's full depth)",
+            "seq_len": "sequence length of the test batch (default 32)",
+        },
+    )
 
 
 def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
@@ -53,7 +54,8 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
     from autoslapo.config import ScheduleConfig
     from autoslapo.models.spec import ModelSpec
 
-    spec = ModelSpec.from_name(args.model)
+    widths = {k: v for k, v in shape_overrides(args).items() if k not in ("layers", "seq_len")}
+    spec = ModelSpec.from_name(args.model, **widths)
     full_layers = spec.layers
     knobs = knob_values(args, "verify")
     grad_accum = knobs.pop("grad_accum", 2) if knobs["pp"] > 1 else knobs.pop("grad_accum", 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -16,14 +17,47 @@ from autoslapo.errors import ConfigError, UsageError
 
 # Families autoslapo can build and schedule. ``causal``: decoder-only LM (causal mask, next-token
 # loss); ``gated_mlp``: SwiGLU-style MLP with three matrices (LLaMA); ``learned_pos``: learned
-# position embeddings of ``seq_len`` rows (BERT/GPT-2/OPT) rather than rotary (LLaMA).
+# position embeddings of ``seq_len`` rows (BERT/GPT-2/OPT) rather than rotary (LLaMA); ``gqa``:
+# grouped-query attention, fewer key/value heads than query heads (LLaMA).
 FAMILIES: dict[str, dict[str, bool]] = {
-    "bert": {"causal": False, "gated_mlp": False, "learned_pos": True},
-    "roberta": {"causal": False, "gated_mlp": False, "learned_pos": True},
-    "gpt2": {"causal": True, "gated_mlp": False, "learned_pos": True},
-    "opt": {"causal": True, "gated_mlp": False, "learned_pos": True},
-    "llama": {"causal": True, "gated_mlp": True, "learned_pos": False},
+    "bert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
+    "roberta": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
+    "gpt2": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
+    "opt": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
+    "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True},
 }
+
+# Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
+# 128 heads, vocab 256k, 10M-token contexts), so only typos and absurd values are refused.
+MAX_HIDDEN = 2**18  # 262,144
+MAX_LAYERS = 2**14  # 16,384
+MAX_HEADS = 2**14  # 16,384
+MAX_FFN = 2**21  # 2,097,152
+MAX_VOCAB = 2**23  # 8,388,608
+MAX_SEQ_LEN = 2**24  # 16,777,216 tokens
+SHAPE_LIMITS: dict[str, int] = {
+    "hidden": MAX_HIDDEN, "layers": MAX_LAYERS, "heads": MAX_HEADS, "kv_heads": MAX_HEADS, "ffn": MAX_FFN,
+    "seq_len": MAX_SEQ_LEN, "vocab": MAX_VOCAB, "max_positions": MAX_SEQ_LEN,
+}
+
+# LLaMA's SwiGLU MLP width (Meta's reference code): int(multiplier * int(8 * hidden / 3)) rounded up
+# to a multiple of ``multiple_of``. Llama-2 7B/13B use (256, 1.0), 70B (4096, 1.3); the tiny test
+# preset (32, 1.0). A preset not listed here follows the family default.
+GATED_MLP_RULE = (256, 1.0)
+GATED_MLP_RULES: dict[str, tuple[int, float]] = {"llama-tiny": (32, 1.0), "llama-70b": (4096, 1.3)}
+
+
+def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
+    """The MLP's inner width that ``family`` (and ``preset``'s own rounding) gives a ``hidden`` width.
+
+    4 x hidden for BERT/RoBERTa/GPT-2/OPT; LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs.
+    Every preset's ``ffn`` is what this returns for its ``hidden`` (a test checks it).
+    """
+    if not FAMILIES[family]["gated_mlp"]:
+        return 4 * hidden
+    multiple_of, multiplier = GATED_MLP_RULES.get(preset, GATED_MLP_RULE)
+    width = int(multiplier * int(8 * hidden / 3))
+    return multiple_of * math.ceil(width / multiple_of)
 
 
 @dataclass(frozen=True)
@@ -56,18 +90,33 @@ class ModelSpec:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.max_positions == 0:
             object.__setattr__(self, "max_positions", self.seq_len)
-        for name in ("hidden", "layers", "heads", "ffn", "seq_len", "vocab", "kv_heads"):
+        for name, limit in SHAPE_LIMITS.items():
             v = getattr(self, name)
+            flag = "--" + name.replace("_", "-")
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"{name} must be a positive integer: got {v!r} for model {self.preset}")
+                raise ConfigError(
+                    f"{name} must be a positive integer: got {v!r} for model {self.preset}; give a positive {flag}"
+                )
+            if v > limit:
+                raise ConfigError(
+                    f"{name} must be at most {limit:,} (several times the largest model published): got {v:,} "
+                    f"for model {self.preset}; give a smaller {flag}"
+                )
         if self.hidden % self.heads:
             raise ConfigError(
                 f"hidden must be divisible by heads: got hidden={self.hidden}, heads={self.heads}; "
                 "change --hidden or --heads"
             )
+        if self.kv_heads != self.heads and not FAMILIES[self.family]["gqa"]:
+            raise ConfigError(
+                f"kv_heads must equal heads for {self.family} (grouped-query attention is for "
+                f"{', '.join(f for f, d in FAMILIES.items() if d['gqa'])} only): got kv_heads={self.kv_heads}, "
+                f"heads={self.heads}; drop --kv-heads"
+            )
         if self.heads % self.kv_heads:
             raise ConfigError(
-                f"heads must be a multiple of kv_heads: got heads={self.heads}, kv_heads={self.kv_heads}"
+                f"kv_heads must divide heads (each key/value head serves heads/kv_heads query heads): got "
+                f"kv_heads={self.kv_heads}, heads={self.heads}; use a divisor of {self.heads} for --kv-heads"
             )
         if self.max_positions < self.seq_len:
             raise ConfigError(
@@ -141,7 +190,14 @@ class ModelSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def with_overrides(self, **overrides: int | None) -> ModelSpec:
-        """A copy with the given dimensions replaced (``None`` values are ignored)."""
+        """A copy with the given dimensions replaced (``None`` values are ignored), kept consistent.
+
+        A new ``hidden`` without ``ffn`` brings the family's MLP width (``mlp_width``); new ``heads``
+        without ``kv_heads`` keep kv_heads == heads unless the model already groups its queries.
+
+        Raises:
+            UsageError: an unknown dimension; ConfigError: a shape that breaks a rule (see ``__post_init__``).
+        """
         given = {k: v for k, v in overrides.items() if v is not None}
         valid = {"hidden", "layers", "heads", "kv_heads", "ffn", "seq_len", "vocab", "max_positions"}
         bad = sorted(set(given) - valid)
@@ -149,6 +205,8 @@ class ModelSpec:
             raise UsageError(f"unknown model override {bad}; valid overrides are {sorted(valid)}")
         if not given:
             return self
+        if "hidden" in given and "ffn" not in given:
+            given["ffn"] = mlp_width(self.family, given["hidden"], self.preset)
         if "heads" in given and "kv_heads" not in given and self.kv_heads == self.heads:
             given["kv_heads"] = given["heads"]
         if "seq_len" in given and given["seq_len"] > self.max_positions and "max_positions" not in given:

@@ -90,3 +90,13 @@ def test_cli_modules_import_nothing_heavy() -> None:
             "print([m for m in ('optuna', 'ray', 'sqlalchemy', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_absurd_gpu_count_is_one_line_and_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOSLAPO_STORAGE", raising=False)
+    assert main(["tune", "bert", "--gpus", "1000000000000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--gpus must be at most 1,048,576" in err[0] and "got 1,000,000,000,000" in err[0]
+    assert list(tmp_path.iterdir()) == []  # no autoslapo.db (nor anything else) was written

@@ -94,6 +94,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-resume-other-cluster", [*T, "--gpus", "8", "--study", "seeded", "--resume", *S], "seeded"),
     ("tune-resume-missing", [*T, "--gpus", "4", "--study", "never-was", "--resume", *S], "never-was"),
     ("tune-unknown-flag", [*T, "--gpus", "4", "--turbo", *S], "--turbo"),
+    ("tune-gpus-absurd", [*T, "--gpus", "1000000000000", *S], "--gpus must be at most 1,048,576"),
+    ("tune-gpus-per-node-absurd", [*T, "--gpus", "4096", "--gpus-per-node", "4096", *S], "--gpus-per-node must be"),
+    ("tune-hidden-absurd", [*T, "--gpus", "4", "--hidden", "1000000000", *S], "hidden must be at most"),
+    ("tune-layers-absurd", [*T, "--gpus", "4", "--layers", "100000000", *S], "layers must be at most"),
+    ("tune-kv-heads-no-gqa", [*T, "--gpus", "4", "--kv-heads", "2", *S], "kv_heads must equal heads"),
     # --- best -------------------------------------------------------------------------------
     ("best-unknown-model", ["best", "no-such-model", "--gpus", "4", *S], "no-such-model"),
     ("best-gpus-zero", ["best", "bert-tiny", "--gpus", "0", *S], "gpus"),
@@ -103,6 +108,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("best-bad-headroom", ["best", "bert-tiny", "--gpus", "4", "--headroom", "lots", *S], "headroom"),
     ("best-not-db", ["best", "bert-tiny", "--gpus", "4", "--storage", "sqlite:///{notdb}"], "not"),
     ("best-unreachable", ["best", "bert-tiny", "--gpus", "4", "--storage", "{pgpw}"], "postgresql"),
+    ("best-gpus-absurd", ["best", "bert-tiny", "--gpus", "1000000000000", *S], "at most 1,048,576"),
+    ("best-layers-zero", ["best", "bert-tiny", "--gpus", "4", "--layers", "0", *S], "layers"),
     # --- run --------------------------------------------------------------------------------
     ("run-unknown-model", ["run", "no-such-model", "--gpus", "1"], "no-such-model"),
     ("run-gpus-zero", ["run", "bert-tiny", "--gpus", "0"], "gpus"),
@@ -114,6 +121,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-mem-cap", ["run", "bert-tiny", "--gpus", "1", "--mem-cap", "lots"], "mem-cap"),
     ("run-zero-stage", ["run", "bert-tiny", "--gpus", "1", "--zero-stage", "4"], "zero-stage"),
     ("run-sp-without-tp", ["run", "bert-tiny", "--gpus", "1", "--sequence-parallel"], "sequence"),
+    ("run-hidden-absurd", ["run", "bert-tiny", "--gpus", "1", "--hidden", "999999999"], "hidden must be at most"),
     # --- estimate ---------------------------------------------------------------------------
     ("estimate-unknown-model", ["estimate", "no-such-model", "--gpus", "8"], "no-such-model"),
     ("estimate-gpus-zero", ["estimate", "bert", "--gpus", "0"], "gpus"),
@@ -125,12 +133,22 @@ CASES: list[tuple[str, list[str], str]] = [
     ("estimate-profile-missing", ["estimate", "bert", "--gpus", "8", "--profile", "{dir}/nope.json"], "profile"),
     ("estimate-profile-not-json", ["estimate", "bert", "--gpus", "8", "--profile", "{notdb}"], "profile"),
     ("estimate-negative-layers", ["estimate", "bert", "--gpus", "8", "--layers", "-1"], "layers"),
+    ("estimate-gpus-absurd", ["estimate", "bert", "--gpus", "1000000000000"], "--gpus must be at most"),
+    ("estimate-vocab-absurd", ["estimate", "bert", "--gpus", "8", "--vocab", "10000000000"], "vocab must be at most"),
+    ("estimate-seq-len-absurd", ["estimate", "bert", "--gpus", "8", "--seq-len", "100000000"], "seq_len must be"),
+    ("estimate-heads-absurd", ["estimate", "bert", "--gpus", "8", "--heads", "100000"], "heads must be at most"),
+    ("estimate-kv-heads-not-dividing", ["estimate", "llama-7b", "--gpus", "8", "--kv-heads", "5"],
+     "kv_heads must divide heads"),
+    ("estimate-kv-heads-no-gqa", ["estimate", "gpt2", "--gpus", "8", "--kv-heads", "4"], "kv_heads must equal"),
     # --- verify -----------------------------------------------------------------------------
     ("verify-unknown-model", ["verify", "no-such-model"], "no-such-model"),
     ("verify-tp-zero", ["verify", "bert-tiny", "--tp", "0"], "tp"),
     ("verify-ckpt-ratio", ["verify", "bert-tiny", "--ckpt-ratio", "-0.5"], "ckpt"),
     ("verify-batch-zero", ["verify", "bert-tiny", "--batch", "0"], "batch"),
     ("verify-device", ["verify", "bert-tiny", "--device", "tpu"], "device"),
+    ("verify-kv-heads-no-gqa", ["verify", "bert-tiny", "--kv-heads", "2"], "kv_heads"),
+    # --- models -----------------------------------------------------------------------------
+    ("models-unknown-flag", ["models", "--wide"], "--wide"),
     # --- studies / show / export / report ---------------------------------------------------
     ("studies-not-db", ["studies", "--storage", "sqlite:///{notdb}"], "not"),
     ("studies-malformed-url", ["studies", "--storage", "://nothing"], "storage"),
