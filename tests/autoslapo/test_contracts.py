@@ -6,37 +6,46 @@ import json
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from autoslapo.cluster import DEVICES, ClusterSpec
-from autoslapo.config import ATTN_KERNELS, ScheduleConfig
+from autoslapo.config import KNOBS, Knob, ScheduleConfig
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import PRESETS, ModelSpec
 from autoslapo.redact import redact
 from autoslapo.result import TrialResult
-
-configs = st.builds(
-    ScheduleConfig,
-    tp=st.sampled_from([1, 2, 4, 8]),
-    pp=st.sampled_from([1, 2, 4]),
-    dp=st.integers(1, 16),
-    micro_batch=st.integers(1, 64),
-    grad_accum=st.integers(1, 16),
-    ckpt_ratio=st.sampled_from([0.0, 0.25, 0.5, 1.0]),
-    zero_stage=st.sampled_from([0, 1]),
-    attn_kernel=st.sampled_from(ATTN_KERNELS),
-)
+from search_spaces.space import canonical
 
 
-@given(configs)
+def _knob_values(k: Knob) -> st.SearchStrategy:
+    """Every value a knob may take, from its declaration (so a new knob is covered without an edit here)."""
+    if k.domain:
+        return st.sampled_from(k.domain)
+    if k.kind == "ratio":
+        return st.floats(0.0, 1.0)
+    return st.integers(1, 16)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> ScheduleConfig:
+    """Valid configurations over every declared knob: draws until the cross-knob rules hold."""
+    knobs = canonical({k.name: draw(_knob_values(k)) for k in KNOBS}, layers=12)
+    try:
+        return ScheduleConfig(**knobs)
+    except ConfigError:
+        assume(False)
+        raise
+
+
+@given(configs())
 def test_schedule_config_round_trips_through_json(cfg: ScheduleConfig) -> None:
     back = ScheduleConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert back == cfg
     assert back.config_hash() == cfg.config_hash()
 
 
-@given(configs, st.integers(1, 96))
+@given(configs(), st.integers(1, 96))
 def test_checkpointed_layers_match_ratio(cfg: ScheduleConfig, layers: int) -> None:
     chosen = cfg.checkpointed_layers(layers)
     assert len(chosen) == len(set(chosen)) == round(cfg.ckpt_ratio * layers)

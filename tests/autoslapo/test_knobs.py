@@ -1,0 +1,174 @@
+"""Every knob's one declaration (``ScheduleConfig`` field metadata) against every consumer of knobs.
+
+A new knob is declared once; these tests fail if any consumer (config checks, search spaces, the
+cost model's sweep, the CLI flags, the tables, the perturbed simulator, the store's frames) misses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from typing import Any
+
+import pytest
+
+from autoslapo.cli import _knobs as cli_knobs
+from autoslapo.cli import build_parser
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import KNOB, KNOBS, Knob, ScheduleConfig, config_hash, describe
+from autoslapo.cost import candidate_configs
+from autoslapo.errors import ConfigError
+from autoslapo.models.spec import ModelSpec
+from search_spaces import ORDINAL, TUNABLE, space_from_dict
+
+#: A configuration where every knob is away from its default and matters (none is inert), valid for
+#: MODEL on CLUSTER: each knob's pinned value below comes from here.
+MODEL = ModelSpec.from_name("llama-7b")
+CLUSTER = ClusterSpec(gpus=16, gpu_type="a100-80gb")
+AWAY = ScheduleConfig(tp=2, pp=2, dp=4, micro_batch=2, grad_accum=4, ckpt_ratio=0.5, ckpt_placement="back",
+                      zero_stage=1, attn_kernel="flash", fuse_bias_gelu=True, compile_layers=True,
+                      sequence_parallel=True, pipeline_schedule="interleaved", virtual_stages=2,
+                      precision="fp16").validate(MODEL, CLUSTER)
+
+
+def _bad(k: Knob) -> Any:
+    if k.kind == "int" and k.choices:
+        return max(k.choices) + 1
+    return {"bool": "yes", "ratio": 1.5, "int": 0, "choice": "no-such-value"}[k.kind]
+
+
+def test_every_field_is_a_declared_knob_and_the_reference_config_moves_each() -> None:
+    assert [f.name for f in fields(ScheduleConfig)] == [k.name for k in KNOBS]
+    for k in KNOBS:
+        assert k.help and k.label and k.flag.startswith("--")
+        assert getattr(AWAY, k.name) != k.default, f"AWAY leaves {k.name} at its default"
+        assert not (k.inert and k.inert(AWAY.to_dict(), MODEL.layers)), f"{k.name} is inert in AWAY"
+
+
+@pytest.mark.parametrize("k", KNOBS, ids=lambda k: k.name)
+def test_config_checks_every_knob(k: Knob) -> None:
+    with pytest.raises(ConfigError, match=k.name):
+        ScheduleConfig(**{k.name: _bad(k)})
+
+
+@pytest.mark.parametrize("k", KNOBS, ids=lambda k: k.name)
+def test_search_spaces_take_every_knob_but_the_derived(k: Knob) -> None:
+    assert (k.name in TUNABLE) == (not k.derived)
+    assert (k.name in ORDINAL) == (k.ordered and not k.derived)
+    if k.derived:
+        with pytest.raises(ConfigError, match="derived"):
+            space_from_dict({"name": "x", "fixed": {k.name: getattr(AWAY, k.name)}})
+        return
+    space = space_from_dict({"name": "x", "fixed": {k.name: getattr(AWAY, k.name)}})
+    assert space.fixed[k.name] == getattr(AWAY, k.name)
+    with pytest.raises(ConfigError, match=k.name):
+        space_from_dict({"name": "x", "fixed": {k.name: _bad(k)}})
+
+
+def test_a_space_canonicalises_every_inert_knob_to_its_default() -> None:
+    bound = space_from_dict({"name": "x", "knobs": {"tp": [1, 2]}, "fixed": {
+        k.name: getattr(AWAY, k.name) for k in KNOBS if not k.derived and k.name != "tp"}}).bind(
+        MODEL, CLUSTER, global_batch=32)
+    cfg = bound.derive({"tp": 1})
+    assert isinstance(cfg, ScheduleConfig)
+    for k in KNOBS:
+        if k.inert and k.inert(cfg.to_dict(), MODEL.layers):
+            assert getattr(cfg, k.name) == k.default
+
+
+@pytest.mark.parametrize("k", KNOBS, ids=lambda k: k.name)
+def test_the_cost_sweep_honours_every_pinned_knob(k: Knob) -> None:
+    value = getattr(AWAY, k.name)
+    pins = {k.name: value}
+    # Knobs that only mean something together with others are pinned with what they need.
+    if k.name in ("virtual_stages", "pipeline_schedule"):
+        pins.update(pipeline_schedule="interleaved", virtual_stages=2, pp=2, grad_accum=4)
+    if k.name == "sequence_parallel":
+        pins["tp"] = 2
+    if k.name == "ckpt_placement":
+        pins["ckpt_ratio"] = 0.5
+    groups = list(candidate_configs(MODEL, CLUSTER, **pins))
+    assert groups, f"pinning {k.name}={value!r} left no configuration"
+    assert all(getattr(c, k.name) == value for g in groups for c in g)
+
+
+def test_the_cost_sweep_refuses_an_unknown_knob() -> None:
+    with pytest.raises(ConfigError, match="unknown knobs"):
+        next(candidate_configs(MODEL, CLUSTER, tensor_parallel=2))
+
+
+def _flag_args(k: Knob, value: Any) -> list[str]:
+    if k.kind == "bool":
+        return [k.flag, "on" if value else "off"]
+    return [k.flag, str(value)]
+
+
+@pytest.mark.parametrize("command", ["run", "estimate", "verify", "tune"])
+def test_every_command_parses_its_knob_flags(command: cli_knobs.Command) -> None:
+    taken = cli_knobs.knobs_for(command)
+    expected = {"tune": [k for k in KNOBS if not k.derived], "run": [k for k in KNOBS if k.name != "dp"],
+                "verify": [k for k in KNOBS if k.verify], "estimate": list(KNOBS)}[command]
+    assert list(taken) == expected
+    parser = build_parser(only=command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    flags = {s for a in sub._actions for s in a.option_strings}
+    for k in taken:
+        assert k.flag in flags, f"autoslapo {command} has no {k.flag}"
+        args = sub.parse_args(["bert", "--gpus", "16", *_flag_args(k, getattr(AWAY, k.name))]
+                              if command != "verify" else ["bert", *_flag_args(k, getattr(AWAY, k.name))])
+        assert cli_knobs.knob_values(args, command)[k.name] == getattr(AWAY, k.name)
+
+
+def test_a_boolean_flag_alone_turns_its_knob_on() -> None:
+    parser = build_parser(only="run")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    for k in (k for k in KNOBS if k.kind == "bool"):
+        assert cli_knobs.knob_values(sub.parse_args(["bert", "--gpus", "2", k.flag]), "run")[k.name] is True
+
+
+def test_tables_show_every_knob_that_is_set() -> None:
+    text = describe(AWAY.to_dict())
+    for k in KNOBS:
+        assert k.show(getattr(AWAY, k.name)) in text.split(), f"describe() hides {k.name}"
+
+
+def test_the_perturbed_simulator_gives_every_effect_knob_a_hidden_effect() -> None:
+    from tuner.evaluators import PerturbedSimEvaluator
+
+    ev = PerturbedSimEvaluator(MODEL, CLUSTER, seed=3)
+    base = ev.evaluate(AWAY).samples_per_s
+    assert base > 0
+    effect = {k.name for k in KNOBS if k.effect}
+    assert {"tp", "pp", "micro_batch", "attn_kernel", "zero_stage"} <= effect
+    for name in effect:
+        assert ev._effect(name, getattr(AWAY, name)) != 1.0
+
+
+def test_one_config_hash_for_the_tuner_and_the_store() -> None:
+    from store._records import config_hash as store_hash
+
+    d = AWAY.to_dict()
+    assert AWAY.config_hash() == config_hash(d) == store_hash(d)
+
+
+def test_knobs_added_later_leave_earlier_digests_alone() -> None:
+    later = [k for k in KNOBS if k.since > 1]
+    d = ScheduleConfig().to_dict()
+    first = {k: v for k, v in d.items() if KNOB[k].since == 1}
+    assert config_hash(d) == config_hash(first)
+    for k in later:
+        assert config_hash({**d, k.name: getattr(AWAY, k.name)}) != config_hash(d)
+
+
+def test_the_store_frame_has_a_column_for_every_knob() -> None:
+    from autoslapo.result import TrialResult
+    from store import open_store
+
+    store = open_store("sqlite://")
+    store.create_study("s", model=MODEL.to_dict(), cluster=CLUSTER.to_dict(), space_name="x", space_version="1",
+                       objective="samples_per_s", backend="sim", model_signature=MODEL.signature(),
+                       cluster_fingerprint=CLUSTER.fingerprint())
+    store.add_new_trials("s", [(AWAY.to_dict(), TrialResult.failure("failed", "x").to_dict())])
+    frame = store.to_dataframe("s")
+    assert {f"config.{k.name}" for k in KNOBS} <= set(frame.columns)
+    store.close()
