@@ -50,7 +50,8 @@ class SearchSpace:
     """Knob domains for one family (cluster-independent; ``"auto"`` resolved by ``bind``).
 
     ``knobs``: knob -> tuple of values to search (or ``"auto"`` for tp, pp, micro_batch).
-    ``fixed``: knob -> the one value used. Knobs in neither take ``ScheduleConfig``'s default,
+    ``fixed``: knob -> the one value used. Knobs in neither take ``ScheduleConfig``'s default (knobs
+    declared after the first knob set, ``Knob.since > 1``, are searched over their declared sweep),
     except ``precision``, which falls back to fp16 on devices without bf16 (fp32 where the trials
     cannot run fp16).
     ``rules``: ``tp_within_node`` (default true), ``max_micro_batch`` (64), and the default global
@@ -125,7 +126,11 @@ class SearchSpace:
         if not self.rules["tp_within_node"] and not cluster.allow_cross_node_tp:
             cluster = replace(cluster, allow_cross_node_tp=True)
         domains: dict[str, tuple[Any, ...]] = {}
-        for knob, dom in self.knobs.items():
+        # Knobs declared after the first knob set that the space does not mention are searched over
+        # their declared sweep: a new knob is searchable without editing every space.
+        later = {k.name: k.sweep for k in KNOBS if k.since > 1 and k.sweep and not k.derived
+                 and k.name not in self.knobs and k.name not in self.fixed}
+        for knob, dom in {**self.knobs, **later}.items():
             values = _auto_domain(knob, model, cluster, self.rules) if dom == AUTO else tuple(dom)
             kept = tuple(v for v in values if _statically_ok(knob, v, model, cluster, self.rules)
                          and (knob != "precision" or precisions is None or v in precisions))
