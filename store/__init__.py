@@ -25,7 +25,7 @@ from store._records import (
     config_hash,
 )
 from store._store import Store, open_store
-from store._url import DEFAULT_URL, ENV_VAR, resolve_url
+from store._url import DEFAULT_URL, ENV_VAR, check_sqlite_file, parse_url, resolve_url, sqlite_path
 
 __all__ = [
     "DEFAULT_URL",
@@ -40,7 +40,10 @@ __all__ = [
     "StudyRecord",
     "TrialRecord",
     "canonical_json",
+    "check_sqlite_file",
     "config_hash",
     "open_store",
+    "parse_url",
     "resolve_url",
+    "sqlite_path",
 ]

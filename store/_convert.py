@@ -75,6 +75,47 @@ def software_versions() -> dict[str, str]:
     return versions
 
 
+def study_row(
+    name: str,
+    *,
+    model: dict[str, Any],
+    cluster: dict[str, Any],
+    space_name: str,
+    space_version: str,
+    objective: str,
+    backend: str,
+    model_signature: str,
+    cluster_fingerprint: str,
+) -> dict[str, Any]:
+    """Column values of a new study row (``Store.create_study`` says what the arguments are).
+
+    Raises StorageError for a name of the wrong length or a cluster without a positive ``gpus``.
+    """
+    if not name or len(name) > 200:
+        raise StorageError(f"a study name must have 1 to 200 characters: got {name!r}")
+    if not isinstance(cluster.get("gpus"), int) or cluster["gpus"] < 1:
+        raise StorageError(f"cluster['gpus'] must be a positive int: got {cluster.get('gpus')!r}")
+    memory = cluster.get("memory_bytes")
+    return dict(
+        name=name,
+        model_name=str(model.get("preset") or model.get("name") or model_signature[:16]),
+        model_family=str(model.get("family") or ""),
+        model=clean_json(model),
+        model_signature=model_signature,
+        cluster=clean_json(cluster),
+        cluster_fingerprint=cluster_fingerprint,
+        gpus=cluster["gpus"],
+        gpu_type=str(cluster.get("gpu_type") or ""),
+        gpu_memory_bytes=None if memory is None else int(memory),
+        space_name=space_name,
+        space_version=str(space_version),
+        objective=objective,
+        backend=backend,
+        status="created",
+        software=software_versions(),
+    )
+
+
 def study_record(row: StudyRow) -> StudyRecord:
     """A frozen record of a study row (detached copies of its JSON)."""
     return StudyRecord(

@@ -1,4 +1,4 @@
-"""Engines, connection settings, the SQLite pre-flight probe, and retries on transient errors.
+"""Engines, connection settings (ours and Optuna's), retried transactions, and the SQLite pre-flight probe.
 
 SQLite: WAL journal (readers never block the writer), a busy timeout, and write transactions that
 start with ``BEGIN IMMEDIATE`` so two writers queue on the busy timeout instead of failing when a
@@ -11,19 +11,24 @@ import contextlib
 import random
 import sqlite3
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from autoslapo.errors import StorageError
 from autoslapo.redact import redact
 from store._records import canonical_json
-from store._url import display
+from store._url import display, sqlite_path
+
+if TYPE_CHECKING:
+    import optuna
 
 T = TypeVar("T")
 
@@ -112,6 +117,48 @@ def with_retry(fn: Callable[[], T], *, what: str, url: URL) -> T:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+class Transactions:
+    """Short transactions on one database, each retried whole on transient errors.
+
+    Reads use the plain engine; writes use ``writer(engine)`` (``BEGIN IMMEDIATE`` on SQLite).
+    """
+
+    def __init__(self, engine: Engine, url: URL) -> None:
+        self.engine = engine
+        self.writer = writer(engine)
+        self.url = url
+
+    def read(self, what: str, fn: Callable[[Session], T]) -> T:
+        """Run ``fn`` in a read transaction; ``what`` names it in a StorageError."""
+
+        def run() -> T:
+            with Session(self.engine) as session, session.begin():
+                return fn(session)
+
+        return with_retry(run, what=what, url=self.url)
+
+    def write(self, what: str, fn: Callable[[Session], T]) -> T:
+        """Run ``fn`` in a write transaction; ``what`` names it in a StorageError."""
+
+        def run() -> T:
+            with Session(self.writer) as session, session.begin():
+                return fn(session)
+
+        return with_retry(run, what=what, url=self.url)
+
+    def write_unique(self, what: str, fn: Callable[[Session], T]) -> T | None:
+        """Like ``write``, but None (nothing written) when a unique constraint refuses it."""
+
+        def run() -> T | None:
+            try:
+                with Session(self.writer) as session, session.begin():
+                    return fn(session)
+            except IntegrityError:
+                return None
+
+        return with_retry(run, what=what, url=self.url)
+
+
 def first_line(err: BaseException) -> str:
     """The first non-empty line of an exception's text (driver messages span several)."""
     orig = getattr(err, "orig", None) or err
@@ -188,3 +235,34 @@ def remove_new_siblings(path: Path, existed: list[bool]) -> None:
         if not was_there:
             with contextlib.suppress(OSError):
                 sibling.unlink()
+
+
+def optuna_storage(
+    url: URL, *, heartbeat_interval: int | None, grace_period: int | None
+) -> optuna.storages.RDBStorage:
+    """``Store.optuna_storage``: Optuna's RDB storage on ``url``, with our connection settings.
+
+    Raises StorageError for in-memory SQLite (Optuna would see another database) or when Optuna
+    cannot open the database.
+    """
+    import optuna
+
+    sqlite = url.get_backend_name() == "sqlite"
+    if sqlite and sqlite_path(url) is None:
+        raise StorageError(
+            "an Optuna study needs a file or server database: got in-memory SQLite; use sqlite:///file.db"
+        )
+    engine_kwargs: dict[str, Any] = (
+        {"connect_args": {"timeout": BUSY_TIMEOUT_S}} if sqlite else {"pool_pre_ping": True}
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url.render_as_string(hide_password=False),
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+            )
+    except (SQLAlchemyError, RuntimeError) as err:
+        raise storage_error(err, what="open Optuna's storage", url=url) from None

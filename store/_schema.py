@@ -8,7 +8,7 @@ Every change here needs a new revision in ``store/migrations/versions``.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -22,8 +22,10 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
+    select,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -138,3 +140,9 @@ class TrialRow(Base):
     result: Mapped[dict[str, Any]] = mapped_column(JsonType)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+# Reads go through Core rows, not ORM objects: no identity map, ~3x faster for long lists.
+TRIAL_TABLE = cast(Table, TrialRow.__table__)
+#: ``SELECT`` every column of the trials table (narrow it with ``.where``).
+TRIALS = select(TRIAL_TABLE)

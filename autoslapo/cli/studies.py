@@ -36,8 +36,7 @@ def open_existing_store(url: str | None) -> Store | None:
     Reading never creates a database: a mistyped path must not leave an empty ``.db`` behind.
     Raises StorageError for a bad URL or a file that is not a database.
     """
-    from store import open_store, resolve_url
-    from store._url import check_sqlite_file, parse_url, sqlite_path
+    from store import check_sqlite_file, open_store, parse_url, resolve_url, sqlite_path
 
     resolved = resolve_url(url)
     parsed = parse_url(resolved)

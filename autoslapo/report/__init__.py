@@ -19,8 +19,7 @@ from autoslapo.report.plots import KNOB_PREFIX, Baseline, GiB
 if TYPE_CHECKING:
     import pandas as pd
 
-    from store import Store
-    from store._records import StudyRecord
+    from store import Store, StudyRecord
 
 __all__ = ["Baseline", "Report", "render_report", "write_report"]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from store import Store, open_store
 from tests.pgserver import PgServer, unavailable_reason
 
 _counter = itertools.count()
@@ -67,6 +68,23 @@ def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
         yield url
     finally:
         server.drop_database(name)
+
+
+@pytest.fixture
+def db(store_url: str) -> Iterator[Store]:
+    """An open store on a fresh database of the test's backend."""
+    store = open_store(store_url)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def study(db: Store) -> str:
+    """The name of a fresh study in ``db``."""
+    db.create_study("s", **study_kwargs())
+    return "s"
 
 
 def model_dict(preset: str = "bert-large", **overrides: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -13,21 +12,6 @@ import pytest
 from autoslapo.errors import StorageError
 from store import DuplicateTrial, Store, StudyRecord, TrialRecord, config_hash, open_store
 from tests.store.conftest import config, result, study_kwargs
-
-
-@pytest.fixture
-def db(store_url: str) -> Iterator[Store]:
-    store = open_store(store_url)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def study(db: Store) -> str:
-    db.create_study("s", **study_kwargs())
-    return "s"
 
 
 def test_open_creates_the_head_schema_and_reopens(store_url: str) -> None:

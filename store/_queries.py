@@ -1,0 +1,117 @@
+"""Reading trials: one trial, a study's trials, the best across studies, a study's history.
+
+``Store`` keeps the public methods and their contracts; these functions run the queries, each in
+one read transaction. ``study`` is the study's name (records carry it), ``study_id`` its row id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from autoslapo.errors import StorageError
+from store._convert import trial_record
+from store._engine import Transactions
+from store._records import HistoryPoint, TrialRecord, check_metric
+from store._schema import TRIALS, StudyRow, TrialRow
+
+
+def one_trial(tx: Transactions, study: str, study_id: int, condition: Any) -> TrialRecord | None:
+    """The trial of the study matching ``condition`` (a SQL expression on ``TrialRow``), or None."""
+    query = TRIALS.where(TrialRow.study_id == study_id, condition)
+
+    def find(session: Session) -> TrialRecord | None:
+        row = session.execute(query).first()
+        return None if row is None else trial_record(row, study)
+
+    return tx.read("read a trial", find)
+
+
+def trials(tx: Transactions, study: str, study_id: int, *, status: str | None) -> list[TrialRecord]:
+    """``Store.trials``: the study's trials by number, optionally only those with ``status``."""
+    query = TRIALS.where(TrialRow.study_id == study_id).order_by(TrialRow.number)
+    if status is not None:
+        query = query.where(TrialRow.status == status)
+    return tx.read("read trials", lambda s: [trial_record(r, study) for r in s.execute(query)])
+
+
+def count_trials(tx: Transactions, study_id: int) -> int:
+    """``Store.count_trials``: how many trials the study holds (any status)."""
+    query = select(func.count()).select_from(TrialRow).where(TrialRow.study_id == study_id)
+    return tx.read("count trials", lambda s: int(s.scalar(query) or 0))
+
+
+def best_trials(
+    tx: Transactions,
+    model: str,
+    gpus: int,
+    gpu_type: str | None,
+    *,
+    metric: str,
+    measured_only: bool,
+    min_headroom_bytes: int | None,
+    min_headroom_fraction: float | None,
+    limit: int,
+) -> list[TrialRecord]:
+    """``Store.best``: the best complete trials across matching studies, best first.
+
+    Raises StorageError for an unknown metric, a limit below 1, or a headroom fraction outside [0, 1).
+    """
+    check_metric(metric)
+    if limit < 1:
+        raise StorageError(f"limit must be at least 1: got {limit}")
+    if min_headroom_fraction is not None and not 0 <= min_headroom_fraction < 1:
+        raise StorageError(f"min_headroom_fraction must be in [0, 1): got {min_headroom_fraction}")
+    value = getattr(TrialRow, metric)
+    studies = select(StudyRow.id, StudyRow.name, StudyRow.gpu_memory_bytes).where(
+        or_(StudyRow.model_signature == model, StudyRow.model_name == model), StudyRow.gpus == int(gpus)
+    )
+    if gpu_type is not None:
+        studies = studies.where(StudyRow.gpu_type == gpu_type)
+    headroom = min_headroom_bytes is not None or min_headroom_fraction is not None
+
+    def query(session: Session) -> list[TrialRecord]:
+        # One small indexed top-k query per matching study, merged here: each walks the
+        # (study_id, status, metric) index from the top instead of sorting every trial.
+        found: list[tuple[float, int, int, TrialRecord]] = []
+        for study_id, name, memory in session.execute(studies.order_by(StudyRow.id)):
+            if headroom and memory is None:
+                continue  # unknown device memory: no headroom can be shown
+            top = TRIALS.where(
+                TrialRow.study_id == study_id, TrialRow.status == "complete", value.is_not(None)
+            )
+            if measured_only:
+                top = top.where(TrialRow.measured.is_(True))
+            bounds = []
+            if min_headroom_bytes is not None and memory is not None:
+                bounds.append(memory - int(min_headroom_bytes))
+            if min_headroom_fraction is not None and memory is not None:
+                bounds.append(int(memory * (1.0 - float(min_headroom_fraction))))
+            if bounds:
+                top = top.where(TrialRow.peak_memory_bytes <= min(bounds))
+            for row in session.execute(top.order_by(value.desc(), TrialRow.number).limit(limit)):
+                record = trial_record(row, name)
+                found.append((-getattr(record, metric), study_id, record.number, record))
+        found.sort(key=lambda item: item[:3])
+        return [item[3] for item in found[:limit]]
+
+    return tx.read("find the best schedule", query)
+
+
+def history_points(trials: Sequence[TrialRecord], metric: str) -> list[HistoryPoint]:
+    """``Store.history``: each trial with its ``metric`` value and the best complete value so far."""
+    points: list[HistoryPoint] = []
+    best: float | None = None
+    for trial in trials:
+        value = getattr(trial, metric)
+        if trial.status == "complete" and value is not None and (best is None or value > best):
+            best = value
+        points.append(
+            HistoryPoint(
+                trial.number, trial.status, value, best, trial.measured, trial.started_at, trial.ended_at
+            )
+        )
+    return points
