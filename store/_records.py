@@ -5,13 +5,13 @@ Nothing here imports SQLAlchemy, so callers may build and compare records withou
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from autoslapo.config import config_hash as knob_hash
 from autoslapo.errors import StorageError
 
 #: Every status a trial row can hold; ``running`` is written when a trial starts.
@@ -69,8 +69,9 @@ def canonical_json(value: Any) -> str:
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """Return the sha256 hex digest of ``config`` as canonical JSON (the duplicate-trial key)."""
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+    """Return the duplicate-trial key of ``config``: ``autoslapo.config.config_hash`` of its JSON form,
+    the one digest the tuner uses too (StorageError for what JSON cannot carry)."""
+    return knob_hash(json.loads(canonical_json(config)))
 
 
 @dataclass(frozen=True)

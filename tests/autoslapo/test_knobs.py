@@ -145,7 +145,7 @@ def test_the_perturbed_simulator_gives_every_effect_knob_a_hidden_effect() -> No
 
 
 def test_one_config_hash_for_the_tuner_and_the_store() -> None:
-    from store._records import config_hash as store_hash
+    from store import config_hash as store_hash
 
     d = AWAY.to_dict()
     assert AWAY.config_hash() == config_hash(d) == store_hash(d)
