@@ -121,11 +121,15 @@ def layouts(model: ModelSpec, cluster: ClusterSpec, *, tp: int | None = None, pp
                 yield t, p, d
 
 
+def replica_counts(gpus: int, tps: Collection[int], pps: Collection[int]) -> list[int]:
+    """The distinct dp that (tp, pp) pairs of the domains give on ``gpus`` devices, ascending."""
+    return sorted({gpus // (t * p) for t in tps for p in pps if gpus % (t * p) == 0})
+
+
 def batch_fits_some_layout(global_batch: int, gpus: int, tps: Collection[int], pps: Collection[int],
                            micro_batches: Collection[int]) -> bool:
     """Whether some (tp, pp, micro_batch) of the domains splits ``global_batch`` over its replicas."""
-    dps = [gpus // (t * p) for t in tps for p in pps if gpus % (t * p) == 0]
-    return any(global_batch % (int(mb) * d) == 0 for d in dps for mb in micro_batches)
+    return any(global_batch % (int(mb) * d) == 0 for d in replica_counts(gpus, tps, pps) for mb in micro_batches)
 
 
 def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec | None = None) -> None:

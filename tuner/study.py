@@ -139,10 +139,10 @@ def _check_layouts(bound: BoundSpace) -> None:
 
     if layout.batch_fits_some_layout(gb, gpus, dom("tp"), dom("pp"), dom("micro_batch")):
         return
-    dps = [gpus // (tp * pp) for tp in dom("tp") for pp in dom("pp") if gpus % (tp * pp) == 0]
+    dps = layout.replica_counts(gpus, dom("tp"), dom("pp"))
     raise ConfigError(
         f"micro_batch*dp must divide the global batch for some layout: {gpus} devices with tp in "
-        f"{list(dom('tp'))} and pp in {list(dom('pp'))} give dp in {sorted(set(dps))} for a global batch of "
+        f"{list(dom('tp'))} and pp in {list(dom('pp'))} give dp in {dps} for a global batch of "
         f"{gb}; use fewer --gpus or a larger --global-batch"
     )
 
