@@ -68,11 +68,11 @@ def best_trial(
     key, label = _model_key(model)
     store, owned = _store(storage)
     try:
-        found = store.best(key, gpus, gpu_type, metric=metric, measured_only=measured_only,
+        found = store.best_trials(key, gpus, gpu_type, metric=metric, measured_only=measured_only,
                            min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction)
         if found:
             return found[0]
-        any_found = store.best(key, gpus, gpu_type, metric=metric)
+        any_found = store.best_trials(key, gpus, gpu_type, metric=metric)
         where = store.url
     finally:
         if owned:

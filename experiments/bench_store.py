@@ -119,13 +119,13 @@ def run(url: str, trials: int, label: str) -> list[str]:
     lines.append(f"trials stored: {total:,} in {STUDIES} studies ({STUDIES // 2} match the query)")
 
     queries: list[tuple[str, Callable[[], object]]] = [
-        ("best(bert-large, 64, a100-80gb)", lambda: db.best("bert-large", 64, "a100-80gb")),
-        ("best(..., measured_only=True)", lambda: db.best("bert-large", 64, "a100-80gb", measured_only=True)),
+        ("best(bert-large, 64, a100-80gb)", lambda: db.best_trials("bert-large", 64, "a100-80gb")),
+        ("best(..., measured_only=True)", lambda: db.best_trials("bert-large", 64, "a100-80gb", measured_only=True)),
         (
             "best(..., min_headroom_fraction=0.5)",
-            lambda: db.best("bert-large", 64, "a100-80gb", min_headroom_fraction=0.5),
+            lambda: db.best_trials("bert-large", 64, "a100-80gb", min_headroom_fraction=0.5),
         ),
-        ("best(..., limit=10, by signature)", lambda: db.best("sig-bert-large", 64, "a100-80gb", limit=10)),
+        ("best(..., limit=10, by signature)", lambda: db.best_trials("sig-bert-large", 64, "a100-80gb", limit=10)),
     ]
     for name, query in queries:
         median, worst = _ms(query, repeat=30)
@@ -135,7 +135,7 @@ def run(url: str, trials: int, label: str) -> list[str]:
             else (" (target < 50 ms: " + ("met)" if median < TARGET_MS else "MISSED)"))
         )
         lines.append(f"{name}: median {median:.2f} ms, max {worst:.2f} ms{verdict}")
-    best = db.best("bert-large", 64, "a100-80gb")[0]
+    best = db.best_trials("bert-large", 64, "a100-80gb")[0]
     lines.append(f"  -> study {best.study} trial {best.number}: {best.samples_per_s:,.1f} samples/s")
     median, _ = _ms(lambda: db.trials("s0"), repeat=3)
     lines.append(f"trials(s0) ({db.count_trials('s0'):,} rows as records): median {median:.0f} ms")

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             qs = []
             for _ in range(repeats * 4):
                 t = time.perf_counter()
-                st.best(spec.signature(), 64, "a100-80gb")
+                st.best_trials(spec.signature(), 64, "a100-80gb")
                 qs.append(time.perf_counter() - t)
         rows.append((f"store `best()` over that study ({trials} trials, SQLite)",
                      f"{statistics.median(qs) * 1000:.1f} ms"))

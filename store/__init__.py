@@ -4,7 +4,7 @@
     with open_store("sqlite:///autoslapo.db") as db:
         db.create_study("bert-64", model=..., cluster=..., ...)
         db.add_trial("bert-64", 0, config, result)
-        db.best("bert-large", gpus=64, gpu_type="a100-80gb")
+        db.best_trials("bert-large", gpus=64, gpu_type="a100-80gb")
 
 Optuna's RDB storage shares the database (``Store.optuna_storage()``); autoslapo's own tables
 are prefixed ``autoslapo_`` and migrate independently of Optuna's.

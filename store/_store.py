@@ -386,7 +386,7 @@ class Store:
         """How many trials ``study`` holds (any status)."""
         return _queries.count_trials(self._tx, self._study_id(study))
 
-    def best(
+    def best_trials(
         self,
         model: str,
         gpus: int,

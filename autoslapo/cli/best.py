@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     model = ModelSpec.from_name(args.model, **shape_overrides(args))
     store = open_store(args.storage)
     headroom_bytes, headroom_fraction = parse_headroom(args.headroom)
-    found = store.best(model.signature(), args.gpus, args.gpu_type, metric=args.metric,
+    found = store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric,
                        measured_only=args.measured, min_headroom_bytes=headroom_bytes,
                        min_headroom_fraction=headroom_fraction)
     if not found:

@@ -198,20 +198,20 @@ def test_best_across_studies_with_filters(db: Store) -> None:
     for name in ("other-gpus", "other-type", "other-model"):
         db.add_trial(name, 0, config(0), result(500))
 
-    best = db.best("bert-large", 8, "a100-80gb")
+    best = db.best_trials("bert-large", 8, "a100-80gb")
     assert [(t.study, t.number, t.samples_per_s) for t in best] == [("b", 0, 130.0)]
-    assert db.best("sig-bert-large", 8, "a100-80gb")[0].study == "b"
-    assert [t.samples_per_s for t in db.best("bert-large", 8, "a100-80gb", limit=10)] == [130.0, 120.0, 110.0]
-    assert [t.samples_per_s for t in db.best("bert-large", 8, None, limit=10)] == [600.0, 130.0, 120.0, 110.0]
-    assert db.best("bert-large", 8, "a100-80gb", measured_only=True)[0].number == 1
-    assert db.best("bert-large", 8, "a100-80gb", min_headroom_bytes=5 * 2**30)[0].samples_per_s == 120.0
-    assert db.best("bert-large", 8, "a100-80gb", min_headroom_fraction=0.2)[0].samples_per_s == 120.0
-    assert db.best("bert-large", 8, "a100-80gb", min_headroom_fraction=0.6) == []
-    assert db.best("bert-large", 8, "a100-80gb", metric="tokens_per_s")[0].tokens_per_s == 130.0 * 512
-    assert db.best("bert-large", 4, "a100-80gb") == []
-    assert db.best("no-such-model", 8) == []
+    assert db.best_trials("sig-bert-large", 8, "a100-80gb")[0].study == "b"
+    assert [t.samples_per_s for t in db.best_trials("bert-large", 8, "a100-80gb", limit=10)] == [130.0, 120.0, 110.0]
+    assert [t.samples_per_s for t in db.best_trials("bert-large", 8, None, limit=10)] == [600.0, 130.0, 120.0, 110.0]
+    assert db.best_trials("bert-large", 8, "a100-80gb", measured_only=True)[0].number == 1
+    assert db.best_trials("bert-large", 8, "a100-80gb", min_headroom_bytes=5 * 2**30)[0].samples_per_s == 120.0
+    assert db.best_trials("bert-large", 8, "a100-80gb", min_headroom_fraction=0.2)[0].samples_per_s == 120.0
+    assert db.best_trials("bert-large", 8, "a100-80gb", min_headroom_fraction=0.6) == []
+    assert db.best_trials("bert-large", 8, "a100-80gb", metric="tokens_per_s")[0].tokens_per_s == 130.0 * 512
+    assert db.best_trials("bert-large", 4, "a100-80gb") == []
+    assert db.best_trials("no-such-model", 8) == []
     with pytest.raises(StorageError, match="metric must be one of"):
-        db.best("bert-large", 8, metric="loss")
+        db.best_trials("bert-large", 8, metric="loss")
 
 
 def test_history_tracks_the_best_so_far(db: Store, study: str) -> None:

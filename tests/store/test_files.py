@@ -128,6 +128,6 @@ def test_in_memory_store(tmp_path: Path) -> None:
     with open_store("sqlite:///:memory:") as db:
         db.create_study("s", **study_kwargs())
         db.add_trial("s", 0, config(0), result(0))
-        assert db.best("bert-large", 8)[0].number == 0
+        assert db.best_trials("bert-large", 8)[0].number == 0
         with pytest.raises(StorageError, match="file or server database"):
             db.optuna_storage()

@@ -66,7 +66,7 @@ def test_upgrade_from_the_first_schema_keeps_the_data(store_url: str) -> None:
             (1, 150.0, "old-host"),
         ]
         assert trials[0].final_loss is None and trials[0].started_at is not None
-        assert db.best("bert-large", 8, "a100-80gb")[0].number == 1
+        assert db.best_trials("bert-large", 8, "a100-80gb")[0].number == 1
         db.add_trial("old", 2, config(2), result(2))  # new columns are written
         assert db.get_trial("old", 2).final_loss == 7.5  # type: ignore[union-attr]
         with db._engine.connect() as conn:
