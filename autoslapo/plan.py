@@ -29,14 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-# The primitives this plan uses, registered by explicit import.
-import autoslapo.primitives.checkpoint
-import autoslapo.primitives.fuse
-import autoslapo.primitives.kernel
-import autoslapo.primitives.loss
-import autoslapo.primitives.pipeline
-import autoslapo.primitives.tp
-import autoslapo.primitives.trace  # noqa: F401
 from autoslapo.errors import ScheduleError
 from autoslapo.models.families import FamilyDescription, get_family, register_pipeline_adapters
 from autoslapo.schedule import Schedule, create_schedule

@@ -23,13 +23,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from autoslapo.errors import ScheduleError
-from autoslapo.schedule import Schedule, register_primitive
+
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 __all__ = [
     "SCHEDULES",
@@ -61,7 +63,6 @@ def _index(node: Schedule) -> int:
     return list(node.parent.children).index(node.name)
 
 
-@register_primitive("cut_pipeline_stage")
 def cut_pipeline_stage(sch: Schedule) -> None:
     """Mark a pipeline-stage boundary right after the module at ``sch``.
 

@@ -25,14 +25,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives import comm
-from autoslapo.schedule import Schedule, register_primitive
+
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 __all__ = ["ShardSpec", "gather_shards", "param_places", "shard_spec", "slice_shard"]
 
@@ -160,7 +162,6 @@ def _set_everywhere(sch: Schedule, old: nn.Parameter, new: nn.Parameter) -> list
     return [path for _, _, path in places]
 
 
-@register_primitive("shard")
 def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1, pad: bool = False) -> ShardSpec:
     """Slice parameter ``param_name`` of this node to this rank's shard along ``axis``.
 
@@ -212,7 +213,6 @@ def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1, pad: bo
     return spec
 
 
-@register_primitive("shrink_attr")
 def shrink_attr(sch: Schedule, *names: str, by: int | None = None) -> dict[str, int]:
     """Divide integer attributes of this module (``num_heads``, ``split_size``, ``nf``...) by ``by``.
 
@@ -274,7 +274,6 @@ def _map_output(out: Any, index: int | str, fn: Any) -> Any:
     raise ScheduleError(f"sync cannot find output {index!r} in a {type(out).__name__}")
 
 
-@register_primitive("sync")
 def sync(
     sch: Schedule,
     mode: str,
@@ -362,7 +361,6 @@ def sync(
     sch.meta.setdefault("hooks", []).append(handle)
 
 
-@register_primitive("vocab_parallel")
 def vocab_parallel(sch: Schedule, param_name: str = "weight", *, pad: bool = True) -> ShardSpec:
     """Make an embedding vocab-parallel: shard rows, zero ids owned by other ranks, all-reduce.
 
@@ -405,7 +403,6 @@ def vocab_parallel(sch: Schedule, param_name: str = "weight", *, pad: bool = Tru
     return spec
 
 
-@register_primitive("vocab_parallel_head")
 def vocab_parallel_head(sch: Schedule, *, pad: bool = True) -> ShardSpec:
     """Make an output layer (``nn.Linear``, weight ``[vocab, hidden]``) vocab-parallel.
 
@@ -472,7 +469,6 @@ def copy_param_attrs(old: nn.Parameter, new: nn.Parameter) -> None:
         new.register_hook(hook)
 
 
-@register_primitive("allreduce_grads")
 def allreduce_grads(sch: Schedule, *names: str) -> list[str]:
     """Sum the gradients of this module's parameters over the group during backward.
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-import autoslapo.primitives.pipeline  # noqa: F401  (registers cut_pipeline_stage)
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives.pipeline import (
     PathAdapter,
