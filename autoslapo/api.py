@@ -271,7 +271,7 @@ def apply_best(
         module.train()
         job.engine = build_deepspeed_engine(module, config, groups, lr=lr, device_type=dev_type)
         return job
-    from autoslapo.primitives.pipeline import build_pipeline
+    from autoslapo.pipeline import build_pipeline
 
     job.pipeline = build_pipeline(
         sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from autoslapo.errors import ScheduleError
-from autoslapo.models.families import FamilyDescription, get_family, register_pipeline_adapters
+from autoslapo.models.families import FamilyDescription, get_family
 from autoslapo.schedule import Schedule, create_schedule
 
 if TYPE_CHECKING:
@@ -264,8 +264,6 @@ def apply_schedule(
     cuts = cut_points(spec.layers, config.pp * config.virtual_stages)
     for i in cuts:
         layers[i].cut_pipeline_stage()
-    if cuts:
-        register_pipeline_adapters()
 
     plan.update(
         tp=tp,
