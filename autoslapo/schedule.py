@@ -32,8 +32,10 @@ from autoslapo.primitives import loss as _loss
 from autoslapo.primitives import pipeline as _pipeline
 from autoslapo.primitives import replace as _replace
 from autoslapo.primitives import rng as _rng
+from autoslapo.primitives import sync as _sync
 from autoslapo.primitives import tp as _tp
 from autoslapo.primitives import trace as _trace
+from autoslapo.primitives import vocab as _vocab
 
 __all__ = [
     "Schedule",
@@ -186,9 +188,9 @@ class Schedule:
     fork_rng = _rng.fork_rng
     shard = _tp.shard
     shrink_attr = _tp.shrink_attr
-    sync = _tp.sync
-    vocab_parallel = _tp.vocab_parallel
-    vocab_parallel_head = _tp.vocab_parallel_head
+    sync = _sync.sync
+    vocab_parallel = _vocab.vocab_parallel
+    vocab_parallel_head = _vocab.vocab_parallel_head
     allreduce_grads = _tp.allreduce_grads
     trace = _trace.trace
     find = _trace.find
