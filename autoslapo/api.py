@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import UsageError
+from autoslapo.storage import require_store
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -119,8 +120,6 @@ def _store(storage: str | Store | None) -> tuple[Store, bool]:
         return storage, False
     if storage is not None and not isinstance(storage, str | Path):
         raise UsageError(f"storage must be a URL or a Store: got {type(storage).__name__}")
-    from autoslapo.cli.studies import require_store
-
     return require_store(None if storage is None else str(storage)), True
 
 
@@ -272,7 +271,7 @@ def apply_best(
         module.train()
         job.engine = build_deepspeed_engine(module, config, groups, lr=lr, device_type=dev_type)
         return job
-    from autoslapo.primitives.pipeline import build_pipeline
+    from autoslapo.pipeline import build_pipeline
 
     job.pipeline = build_pipeline(
         sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,

@@ -17,7 +17,7 @@ for parameters with 2+ dims and zeros for the rest (buffers are zeroed).
 Pipeline stages: when the schedule has pipeline cuts (``root.meta["pipeline_cuts"]`` non-empty, or a
 node with ``meta["pipeline_cut"]``), ``build`` materializes only the modules of this rank's stage(s)
 of a meta model (same scheme; other stages stay on meta, so a model larger than one process's memory
-builds across the pipeline) and returns ``autoslapo.primitives.pipeline.build_pipeline(root,
+builds across the pipeline) and returns ``autoslapo.pipeline.build_pipeline(root,
 device=device, **pipeline_options)`` (``pp_group=``, ``n_microbatches=``, ``schedule=``, ... pass
 through), a PipelineRuntime. A parameter a stage shares with another (BERT's and GPT-2's tied
 input/output embeddings) is initialized by its first holder in ``named_modules`` order, so the last
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autoslapo import pipeline
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives.tp import SHARD_ATTR, ShardSpec, copy_param_attrs, slice_shard
 from autoslapo.schedule import Schedule
@@ -174,8 +175,6 @@ def materialize(
 
 def _local_stages(root: Schedule, options: dict[str, Any]) -> list[nn.Module] | None:
     """This rank's stage modules, or None when the options do not say which rank this is."""
-    from autoslapo.primitives import pipeline
-
     pp_group = options.get("pp_group")
     if pp_group is None:  # build_pipeline will say what is missing
         return None
@@ -197,15 +196,13 @@ def build(
     seed, the device and an optional floating dtype. A model on a real device is returned as is
     (moved to ``device``/``dtype`` if given; its shards were sliced by ``shard``). A meta model is
     materialized as described in the module docstring. With pipeline cuts, the call goes to
-    ``autoslapo.primitives.pipeline.build_pipeline`` with the same arguments.
+    ``autoslapo.pipeline.build_pipeline`` with the same arguments.
     Raises: ScheduleError for options only a pipeline build accepts when there are no cuts.
     """
     root = sch.root()
     model = root.mod
     on_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     if has_pipeline_cuts(root):
-        from autoslapo.primitives import pipeline
-
         if on_meta:  # values by (seed, path), so every stage sees the same weights as one model would
             mine = _local_stages(root, pipeline_options)
             materialize(model, init_weights=init_weights, seed=seed, device=device, dtype=dtype, modules=mine)

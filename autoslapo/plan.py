@@ -29,16 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-# The primitives this plan uses, registered by explicit import.
-import autoslapo.primitives.checkpoint
-import autoslapo.primitives.fuse
-import autoslapo.primitives.kernel
-import autoslapo.primitives.loss
-import autoslapo.primitives.pipeline
-import autoslapo.primitives.tp
-import autoslapo.primitives.trace  # noqa: F401
 from autoslapo.errors import ScheduleError
-from autoslapo.models.families import FamilyDescription, get_family, register_pipeline_adapters
+from autoslapo.models.families import FamilyDescription, get_family
 from autoslapo.schedule import Schedule, create_schedule
 
 if TYPE_CHECKING:
@@ -272,8 +264,6 @@ def apply_schedule(
     cuts = cut_points(spec.layers, config.pp * config.virtual_stages)
     for i in cuts:
         layers[i].cut_pipeline_stage()
-    if cuts:
-        register_pipeline_adapters()
 
     plan.update(
         tp=tp,

@@ -2,8 +2,14 @@
 
 ``create_schedule(model)`` mirrors ``model.named_modules()`` as a tree of :class:`Schedule` nodes.
 Primitives (``replace``, ``shard``, ``sync``, ``checkpoint``, ...) are plain functions
-``fn(sch, *args, **kwargs)`` registered with :func:`register_primitive`; each becomes a method of
-every node, so ``sch["encoder.layer.0.attention.self.query"].shard("weight", 0)`` reads like the paper.
+``fn(sch, *args, **kwargs)`` in ``autoslapo.primitives``; :class:`Schedule` declares each built-in
+one as a method (a class attribute bound to the function), so
+``sch["encoder.layer.0.attention.self.query"].shard("weight", 0)`` reads like the paper and a type
+checker knows its signature, and a misspelled primitive is a type error. The primitive modules
+import ``Schedule`` only for type checking: the registry has no import cycle.
+
+:func:`register_primitive` adds an extension primitive at run time (``sch.<name>(...)`` then works,
+though type checkers see only the built-ins; ``get_primitive(name)(sch, ...)`` is the typed way).
 
 The model definition is never edited: primitives slice parameters in place, add hooks, or swap a
 submodule for another (then the parent node calls :meth:`Schedule.refresh`).
@@ -13,23 +19,33 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
 
 from autoslapo.errors import ScheduleError
+from autoslapo.primitives import annotate as _annotate
+from autoslapo.primitives import checkpoint as _checkpoint
+from autoslapo.primitives import fuse as _fuse
+from autoslapo.primitives import kernel as _kernel
+from autoslapo.primitives import loss as _loss
+from autoslapo.primitives import pipeline as _pipeline
+from autoslapo.primitives import replace as _replace
+from autoslapo.primitives import rng as _rng
+from autoslapo.primitives import sync as _sync
+from autoslapo.primitives import tp as _tp
+from autoslapo.primitives import trace as _trace
+from autoslapo.primitives import vocab as _vocab
 
 __all__ = [
     "Schedule",
     "create_schedule",
+    "get_primitive",
     "list_primitives",
     "register_primitive",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_PRIMITIVES: dict[str, Callable[..., Any]] = {}
-
 
 class Schedule:
     """One node of the schedule tree.
@@ -147,14 +163,38 @@ class Schedule:
     def __iter__(self) -> Iterator[str]:
         return iter(self.children)
 
-    def __getattr__(self, name: str) -> Any:
-        # Only called when normal lookup fails: primitives are class attributes, so this is the
-        # place to say which ones exist (and it tells mypy that ``sch.shard(...)`` is fine).
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
-            f"Schedule has no primitive or attribute {name!r}; primitives: {', '.join(sorted(_PRIMITIVES))}"
-        )
+    if not TYPE_CHECKING:
+        # Only at run time, and only when normal lookup fails: says which primitives exist and the
+        # closest one. Hidden from type checkers so that ``sch.shrad(...)`` stays a type error.
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            close = difflib.get_close_matches(name, list(_PRIMITIVES), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise AttributeError(
+                f"Schedule has no primitive or attribute {name!r}; {hint}primitives: {', '.join(sorted(_PRIMITIVES))}"
+            )
+
+    # -- primitives (built-in; each is ``fn(sch, ...)`` in autoslapo.primitives, bound as a method) --
+
+    annotate = _annotate.annotate
+    checkpoint = _checkpoint.checkpoint
+    fuse = _fuse.fuse
+    attention_kernel = _kernel.attention_kernel
+    vocab_parallel_loss = _loss.vocab_parallel_loss
+    cut_pipeline_stage = _pipeline.cut_pipeline_stage
+    replace = _replace.replace
+    replace_all = _replace.replace_all
+    fork_rng = _rng.fork_rng
+    shard = _tp.shard
+    shrink_attr = _tp.shrink_attr
+    sync = _sync.sync
+    vocab_parallel = _vocab.vocab_parallel
+    vocab_parallel_head = _vocab.vocab_parallel_head
+    allreduce_grads = _tp.allreduce_grads
+    trace = _trace.trace
+    find = _trace.find
+    replace_subgraph = _trace.replace_subgraph
 
     # -- process group ----------------------------------------------------------------------------
 
@@ -192,9 +232,18 @@ def create_schedule(model: nn.Module, group: Any = None) -> Schedule:
     return Schedule(model, group=group)
 
 
-def register_primitive(name: str) -> Callable[[F], F]:
-    """Register ``fn(sch, *args, **kwargs)`` as primitive ``name``, callable as ``sch.<name>(...)``.
+# The built-ins, read off the class: every attribute that is a function of autoslapo.primitives.
+_PRIMITIVES: dict[str, Callable[..., Any]] = {
+    name: fn for name, fn in vars(Schedule).items()
+    if callable(fn) and getattr(fn, "__module__", "").startswith("autoslapo.primitives.")
+}
 
+
+def register_primitive(name: str) -> Callable[[F], F]:
+    """Register ``fn(sch, *args, **kwargs)`` as extension primitive ``name``, callable as ``sch.<name>(...)``.
+
+    Type checkers do not see extension primitives on ``Schedule``; ``get_primitive(name)(sch, ...)``
+    calls one without a type error. Re-registering the same function (a module reload) is fine.
     Raises: ScheduleError if ``name`` is taken by another primitive or a Schedule attribute.
     """
 
@@ -209,8 +258,8 @@ def register_primitive(name: str) -> Callable[[F], F]:
                 raise ScheduleError(
                     f"primitive {name!r} is already registered by {existing.__module__}; pick another name"
                 )
-        elif existing is None and name in Schedule.__dict__:
-            raise ScheduleError(f"primitive name {name!r} clashes with a Schedule attribute")
+        elif existing is None and hasattr(Schedule, name):
+            raise ScheduleError(f"primitive name {name!r} clashes with a Schedule attribute; pick another name")
         _PRIMITIVES[name] = fn
         setattr(Schedule, name, fn)
         return fn
@@ -219,23 +268,20 @@ def register_primitive(name: str) -> Callable[[F], F]:
 
 
 def list_primitives() -> list[str]:
-    """Return the names of all registered primitives, sorted."""
+    """Return the names of all primitives (built-in and registered), sorted."""
     return sorted(_PRIMITIVES)
 
 
 def get_primitive(name: str) -> Callable[..., Any]:
-    """Return the primitive function registered as ``name``.
+    """Return the primitive function called ``name``.
 
-    Raises: ScheduleError naming the valid primitives if ``name`` is unknown.
+    Raises: ScheduleError naming the valid primitives (and the closest one) if ``name`` is unknown.
     """
     try:
         return _PRIMITIVES[name]
     except KeyError:
+        close = difflib.get_close_matches(name, list(_PRIMITIVES), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ScheduleError(
-            f"unknown primitive {name!r}; valid: {', '.join(sorted(_PRIMITIVES))}"
+            f"unknown primitive {name!r}; valid: {', '.join(sorted(_PRIMITIVES))}{hint}"
         ) from None
-
-
-# Importing the schedule module makes the built-in primitives available as methods. The import
-# sits at the bottom because the primitives import ``register_primitive`` from here.
-import autoslapo.primitives  # noqa: E402, F401

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -77,13 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="autoslapo-example-") as tmp:
         storage = args.storage or f"sqlite:///{Path(tmp) / 'example.db'}"
         if not args.skip_tune:
-            from autoslapo.cli import main as cli
-
             tune = ["tune", args.model, "--gpus", str(args.gpus), "--gpu-type", args.gpu_type,
                     "--backend", args.backend, "--trials", str(args.trials), "--storage", storage,
                     "--no-baselines"]
             print("$ autoslapo " + " ".join(tune), flush=True)
-            code = cli(tune)
+            # the command a user types, in its own process (the library does not import its CLI)
+            path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+            code = subprocess.run([sys.executable, "-m", "autoslapo", *tune], check=False,
+                                  env={**os.environ, "PYTHONPATH": path}).returncode
             if code:
                 return code
         from autoslapo.dist import spawn

@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.local_only:
         ok = published_part(lines)
     if args.local or args.local_only:
-        from autoslapo.cost.profile import load_profile, measure_profile, save_profile
+        from autoslapo.cost.profile import load_profile, save_profile
+        from autoslapo.runtime.profile import measure_profile
 
         if args.profile is not None and args.profile.exists():
             prof = load_profile(args.profile)

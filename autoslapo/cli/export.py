@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoslapo.cli.studies import add_storage_argument, require_store
+from autoslapo.cli.studies import add_storage_argument
 from autoslapo.errors import UsageError
+from autoslapo.storage import require_store
 
 SUFFIXES = (".csv", ".parquet")
 

@@ -27,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure and save the profile; returns 0. Raises UsageError for bad flags."""
-    from autoslapo.cost.profile import default_profile_path, measure_profile, save_profile
+    from autoslapo.cost.profile import default_profile_path, save_profile
     from autoslapo.errors import UsageError
+    from autoslapo.runtime.profile import measure_profile
 
     if args.ranks < 1 or args.ranks > 64:
         raise UsageError(f"--ranks must be between 1 and 64: got {args.ranks}")

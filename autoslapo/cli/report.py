@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoslapo.cli.studies import add_storage_argument, require_store
+from autoslapo.cli.studies import add_storage_argument
+from autoslapo.storage import require_store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, require_store, study_row
+from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, study_row
 from autoslapo.errors import UsageError
+from autoslapo.storage import require_store
 
 if TYPE_CHECKING:
     from store import TrialRecord

@@ -1,7 +1,8 @@
 """``autoslapo studies``: one line a study (model, cluster, backend, trials, best, status).
 
 Also home of the helpers the read-only result commands share (show, export, report): the
-``--storage`` flag, opening a store without creating one, and plain-text tables.
+``--storage`` flag and plain-text tables. Opening a store without creating one is
+``autoslapo.storage``'s, which the library uses too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import UsageError
+from autoslapo.storage import open_existing_store
 
 if TYPE_CHECKING:
     from store import Store, StudyRecord
@@ -28,41 +30,6 @@ def add_storage_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="store URL (default: $AUTOSLAPO_STORAGE, else sqlite:///autoslapo.db in this directory)",
     )
-
-
-def open_existing_store(url: str | None) -> Store | None:
-    """Open the store at ``url`` for reading; None when it is a SQLite file that does not exist yet.
-
-    Reading never creates a database: a mistyped path must not leave an empty ``.db`` behind.
-    Raises StorageError for a bad URL or a file that is not a database.
-    """
-    from store import check_sqlite_file, open_store, parse_url, resolve_url, sqlite_path
-
-    resolved = resolve_url(url)
-    parsed = parse_url(resolved)
-    if parsed.get_backend_name() == "sqlite":
-        path = sqlite_path(parsed)
-        if path is None:
-            raise UsageError(
-                "result commands need a file or server store: got in-memory SQLite; "
-                "pass --storage sqlite:///file.db"
-            )
-        if not check_sqlite_file(path):
-            return None
-    return open_store(resolved)
-
-
-def require_store(url: str | None) -> Store:
-    """Like ``open_existing_store`` but a missing SQLite file is an error (exit 2) saying what to do."""
-    store = open_existing_store(url)
-    if store is None:
-        from store import resolve_url
-
-        raise UsageError(
-            f"no store at {resolve_url(url)}: the file does not exist; run `autoslapo tune` first "
-            "or point --storage (or $AUTOSLAPO_STORAGE) at an existing store"
-        )
-    return store
 
 
 def format_table(rows: Sequence[Sequence[str]], header: Sequence[str], *, right: Sequence[int] = ()) -> str:

@@ -210,9 +210,9 @@ def _verify_pipeline(
     import torch.distributed as dist
 
     from autoslapo.errors import VerifyError
+    from autoslapo.models.adapters import pipeline_adapter
     from autoslapo.models.build import build_model
-    from autoslapo.models.families import pipeline_adapter
-    from autoslapo.primitives.pipeline import build_pipeline
+    from autoslapo.pipeline import build_pipeline
     from autoslapo.primitives.tp import gather_shards, shard_spec
     from autoslapo.verify import default_tolerance
 

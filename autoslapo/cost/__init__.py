@@ -2,7 +2,8 @@
 
 ``estimate(model, config, cluster)`` predicts one schedule; ``best_config(model, cluster, **fixed)``
 searches every valid schedule exhaustively; ``sweep`` estimates many. No torch, ray, sqlalchemy or
-subprocess is imported here; ``autoslapo.cost.profile`` (which measures this machine) is separate.
+subprocess is imported here; measuring this machine's profile is the runtime's job
+(``autoslapo.runtime.profile``), reading and fitting one is ``autoslapo.cost.profile``'s.
 """
 
 from __future__ import annotations

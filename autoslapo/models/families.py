@@ -7,30 +7,27 @@ attributes a forward uses after its heads were sharded, the embeddings and the L
 those of the transformers 5 LM classes ``autoslapo.models.build`` constructs. Adding a family is one
 more description here (and its config in ``build``), not another schedule.
 
-Pure data at import time; the pipeline-adapter functions import torch/transformers when called.
+Pure data. How a family runs as pipeline stages is read from these descriptions by
+``autoslapo.models.adapters``.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autoslapo.errors import ConfigError
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
+    pass
 
 __all__ = [
     "FAMILY_DESCRIPTIONS",
     "FamilyDescription",
     "get_family",
     "list_families",
-    "pipeline_adapter",
     "register_family",
-    "register_pipeline_adapters",
 ]
 
 
@@ -229,132 +226,3 @@ LLAMA = register_family(
         bias_gelu=None,  # SwiGLU, no biases
     )
 )
-
-
-# -- pipeline adapters ---------------------------------------------------------------------------
-# A pipeline stage sees only hidden states, so each family says how to embed the inputs, what
-# per-layer context (mask, positions, rotary tables) to rebuild on every stage, and how to apply
-# the final modules. These plug into ``autoslapo.primitives.pipeline.PathAdapter``.
-
-
-def _positions(hidden: torch.Tensor) -> torch.Tensor:
-    import torch
-
-    return torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-
-
-def _causal_mask(config: Any, hidden: torch.Tensor, pos: torch.Tensor) -> Any:
-    from transformers.masking_utils import create_causal_mask
-
-    return create_causal_mask(
-        config=config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=pos
-    )
-
-
-def _chain(parts: Mapping[str, nn.Module], paths: tuple[str, ...], hidden: torch.Tensor) -> torch.Tensor:
-    for p in paths:
-        hidden = parts[p](hidden)
-    return hidden
-
-
-def _adapter_parts(desc: FamilyDescription, model: nn.Module) -> dict[str, Any]:
-    """The embed / context / head functions of ``desc``'s family, bound to ``model``."""
-    import torch
-
-    config = model.config  # type: ignore[attr-defined]
-    embed: Callable[..., torch.Tensor]
-    context: Callable[[torch.Tensor], dict[str, Any]] | None = None
-
-    if desc.name in ("bert", "roberta"):
-        emb = desc.embeddings[0]
-
-        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
-            return parts[emb](input_ids=input_ids, token_type_ids=rest[0] if rest else None)
-
-    elif desc.name == "gpt2":
-        wte, wpe, drop = desc.embeddings
-
-        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor) -> torch.Tensor:
-            return parts[drop](parts[wte](input_ids) + parts[wpe](_positions(input_ids)))
-
-        def context(hidden: torch.Tensor) -> dict[str, Any]:
-            return {"attention_mask": _causal_mask(config, hidden, _positions(hidden))}
-
-    elif desc.name == "opt":
-        tok, pos_emb = desc.embeddings
-
-        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor) -> torch.Tensor:
-            ones = torch.ones(input_ids.shape, dtype=torch.long, device=input_ids.device)
-            return parts[tok](input_ids) + parts[pos_emb](ones, 0)
-
-        def context(hidden: torch.Tensor) -> dict[str, Any]:
-            pos = _positions(hidden)
-            return {"attention_mask": _causal_mask(config, hidden, pos), "position_ids": pos}
-
-    elif desc.name == "llama":
-        tok = desc.embeddings[0]
-        # The rotary table has buffers only (no parameters), so every stage may share the module.
-        rotary = model.get_submodule("model.rotary_emb")
-
-        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor) -> torch.Tensor:
-            return parts[tok](input_ids)
-
-        def context(hidden: torch.Tensor) -> dict[str, Any]:
-            pos = _positions(hidden)
-            return {
-                "attention_mask": _causal_mask(config, hidden, pos),
-                "position_ids": pos,
-                "position_embeddings": rotary(hidden, position_ids=pos),
-            }
-
-    else:
-        raise ConfigError(f"no pipeline adapter for family {desc.name!r}; describe its embed/context/head")
-
-    final = desc.final
-
-    def head(parts: Mapping[str, nn.Module], hidden: torch.Tensor) -> torch.Tensor:
-        return _chain(parts, final, hidden)
-
-    return {"embed_fn": embed, "context_fn": context, "head_fn": head}
-
-
-def pipeline_adapter(model: nn.Module, family: str | None = None) -> Any:
-    """A ``PathAdapter`` running ``model`` as embeddings -> layers -> final modules.
-
-    Takes: a model built by ``build_model``; its family (default: from ``config.model_type``).
-    Returns: an ``autoslapo.primitives.pipeline.PathAdapter`` for ``build_pipeline(adapter=...)``.
-    Raises: ConfigError for an unknown family.
-    """
-    from autoslapo.primitives.pipeline import PathAdapter
-
-    name = family or str(getattr(getattr(model, "config", None), "model_type", ""))
-    desc = get_family(name)
-    return PathAdapter(
-        layers_path=desc.layers,
-        first_paths=desc.embeddings,
-        last_paths=desc.final,
-        **_adapter_parts(desc, model),
-    )
-
-
-def register_pipeline_adapters() -> list[str]:
-    """Register this module's adapters with the pipeline primitive for families it lacks.
-
-    Returns: the model types registered now. Families the primitive already knows keep its adapter
-    (``pipeline_adapter`` gives this module's one for any family).
-    """
-    from autoslapo.errors import ScheduleError
-    from autoslapo.primitives import pipeline as pl
-
-    added = []
-    for desc in FAMILY_DESCRIPTIONS.values():
-
-        def factory(model: nn.Module, layers_path: str, _name: str = desc.name) -> Any:
-            return pipeline_adapter(model, _name)
-
-        try:
-            pl.register_pipeline_adapter(desc.model_type, factory)
-        except ScheduleError:  # already registered (by the primitive itself or an earlier call)
-            continue
-        added.append(desc.model_type)
-    return added

@@ -1,18 +1,6 @@
-"""Built-in primitives, registered on :class:`autoslapo.schedule.Schedule` by explicit import.
+"""Built-in primitives: plain functions ``fn(sch, *args, **kwargs)`` over a schedule node.
 
-Each module below calls :func:`autoslapo.schedule.register_primitive` at import time; importing this
-package is what makes ``sch.shard(...)``, ``sch.checkpoint()``, ... available.
+``autoslapo.schedule.Schedule`` binds each one as a method (``sch.shard(...)``, ``sch.checkpoint()``,
+...). These modules import ``Schedule`` only for type checking, so importing a primitive module
+never imports the schedule, and the schedule imports them at its top without a cycle.
 """
-
-from __future__ import annotations
-
-from autoslapo.primitives import annotate as annotate
-from autoslapo.primitives import checkpoint as checkpoint
-from autoslapo.primitives import fuse as fuse
-from autoslapo.primitives import kernel as kernel
-from autoslapo.primitives import loss as loss
-from autoslapo.primitives import pipeline as pipeline
-from autoslapo.primitives import replace as replace
-from autoslapo.primitives import rng as rng
-from autoslapo.primitives import tp as tp
-from autoslapo.primitives import trace as trace

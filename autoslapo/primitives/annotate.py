@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ScheduleError
-from autoslapo.schedule import Schedule, register_primitive
+
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 ANNOTATIONS_ATTR = "_autoslapo_annotations"
 
 
-@register_primitive("annotate")
 def annotate(sch: Schedule, param_name: str, key: str, value: Any) -> None:
     """Record ``key=value`` on parameter ``param_name`` of this module.
 

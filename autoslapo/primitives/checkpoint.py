@@ -10,13 +10,14 @@ collectives of child modules are recomputed with it, identically on every rank).
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils.checkpoint as torch_ckpt
 from torch import nn
 
-from autoslapo.schedule import Schedule, register_primitive
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 _INNER = "_autoslapo_inner_forward"
 _FLAGS = "_autoslapo_ckpt_rng"
@@ -33,7 +34,6 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     )
 
 
-@register_primitive("checkpoint")
 def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool = True) -> None:
     """Turn activation checkpointing of this module on (or off with ``enabled=False``).
 

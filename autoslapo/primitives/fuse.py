@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,9 @@ from torch import fx, nn
 
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives.trace import Match, replace_subgraph
-from autoslapo.schedule import Schedule, register_primitive
+
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 __all__ = ["COMPILERS", "FusedLinearGelu", "bias_gelu", "extract_region", "fuse"]
 
@@ -122,7 +124,6 @@ def extract_region(gm: fx.GraphModule, match: Match) -> fx.GraphModule:
     return fx.GraphModule(gm, g, class_name="FusedRegion")
 
 
-@register_primitive("fuse")
 def fuse(
     sch: Schedule,
     match: Match | None = None,

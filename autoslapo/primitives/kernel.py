@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,9 @@ from torch import fx, nn
 
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives.trace import swap_module, trace_module
-from autoslapo.schedule import Schedule, register_primitive
+
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 __all__ = [
     "ATTN_IMPLS",
@@ -257,7 +259,6 @@ def _apply_hf(sch: Schedule, impl: str) -> None:
         )
 
 
-@register_primitive("attention_kernel")
 def attention_kernel(sch: Schedule, impl: str) -> None:
     """Choose the attention implementation for the module at ``sch``: one of ``ATTN_IMPLS``.
 

@@ -19,14 +19,16 @@ are each reduced over the group as one scalar, so every rank keeps only its slic
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from autoslapo.errors import ScheduleError
-from autoslapo.schedule import Schedule, register_primitive
+
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 __all__ = ["VocabParallelLoss", "vocab_parallel_cross_entropy"]
 
@@ -134,7 +136,6 @@ class VocabParallelLoss:
         return self
 
 
-@register_primitive("vocab_parallel_loss")
 def vocab_parallel_loss(sch: Schedule, head: str, *, causal: bool) -> VocabParallelLoss:
     """Compute the model's loss vocabulary-parallel when it is called with ``labels``.
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from autoslapo.errors import ScheduleError
-from autoslapo.schedule import Schedule, register_primitive
+
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 
-@register_primitive("replace")
 def replace(sch: Schedule, new_module: nn.Module) -> Schedule:
     """Put ``new_module`` where this node's module was (same path, same train/eval mode).
 
@@ -31,7 +33,6 @@ def replace(sch: Schedule, new_module: nn.Module) -> Schedule:
     return sch
 
 
-@register_primitive("replace_all")
 def replace_all(
     sch: Schedule, module_type: type[nn.Module], factory: Callable[[nn.Module], nn.Module]
 ) -> list[str]:

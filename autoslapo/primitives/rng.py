@@ -17,12 +17,13 @@ same masks come back: the fork is RNG-safe.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from autoslapo.schedule import Schedule, register_primitive
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 _MIX = 0x9E3779B97F4A7C15
 
@@ -31,7 +32,6 @@ def _region_seed(draw: int, rank: int, per_rank: bool) -> int:
     return (draw ^ (_MIX * (rank + 1) if per_rank else 0)) % (2**63)
 
 
-@register_primitive("fork_rng")
 def fork_rng(sch: Schedule, *, per_rank: bool = True) -> None:
     """Run this module under a forked RNG stream (see the module docstring for which mode).
 

@@ -1,4 +1,7 @@
-"""Tensor parallelism: ``shard`` parameters, ``sync`` activations, and the helpers around them.
+"""Tensor parallelism: ``shard`` parameters, and the shard specs and gradient hooks around them.
+
+``sync`` (collectives at a module's boundary) is in ``autoslapo.primitives.sync``; the
+vocab-parallel embedding and head in ``autoslapo.primitives.vocab``.
 
 Parameters are sliced to plain local tensors (Megatron style), one shard per rank of the node's
 ``group``. Each sharded parameter carries a :class:`ShardSpec` (attribute ``_autoslapo_shard``, and
@@ -23,26 +26,37 @@ Recipes (``tp`` = group size; ``W`` = weight):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives import comm
-from autoslapo.schedule import Schedule, register_primitive
 
-__all__ = ["ShardSpec", "gather_shards", "param_places", "shard_spec", "slice_shard"]
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
+
+__all__ = [
+    "ShardSpec",
+    "add_grad_hook",
+    "allreduce_grads",
+    "copy_param_attrs",
+    "gather_shards",
+    "param_places",
+    "shard",
+    "shard_spec",
+    "shrink_attr",
+    "slice_shard",
+]
 
 SHARD_ATTR = "_autoslapo_shard"
 GRAD_SYNC_ATTR = "_autoslapo_grad_sync"
 # Gradient hooks a primitive put on a parameter. A tensor hook belongs to the Parameter object, so
 # ``build``/``materialize``, which replace meta parameters by new ones, register these again.
 GRAD_HOOKS_ATTR = "_autoslapo_grad_hooks"
-MODES = ("fwd_pre", "fwd_post", "bwd_pre", "bwd_post")
-SYNC_OPS = ("all_reduce", "all_gather", "reduce_scatter", "split")
 
 
 @dataclass(frozen=True)
@@ -160,7 +174,6 @@ def _set_everywhere(sch: Schedule, old: nn.Parameter, new: nn.Parameter) -> list
     return [path for _, _, path in places]
 
 
-@register_primitive("shard")
 def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1, pad: bool = False) -> ShardSpec:
     """Slice parameter ``param_name`` of this node to this rank's shard along ``axis``.
 
@@ -212,7 +225,6 @@ def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1, pad: bo
     return spec
 
 
-@register_primitive("shrink_attr")
 def shrink_attr(sch: Schedule, *names: str, by: int | None = None) -> dict[str, int]:
     """Divide integer attributes of this module (``num_heads``, ``split_size``, ``nf``...) by ``by``.
 
@@ -242,221 +254,6 @@ def shrink_attr(sch: Schedule, *names: str, by: int | None = None) -> dict[str, 
     return new
 
 
-def _has_shards(mod: nn.Module) -> bool:
-    return any(shard_spec(p) is not None for p in mod.parameters())
-
-
-def _pick(args: tuple[Any, ...], kwargs: dict[str, Any], index: int | str) -> tuple[str, int | str]:
-    if isinstance(index, str):
-        if index in kwargs:
-            return "kw", index
-        raise ScheduleError(f"sync input {index!r} was not passed as a keyword argument")
-    if index < len(args):
-        return "pos", index
-    if index == 0:  # modules called with keywords only: take the first tensor keyword
-        for k, v in kwargs.items():
-            if isinstance(v, torch.Tensor):
-                return "kw", k
-    raise ScheduleError(f"sync input {index!r} not found among {len(args)} positional args / {list(kwargs)}")
-
-
-def _map_output(out: Any, index: int | str, fn: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return fn(out)
-    if isinstance(out, Mapping):  # dict or transformers ModelOutput (mutated in place)
-        key = index if isinstance(index, str) else list(out.keys())[index]
-        out[key] = fn(out[key])  # type: ignore[index]
-        return out
-    if isinstance(out, tuple | list) and not isinstance(index, str):
-        items = list(out)
-        items[index] = fn(items[index])
-        return type(out)(items) if isinstance(out, list) else tuple(items)
-    raise ScheduleError(f"sync cannot find output {index!r} in a {type(out).__name__}")
-
-
-@register_primitive("sync")
-def sync(
-    sch: Schedule,
-    mode: str,
-    op: str = "all_reduce",
-    *,
-    dim: int = -1,
-    bwd: str | None = None,
-    index: int | str = 0,
-    bias: str | None = "auto",
-) -> None:
-    """Insert an autograd-aware collective at this module's boundary.
-
-    Takes: ``mode`` (``fwd_pre`` input / ``fwd_post`` output: collective in the forward pass, its
-    adjoint in the backward; ``bwd_pre`` output gradient / ``bwd_post`` input gradient: identity
-    forward, collective on the gradient), ``op`` (all_reduce, all_gather, reduce_scatter, split),
-    ``dim`` for gather/scatter/split, ``bwd`` to override the backward op (e.g. ``reduce_scatter``
-    for a sequence-parallel all_gather), ``index`` of the input/output tensor (position or keyword),
-    and ``bias``: for a summing ``fwd_post`` on a module whose bias is not sharded, the name of that
-    bias to count once ("auto": ``"bias"`` when present; None: off).
-    Raises: ScheduleError for an unknown mode or op, a gradient-mode op other than all_reduce, or a
-    summing collective on a module without sharded parameters (it would multiply by the group size).
-    """
-    if mode not in MODES:
-        raise ScheduleError(f"sync mode must be one of {MODES}: got {mode!r}")
-    if op not in SYNC_OPS:
-        raise ScheduleError(f"sync op must be one of {SYNC_OPS}: got {op!r}")
-    if bwd is not None and bwd not in comm.OPS:
-        raise ScheduleError(f"sync bwd must be one of {comm.OPS}: got {bwd!r}")
-    if mode.startswith("bwd") and op != "all_reduce":
-        raise ScheduleError(
-            f"sync mode {mode!r} keeps the forward unchanged, so only all_reduce fits the gradient: "
-            f"got op={op!r}; use a fwd_* mode for {op}"
-        )
-    summing = (op in ("all_reduce", "reduce_scatter") and mode.startswith("fwd")) or mode.startswith("bwd")
-    if summing and not _has_shards(sch.mod):
-        raise ScheduleError(
-            f"sync({mode!r}, {op!r}) sums over the group, but {type(sch.mod).__name__} at "
-            f"{sch.path or '<root>'!r} has no sharded parameters, so every rank holds the full value "
-            f"and the sum would be tp={sch.world_size} times too large; shard its parameters first"
-        )
-    group, mod = sch.group, sch.mod
-    rank = sch.rank
-    bias_name = None
-    if summing and mode == "fwd_post" and bias is not None:
-        bias_name = "bias" if bias == "auto" else bias
-        b = mod._parameters.get(bias_name)
-        if b is None or shard_spec(b) is not None:
-            if bias != "auto":
-                raise ScheduleError(f"sync bias={bias!r}: no unsharded parameter of that name")
-            bias_name = None
-    sch.meta.setdefault("syncs", []).append(
-        {"mode": mode, "op": op, "dim": dim, "bwd": bwd, "index": index, "bias": bias_name}
-    )
-    if sch.world_size == 1:
-        return
-
-    def collective(t: torch.Tensor) -> torch.Tensor:
-        if mode.startswith("bwd"):
-            return comm.apply(t, "identity", bwd=op, dim=dim, group=group)
-        if bias_name is not None and rank != 0:
-            b = mod._parameters[bias_name]
-            if b is not None and t.shape[-1:] == b.shape:
-                t = t - b.detach().to(t.dtype)  # every rank added the bias; keep rank 0's only
-        return comm.apply(t, op, bwd=bwd, dim=dim, group=group)
-
-    if mode in ("fwd_pre", "bwd_post"):
-
-        def pre_hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            where, key = _pick(args, kwargs, index)
-            if where == "pos":
-                items = list(args)
-                items[key] = collective(items[key])  # type: ignore[index]
-                return tuple(items), kwargs
-            kwargs = dict(kwargs)
-            kwargs[key] = collective(kwargs[key])  # type: ignore[index]
-            return args, kwargs
-
-        handle = mod.register_forward_pre_hook(pre_hook, with_kwargs=True)
-    else:
-
-        def post_hook(_m: nn.Module, _args: tuple[Any, ...], out: Any) -> Any:
-            return _map_output(out, index, collective)
-
-        handle = mod.register_forward_hook(post_hook)
-    sch.meta.setdefault("hooks", []).append(handle)
-
-
-@register_primitive("vocab_parallel")
-def vocab_parallel(sch: Schedule, param_name: str = "weight", *, pad: bool = True) -> ShardSpec:
-    """Make an embedding vocab-parallel: shard rows, zero ids owned by other ranks, all-reduce.
-
-    Takes: the embedding table's parameter name (rows = vocabulary); ``pad``: a vocabulary that
-    the group size does not divide (BERT's 30522 on tp=8) is padded with zero rows to the next
-    multiple, Megatron's ``make_vocab_size_divisible_by``; no id ever selects them, and a tied
-    output layer drops their logits (:func:`vocab_parallel_head`). ``pad=False`` makes such a
-    vocabulary an error instead. The module must look rows up by its first input
-    (``nn.Embedding``); a ``padding_idx`` is moved to local numbering.
-    Returns: the ShardSpec. Raises: ScheduleError as ``shard`` does.
-    """
-    spec = shard(sch, param_name, 0, pad=pad)
-    mod, group, world = sch.mod, sch.group, sch.world_size
-    part = (spec.full_shape[0] + spec.pad) // world
-    start = sch.rank * part
-    if hasattr(mod, "num_embeddings"):
-        setattr(mod, "num_embeddings", part)  # noqa: B010  (an int attribute, not a submodule)
-    pad_idx = getattr(mod, "padding_idx", None)
-    if isinstance(pad_idx, int):
-        setattr(mod, "padding_idx", pad_idx - start if start <= pad_idx < start + part else None)  # noqa: B010
-    sch.meta["vocab_parallel"] = {"start": start, "size": part, "vocab": spec.full_shape[0], "pad": spec.pad}
-    if world == 1:
-        return spec
-    masks: list[torch.Tensor] = []
-
-    def pre_hook(_m: nn.Module, args: tuple[Any, ...]) -> Any:
-        ids = args[0]
-        mask = (ids < start) | (ids >= start + part)
-        masks.append(mask)
-        return ((ids - start).masked_fill(mask, 0), *args[1:])
-
-    def post_hook(_m: nn.Module, _args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
-        mask = masks.pop()
-        out = out.masked_fill(mask.unsqueeze(-1), 0.0)
-        return comm.apply(out, "all_reduce", group=group)
-
-    sch.meta.setdefault("hooks", []).extend(
-        [mod.register_forward_pre_hook(pre_hook), mod.register_forward_hook(post_hook)]
-    )
-    return spec
-
-
-@register_primitive("vocab_parallel_head")
-def vocab_parallel_head(sch: Schedule, *, pad: bool = True) -> ShardSpec:
-    """Make an output layer (``nn.Linear``, weight ``[vocab, hidden]``) vocab-parallel.
-
-    Shards the weight and bias rows (a weight tied to a ``vocab_parallel`` embedding already is),
-    padded like :func:`vocab_parallel`; all-gathers the logits over the group and drops the padded
-    columns, so the output has the true vocabulary size (unless ``vocab_parallel_loss`` on the
-    model computes the loss from the shards); sums the input gradient over the group.
-    Returns: the weight's ShardSpec. Raises: ScheduleError for a module without a 2-D weight, or a
-    weight sharded along another axis.
-    """
-    mod = sch.mod
-    weight = mod._parameters.get("weight")
-    if weight is None or weight.dim() != 2:
-        raise ScheduleError(
-            f"vocab_parallel_head needs a module with a 2-D weight [vocab, hidden]: {type(mod).__name__} at "
-            f"{sch.path or '<root>'!r} has {None if weight is None else tuple(weight.shape)}"
-        )
-    spec = shard_spec(weight) or shard(sch, "weight", 0, pad=pad)
-    if spec.axis != 0:
-        raise ScheduleError(
-            f"vocab_parallel_head needs the weight sharded along the vocabulary (axis 0): {sch.path!r} "
-            f"is sharded along axis {spec.axis}"
-        )
-    bias = mod._parameters.get("bias")
-    if bias is not None and shard_spec(bias) is None:
-        shard(sch, "bias", 0, pad=pad)
-    local = mod._parameters["weight"]  # the shard (``shard`` swapped the parameter object)
-    if isinstance(getattr(mod, "out_features", None), int) and local is not None:
-        setattr(mod, "out_features", local.shape[0])  # noqa: B010  (an int attribute)
-    vocab, group = spec.full_shape[0], sch.group
-    # ``gather`` is switched off by ``vocab_parallel_loss`` for a call whose loss it computes itself
-    info = {"vocab": vocab, "pad": spec.pad, "gather": True}
-    sch.meta["vocab_parallel_head"] = info
-    if sch.world_size == 1:
-        return spec
-
-    def post_hook(_m: nn.Module, _args: tuple[Any, ...], out: Any) -> Any:
-        if not info["gather"]:
-            return out
-
-        def gather(t: torch.Tensor) -> torch.Tensor:
-            full = comm.apply(t, "all_gather", dim=-1, group=group)
-            return full.narrow(-1, 0, vocab) if spec.pad else full
-
-        return _map_output(out, 0, gather)
-
-    sch.sync("bwd_post", "all_reduce")
-    sch.meta.setdefault("hooks", []).append(mod.register_forward_hook(post_hook))
-    return spec
-
-
 def add_grad_hook(p: nn.Parameter, hook: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Register ``hook`` on ``p``'s gradient and record it, so a materialized copy gets it too."""
     hooks: list[Callable[[torch.Tensor], torch.Tensor]] = getattr(p, GRAD_HOOKS_ATTR, [])
@@ -472,7 +269,6 @@ def copy_param_attrs(old: nn.Parameter, new: nn.Parameter) -> None:
         new.register_hook(hook)
 
 
-@register_primitive("allreduce_grads")
 def allreduce_grads(sch: Schedule, *names: str) -> list[str]:
     """Sum the gradients of this module's parameters over the group during backward.
 

@@ -20,14 +20,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from autoslapo.errors import ScheduleError
-from autoslapo.schedule import Schedule, register_primitive
+
+if TYPE_CHECKING:
+    from autoslapo.schedule import Schedule
 
 __all__ = [
     "Match",
@@ -165,7 +167,6 @@ def trace_module(
     return fx.GraphModule(mod, graph, class_name=f"Traced{type(mod).__name__}")
 
 
-@register_primitive("trace")
 def trace(
     sch: Schedule,
     *,
@@ -309,7 +310,6 @@ def find_in_graph(gm: fx.GraphModule, pattern: str | Callable[..., Any] | Sequen
     )
 
 
-@register_primitive("find")
 def find(sch: Schedule, pattern: str | Callable[..., Any] | Sequence[OpSpec]) -> list[Match]:
     """Find subgraphs in the traced module at ``sch``.
 
@@ -360,7 +360,6 @@ def replace_in_graph(gm: fx.GraphModule, match: Match, new_module: nn.Module, na
     return new_node
 
 
-@register_primitive("replace_subgraph")
 def replace_subgraph(sch: Schedule, match: Match, new_module: nn.Module, *, name: str = "fused") -> str:
     """Replace the subgraph ``match`` of the traced module at ``sch`` with ``new_module``.
 

@@ -210,7 +210,7 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
         model.train()
         engine = build_deepspeed_engine(model, config, groups, lr=lr, device_type=dev_type)
     else:
-        from autoslapo.primitives.pipeline import build_pipeline
+        from autoslapo.pipeline import build_pipeline
 
         runtime = build_pipeline(
             sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,

@@ -133,7 +133,7 @@ def test_rehearsal_64_ranks_tp8_pp8_bert_large() -> None:
     """TP 8 x PP 8 on 64 fake ranks, meta device: every TP shard's shape, and each stage's layers."""
     from transformers import BertModel
 
-    from autoslapo.primitives.pipeline import local_stage_modules
+    from autoslapo.pipeline import local_stage_modules
 
     init_fake_world(64, rank=13)
     try:

@@ -143,7 +143,7 @@ def test_runtime_overheads_from_profile() -> None:
 @pytest.mark.slow
 def test_calibrate_runtime_measures_fixed_costs() -> None:
     # Three tiny real trials on 2 CPU ranks (about a minute): the runtime's fixed costs.
-    from autoslapo.cost.profile import calibrate_runtime
+    from autoslapo.runtime.profile import calibrate_runtime
 
     prof = {"gpu_type": "cpu", "peak_tflops": 0.02, "peak_tflops_fp32": 0.02, "hbm_gbps": 5.0,
             "intra_node_gbps": 1.0, "inter_node_gbps": 1.0, "coll_latency_s": 1e-4, "op_latency_s": 2e-5}

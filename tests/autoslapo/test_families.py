@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from autoslapo.errors import ConfigError
+from autoslapo.models.adapters import pipeline_adapter
 from autoslapo.models.build import build_model, example_batch
-from autoslapo.models.families import FamilyDescription, get_family, list_families, pipeline_adapter
+from autoslapo.models.families import FamilyDescription, get_family, list_families
 from autoslapo.models.spec import FAMILIES, ModelSpec
 
 

@@ -9,8 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import autoslapo.primitives.fuse  # registers fuse
-import autoslapo.primitives.trace  # noqa: F401
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives.fuse import FusedLinearGelu
 from autoslapo.schedule import create_schedule

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-import autoslapo.primitives.kernel  # noqa: F401  (registers attention_kernel)
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives.kernel import flash_available
 from autoslapo.schedule import create_schedule

@@ -10,14 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-import autoslapo.primitives.pipeline  # noqa: F401  (registers cut_pipeline_stage)
 from autoslapo.errors import ScheduleError
-from autoslapo.primitives.pipeline import (
-    PathAdapter,
-    build_stage_modules,
-    pipeline_cuts,
-    stage_bounds,
-)
+from autoslapo.models.adapters import PathAdapter
+from autoslapo.pipeline import build_stage_modules
+from autoslapo.primitives.pipeline import pipeline_cuts, stage_bounds
 from autoslapo.schedule import create_schedule
 
 
@@ -166,7 +162,7 @@ def _pp_worker(cases: list[tuple[str, str, int]], tied: bool) -> list[dict[str, 
     """On each rank: pipeline every case and compare loss and this rank's gradients to the reference."""
     import torch.distributed as dist
 
-    from autoslapo.primitives.pipeline import build_pipeline
+    from autoslapo.pipeline import build_pipeline
 
     results = []
     for family, schedule, virtual in cases:
@@ -242,3 +238,23 @@ def test_pp2_all_schedules_all_families() -> None:
         (f, s, 2 if s == "interleaved" else 1) for f in FAMILIES for s in ("gpipe", "1f1b", "interleaved")
     ]
     _check(spawn(_pp_worker, 2, cases, True, timeout=400))
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_base_models_use_the_family_adapter(family: str) -> None:
+    # The family descriptions name the LM classes' paths; a base model (BertModel, GPT2Model) runs
+    # with the same adapter, its paths without the base prefix and without a head.
+    from tests.conftest import tiny_bert, tiny_gpt2
+
+    model = (tiny_bert() if family == "bert" else tiny_gpt2()).eval()
+    x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    sch = create_schedule(model)
+    layers = "encoder.layer" if family == "bert" else "h"
+    sch[f"{layers}.0"].cut_pipeline_stage()
+    stages, adapter = build_stage_modules(sch)
+    assert adapter.layers_path == layers and "cls" not in adapter.last_paths and "lm_head" not in adapter.last_paths
+    h: Any = x
+    with torch.no_grad():
+        for s in stages:
+            h = s(h)
+        torch.testing.assert_close(h, model(input_ids=x).last_hidden_state)

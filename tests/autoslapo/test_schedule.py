@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import pkgutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -12,6 +19,8 @@ from autoslapo import create_schedule, list_primitives
 from autoslapo.errors import ScheduleError
 from autoslapo.schedule import register_primitive
 from tests.conftest import tiny_bert, tiny_mlp
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tree_paths_and_lookup() -> None:
@@ -74,9 +83,6 @@ def test_annotate() -> None:
 
 
 def test_import_autoslapo_is_light() -> None:
-    import subprocess
-    import sys
-
     code = (
         "import sys, autoslapo; print('torch' in sys.modules, 'transformers' in sys.modules); "
         "import autoslapo.schedule; print('transformers' in sys.modules)"
@@ -84,3 +90,54 @@ def test_import_autoslapo_is_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     # the schedule language needs torch, but transformers only when a model uses it
     assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_unknown_primitive_names_the_closest() -> None:
+    sch = create_schedule(tiny_mlp())
+    name = "shrad"  # looked up dynamically, as a config-driven caller would
+    with pytest.raises(AttributeError, match=r"did you mean 'shard'\?"):
+        getattr(sch, name)
+    with pytest.raises(ScheduleError, match=r"did you mean 'shard'\?"):
+        schedule_mod.get_primitive(name)
+    assert schedule_mod.get_primitive("shard") is autoslapo.Schedule.shard
+
+
+def test_misspelled_primitive_fails_mypy(tmp_path: Path) -> None:
+    # Schedule declares its primitives, so a type checker knows them; no __getattr__ -> Any hides a typo.
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(
+        "from torch import nn\n\nfrom autoslapo.schedule import create_schedule\n\n"
+        "sch = create_schedule(nn.Linear(2, 2))\n"
+        "sch.shard('weight', 0)\n"
+        "sch.shrad('weight', 0)\n"
+    )
+    # a cache outside the work tree: the first run reads torch's annotations (~25 s), later ones ~1 s
+    cache = Path(tempfile.gettempdir()) / "autoslapo-test-mypy-cache"
+    env = {**os.environ, "MYPYPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(cache),
+         "--no-error-summary", str(snippet)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )
+    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1, out.stdout + out.stderr
+    assert 'snippet.py:7: error: "Schedule" has no attribute "shrad"; maybe "shard"?' in errors[0]
+
+
+def test_schedule_imports_without_a_cycle() -> None:
+    # Each primitive module imports on its own without pulling the schedule in (Schedule is a
+    # type-checking import there), and the schedule imports cleanly with warnings as errors.
+    from autoslapo import primitives
+
+    mods = sorted(m.name for m in pkgutil.iter_modules(primitives.__path__))
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods!r}:\n"
+        "    importlib.import_module('autoslapo.primitives.' + m)\n"
+        "    assert 'autoslapo.schedule' not in sys.modules, m\n"
+        "import autoslapo.schedule\n"
+        "print(len(autoslapo.schedule.list_primitives()))\n"
+    )
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert int(out.stdout) == len(list_primitives())

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-import autoslapo.primitives.trace  # noqa: F401  (registers trace, find, replace_subgraph)
 from autoslapo.errors import ScheduleError
 from autoslapo.schedule import create_schedule
 

@@ -1,0 +1,51 @@
+"""Opening an existing store for reading, shared by the library (``autoslapo.best``) and the CLI.
+
+Reading never creates a database: a mistyped path must not leave an empty ``.db`` behind. The
+store package (SQLAlchemy) is imported when a store is opened, not when this module is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoslapo.errors import UsageError
+
+if TYPE_CHECKING:
+    from store import Store
+
+__all__ = ["open_existing_store", "require_store"]
+
+
+def open_existing_store(url: str | None) -> Store | None:
+    """Open the store at ``url`` for reading; None when it is a SQLite file that does not exist yet.
+
+    ``url`` None means ``$AUTOSLAPO_STORAGE``, else ``sqlite:///autoslapo.db`` here.
+    Raises UsageError for in-memory SQLite, StorageError for a bad URL or a file that is not a database.
+    """
+    from store import check_sqlite_file, open_store, parse_url, resolve_url, sqlite_path
+
+    resolved = resolve_url(url)
+    parsed = parse_url(resolved)
+    if parsed.get_backend_name() == "sqlite":
+        path = sqlite_path(parsed)
+        if path is None:
+            raise UsageError(
+                "result commands need a file or server store: got in-memory SQLite; "
+                "pass --storage sqlite:///file.db"
+            )
+        if not check_sqlite_file(path):
+            return None
+    return open_store(resolved)
+
+
+def require_store(url: str | None) -> Store:
+    """Like ``open_existing_store`` but a missing SQLite file is an error (exit 2) saying what to do."""
+    store = open_existing_store(url)
+    if store is None:
+        from store import resolve_url
+
+        raise UsageError(
+            f"no store at {resolve_url(url)}: the file does not exist; run `autoslapo tune` first "
+            "or point --storage (or $AUTOSLAPO_STORAGE) at an existing store"
+        )
+    return store
