@@ -274,7 +274,7 @@ def apply_best(
     from autoslapo.pipeline import build_pipeline
 
     job.pipeline = build_pipeline(
-        sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,
+        sch, pp_group=groups.pp_group, grad_accum=config.grad_accum, schedule=config.pipeline_schedule,
         virtual_stages=config.virtual_stages, loss_fn=loss_function(spec, sch), device=device,
     )
     for m in job.pipeline.modules:

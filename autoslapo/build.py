@@ -18,7 +18,7 @@ Pipeline stages: when the schedule has pipeline cuts (``root.meta["pipeline_cuts
 node with ``meta["pipeline_cut"]``), ``build`` materializes only the modules of this rank's stage(s)
 of a meta model (same scheme; other stages stay on meta, so a model larger than one process's memory
 builds across the pipeline) and returns ``autoslapo.pipeline.build_pipeline(root,
-device=device, **pipeline_options)`` (``pp_group=``, ``n_microbatches=``, ``schedule=``, ... pass
+device=device, **pipeline_options)`` (``pp_group=``, ``grad_accum=``, ``schedule=``, ... pass
 through), a PipelineRuntime. A parameter a stage shares with another (BERT's and GPT-2's tied
 input/output embeddings) is initialized by its first holder in ``named_modules`` order, so the last
 stage's copy equals the first stage's and the unscheduled model's.

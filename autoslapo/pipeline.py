@@ -252,7 +252,7 @@ def build_pipeline(
     sch: Schedule,
     *,
     pp_group: Any,
-    n_microbatches: int,
+    grad_accum: int,
     pp_rank: int | None = None,
     schedule: str = "gpipe",
     virtual_stages: int = 1,
@@ -286,8 +286,8 @@ def build_pipeline(
             f"schedule={schedule!r} with virtual_stages={virtual_stages}: 'interleaved' needs "
             "virtual_stages >= 2 and the others need 1; change one of them"
         )
-    if n_microbatches < 1:
-        raise ScheduleError(f"n_microbatches must be >= 1: got {n_microbatches}")
+    if grad_accum < 1:
+        raise ScheduleError(f"grad_accum (the pipeline's micro-batches) must be >= 1: got {grad_accum}")
     pp_size = int(dist.get_world_size(pp_group))
     rank = int(dist.get_rank(pp_group)) if pp_rank is None else pp_rank
     stages_all, _ = build_stage_modules(sch, adapter)
@@ -297,9 +297,9 @@ def build_pipeline(
             f"pipeline stages must equal pp_size * virtual_stages: got {n} stages ({n - 1} cuts) for "
             f"pp_size={pp_size}, virtual_stages={virtual_stages}; make {pp_size * virtual_stages - 1} cuts"
         )
-    if schedule == "interleaved" and n_microbatches % pp_size != 0:
+    if schedule == "interleaved" and grad_accum % pp_size != 0:
         raise ScheduleError(
-            f"interleaved 1F1B needs n_microbatches divisible by pp_size: got {n_microbatches} for pp_size={pp_size}"
+            f"interleaved 1F1B needs grad_accum divisible by pp_size: got {grad_accum} for pp_size={pp_size}"
         )
     dev = torch.device(device) if device is not None else torch.device("cpu")
     mine = local_stage_indices(n, pp_size, rank)
@@ -307,10 +307,10 @@ def build_pipeline(
     pstages: list[Any] = [PipelineStage(stages_all[s], s, n, dev, group=pp_group) for s in mine]
     sched: Any
     if schedule == "interleaved":
-        sched = ScheduleInterleaved1F1B(pstages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+        sched = ScheduleInterleaved1F1B(pstages, n_microbatches=grad_accum, loss_fn=loss_fn)
     else:
         cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-        sched = cls(pstages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+        sched = cls(pstages[0], n_microbatches=grad_accum, loss_fn=loss_fn)
     sch.root().meta["pipeline_built"] = {"schedule": schedule, "stages": n, "pp_size": pp_size}
     return PipelineRuntime(
         schedule=sched,

@@ -91,7 +91,7 @@ def _shard_column(node: Schedule, chunks: int = 1) -> None:
     if conv:
         node.shrink_attr("nf")
     elif isinstance(node.mod, nn.Linear):
-        node.mod.out_features //= node.world_size
+        node.mod.out_features //= node.group_size
 
 
 def _shard_row(node: Schedule) -> None:
@@ -101,7 +101,7 @@ def _shard_row(node: Schedule) -> None:
     if conv:
         node.shrink_attr("nx")
     elif isinstance(node.mod, nn.Linear):
-        node.mod.in_features //= node.world_size
+        node.mod.in_features //= node.group_size
 
 
 def _shard_layer(layer: Schedule, desc: FamilyDescription) -> None:
@@ -206,9 +206,9 @@ def apply_schedule(
     config.validate(spec)
     desc = get_family(spec.family)
     sch = _root(sch_or_model, groups)
-    if sch.world_size != config.tp:
+    if sch.group_size != config.tp:
         raise ScheduleError(
-            f"the schedule's tensor-parallel group has {sch.world_size} ranks but config.tp={config.tp}; "
+            f"the schedule's tensor-parallel group has {sch.group_size} ranks but config.tp={config.tp}; "
             "pass groups=build_groups(tp, pp, dp) or create_schedule(model, group=<tp group>)"
         )
     if desc.layers not in sch:

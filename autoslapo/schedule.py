@@ -199,8 +199,8 @@ class Schedule:
     # -- process group ----------------------------------------------------------------------------
 
     @property
-    def world_size(self) -> int:
-        """Size of the tensor-parallel group (1 when there is none)."""
+    def group_size(self) -> int:
+        """Size of the tensor-parallel group (1 when there is none); ``world_size`` is tp x pp x dp."""
         if self.group is None:
             return 1
         import torch.distributed as dist

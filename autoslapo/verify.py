@@ -147,7 +147,7 @@ class Verify:
     # -- checks -----------------------------------------------------------------------------------
 
     def _group(self) -> Any:
-        return self.sch.group if self.sch.world_size > 1 else None
+        return self.sch.group if self.sch.group_size > 1 else None
 
     def _agree(self, error: str | None) -> None:
         # Every rank learns every rank's verdict, so all raise together (no rank hangs).
@@ -192,7 +192,7 @@ class Verify:
         return None
 
     def _rng_equivalent(self) -> bool:
-        if self.sch.world_size > 1:
+        if self.sch.group_size > 1:
             return False
         return not any("fork_rng" in node.meta for _, node in self.sch.named_schedules())
 

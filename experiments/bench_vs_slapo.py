@@ -134,11 +134,11 @@ def autoslapo_sides(spec: Any) -> dict[str, tuple[Creator, Applier]]:
     def column(node: Any) -> None:
         node.shard("weight", 0)
         node.shard("bias", 0)
-        node.mod.out_features //= node.world_size
+        node.mod.out_features //= node.group_size
 
     def row(node: Any) -> None:
         node.shard("weight", 1)  # the bias stays whole; the fwd_post all-reduce adds it once
-        node.mod.in_features //= node.world_size
+        node.mod.in_features //= node.group_size
 
     def apply_layers(sch: Any) -> None:
         layers = [sch[f"{LAYERS}.{i}"] for i in range(spec.layers)]
@@ -178,7 +178,7 @@ def slapo_side(slapo: ModuleType, layers: int) -> tuple[Creator, Applier]:
                 layer[path].shard("bias", axis=0)
             attn = layer["attention.self"].mod
             for name in HEAD_ATTRS:  # no Slapo primitive for this: set the attributes directly
-                setattr(attn, name, getattr(attn, name) // sch.world_size)
+                setattr(attn, name, getattr(attn, name) // sch.group_size)
             layer["attention.self"].sync(mode="bwd_post", sync_op_or_fn="all_reduce")
             layer[ATTN_OUT].shard("weight", axis=1)
             layer[ATTN_OUT].sync(mode="fwd_post", sync_op_or_fn="all_reduce")

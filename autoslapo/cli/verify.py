@@ -237,7 +237,7 @@ def _verify_pipeline(
     runtime = build_pipeline(
         sch,
         pp_group=groups.pp_group,
-        n_microbatches=m,
+        grad_accum=m,
         schedule=config.pipeline_schedule,
         loss_fn=loss_fn,
         adapter=pipeline_adapter(model, spec.family),

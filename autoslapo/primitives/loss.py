@@ -151,7 +151,7 @@ def vocab_parallel_loss(sch: Schedule, head: str, *, causal: bool) -> VocabParal
         raise ScheduleError(f"vocab_parallel_loss: no module {head!r} under {sch.path or '<root>'!r}")
     loss = VocabParallelLoss(sch[head], causal)
     sch.meta["vocab_parallel_loss"] = loss
-    if sch.world_size == 1:
+    if sch.group_size == 1:
         return loss
     pending: list[torch.Tensor] = []
 

@@ -96,7 +96,7 @@ def sync(
         raise ScheduleError(
             f"sync({mode!r}, {op!r}) sums over the group, but {type(sch.mod).__name__} at "
             f"{sch.path or '<root>'!r} has no sharded parameters, so every rank holds the full value "
-            f"and the sum would be tp={sch.world_size} times too large; shard its parameters first"
+            f"and the sum would be tp={sch.group_size} times too large; shard its parameters first"
         )
     group, mod = sch.group, sch.mod
     rank = sch.rank
@@ -111,7 +111,7 @@ def sync(
     sch.meta.setdefault("syncs", []).append(
         {"mode": mode, "op": op, "dim": dim, "bwd": bwd, "index": index, "bias": bias_name}
     )
-    if sch.world_size == 1:
+    if sch.group_size == 1:
         return
 
     def collective(t: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,7 @@ class ShardSpec:
     axis: int
     chunks: int
     full_shape: tuple[int, ...]
-    world_size: int
+    group_size: int
     rank: int
     group: Any = None
     pad: int = 0
@@ -84,13 +84,13 @@ def shard_spec(param: torch.Tensor) -> ShardSpec | None:
 
 def slice_shard(full: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
     """Return this rank's shard of the full tensor ``full`` (a fresh, contiguous tensor)."""
-    if spec.world_size == 1:
+    if spec.group_size == 1:
         return full.clone()
     if spec.pad:
         shape = list(full.shape)
         shape[spec.axis] = spec.pad
         full = torch.cat([full, full.new_zeros(shape)], dim=spec.axis)
-    part = full.shape[spec.axis] // spec.chunks // spec.world_size
+    part = full.shape[spec.axis] // spec.chunks // spec.group_size
     if full.is_meta:  # only the shape matters; torch.cat on meta is slow (it runs Python refs)
         shape = list(full.shape)
         shape[spec.axis] = part * spec.chunks
@@ -109,9 +109,9 @@ def gather_shards(local: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
     The inverse of :func:`slice_shard`: block b of the result is the concatenation over ranks of
     block b of each rank's shard.
     """
-    if spec.world_size == 1:
+    if spec.group_size == 1:
         return local.detach().clone()
-    parts = [torch.empty_like(local) for _ in range(spec.world_size)]
+    parts = [torch.empty_like(local) for _ in range(spec.group_size)]
     torch.distributed.all_gather(parts, local.detach().contiguous(), group=spec.group)
     per_rank = [p.chunk(spec.chunks, dim=spec.axis) for p in parts]
     blocks = [torch.cat([r[b] for r in per_rank], dim=spec.axis) for b in range(spec.chunks)]
@@ -183,7 +183,7 @@ def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1, pad: bo
     multiple (the caller must keep them out of the result, as ``vocab_parallel`` does).
     Returns: the recorded ShardSpec. Works on the meta device (``build`` materializes later).
     Raises: ScheduleError for an unknown parameter, an axis out of range, a size that does not
-    divide by ``chunks * world_size`` (without ``pad``; ``pad`` needs ``chunks=1``), or a parameter
+    divide by ``chunks * group_size`` (without ``pad``; ``pad`` needs ``chunks=1``), or a parameter
     that is already sharded.
     """
     param = _param(sch, param_name)
@@ -198,7 +198,7 @@ def shard(sch: Schedule, param_name: str, axis: int, *, chunks: int = 1, pad: bo
     axis %= param.dim()
     if chunks < 1:
         raise ScheduleError(f"shard chunks must be >= 1: got chunks={chunks} for {where}")
-    world, size = sch.world_size, param.shape[axis]
+    world, size = sch.group_size, param.shape[axis]
     if pad and chunks != 1:
         raise ScheduleError(f"shard pad=True needs chunks=1: got chunks={chunks} for {where}")
     extra = -size % world if pad else 0
@@ -232,7 +232,7 @@ def shrink_attr(sch: Schedule, *names: str, by: int | None = None) -> dict[str, 
     the group size. Returns the new values by name.
     Raises: ScheduleError if an attribute is missing, not an int, or not divisible by ``by``.
     """
-    by = sch.world_size if by is None else by
+    by = sch.group_size if by is None else by
     if by < 1:
         raise ScheduleError(f"shrink_attr needs by >= 1: got by={by}")
     new: dict[str, int] = {}
@@ -288,7 +288,7 @@ def allreduce_grads(sch: Schedule, *names: str) -> list[str]:
             raise ScheduleError(f"allreduce_grads: {name!r} is sharded; its gradient is already per-shard")
         if getattr(p, GRAD_SYNC_ATTR, False):
             raise ScheduleError(f"allreduce_grads: {name!r} already has its gradient synced")
-    group, world = sch.group, sch.world_size
+    group, world = sch.group, sch.group_size
     for name in chosen:
         p = params[name]
         setattr(p, GRAD_SYNC_ATTR, True)

@@ -35,7 +35,7 @@ def vocab_parallel(sch: Schedule, param_name: str = "weight", *, pad: bool = Tru
     Returns: the ShardSpec. Raises: ScheduleError as ``shard`` does.
     """
     spec = shard(sch, param_name, 0, pad=pad)
-    mod, group, world = sch.mod, sch.group, sch.world_size
+    mod, group, world = sch.mod, sch.group, sch.group_size
     part = (spec.full_shape[0] + spec.pad) // world
     start = sch.rank * part
     if hasattr(mod, "num_embeddings"):
@@ -98,7 +98,7 @@ def vocab_parallel_head(sch: Schedule, *, pad: bool = True) -> ShardSpec:
     # ``gather`` is switched off by ``vocab_parallel_loss`` for a call whose loss it computes itself
     info = {"vocab": vocab, "pad": spec.pad, "gather": True}
     sch.meta["vocab_parallel_head"] = info
-    if sch.world_size == 1:
+    if sch.group_size == 1:
         return spec
 
     def post_hook(_m: nn.Module, _args: tuple[Any, ...], out: Any) -> Any:

@@ -213,7 +213,7 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
         from autoslapo.pipeline import build_pipeline
 
         runtime = build_pipeline(
-            sch, pp_group=groups.pp_group, n_microbatches=config.grad_accum, schedule=config.pipeline_schedule,
+            sch, pp_group=groups.pp_group, grad_accum=config.grad_accum, schedule=config.pipeline_schedule,
             virtual_stages=config.virtual_stages, loss_fn=loss_function(spec, sch), device=device,
         )
         for m in runtime.modules:

@@ -70,7 +70,7 @@ def _pp_build_world() -> list[str]:
     def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
-    rt = build(sch, seed=3, pp_group=dist.group.WORLD, n_microbatches=2, loss_fn=loss_fn)
+    rt = build(sch, seed=3, pp_group=dist.group.WORLD, grad_accum=2, loss_fn=loss_fn)
     stage = {id(p) for m in rt.modules for p in m.parameters()}
     real = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.is_meta}
     mine = {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in stage}
@@ -122,7 +122,7 @@ def test_build_is_deterministic_and_keeps_ties() -> None:
     real = tiny_gpt2()
     assert build(create_schedule(real)) is real
     with pytest.raises(ScheduleError, match="only a pipelined schedule takes"):
-        build(create_schedule(real), n_microbatches=4)
+        build(create_schedule(real), grad_accum=4)
 
 
 BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
@@ -142,7 +142,7 @@ def test_rehearsal_64_ranks_tp8_pp8_bert_large() -> None:
         with torch.device("meta"):
             model = BertModel(bert_config(vocab_size=30522, **BERT_LARGE))
         sch = create_schedule(model, group=groups.tp_group)
-        assert sch.world_size == 8 and sch.rank == 5
+        assert sch.group_size == 8 and sch.rank == 5
         apply_tp_bert(sch, sp=True)
         # 30522 rows pad to 30528 = 8 * 3816 (Megatron's rule); gathering drops the 6 padded rows
         assert sch["embeddings.word_embeddings"].meta["vocab_parallel"] == {

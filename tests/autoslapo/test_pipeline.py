@@ -179,7 +179,7 @@ def _pp_worker(cases: list[tuple[str, str, int]], tied: bool) -> list[dict[str, 
         rt = build_pipeline(
             sch,
             pp_group=dist.group.WORLD,
-            n_microbatches=4,
+            grad_accum=4,
             schedule=schedule,
             virtual_stages=virtual,
             loss_fn=loss_fn,
@@ -205,7 +205,7 @@ def _pp_worker(cases: list[tuple[str, str, int]], tied: bool) -> list[dict[str, 
         # the same cuts with the other stage layout: the stage count no longer fits
         wrong = {"schedule": "gpipe"} if virtual > 1 else {"schedule": "interleaved", "virtual_stages": 2}
         with pytest.raises(ScheduleError, match=r"pp_size \* virtual_stages"):
-            build_pipeline(sch, pp_group=dist.group.WORLD, n_microbatches=4, loss_fn=loss_fn, **wrong)
+            build_pipeline(sch, pp_group=dist.group.WORLD, grad_accum=4, loss_fn=loss_fn, **wrong)
     return results
 
 

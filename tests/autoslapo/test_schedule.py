@@ -31,7 +31,7 @@ def test_tree_paths_and_lookup() -> None:
     assert node.mod is model.encoder.layer[0].attention.self.query and node.name == "query"
     assert sch["encoder"]["layer.1"] is sch["encoder.layer.1"] and node.root() is sch
     assert "encoder.layer.1.output" in sch and "encoder.layer.9" not in sch
-    assert (sch.world_size, sch.rank, sch.group) == (1, 0, None)
+    assert (sch.group_size, sch.rank, sch.group) == (1, 0, None)
     with pytest.raises(ScheduleError, match=r"did you mean 'encoder.layer.0.attention"):
         sch["encoder.layer.0.atention"]
     with pytest.raises(AttributeError, match=r"primitives: .*shard"):
