@@ -159,7 +159,7 @@ def test_rehearsal_64_ranks_tp8_pp8_bert_large() -> None:
             if spec is None:
                 continue
             seen += 1
-            assert spec.rank == 5 and spec.world_size == 8
+            assert spec.rank == 5 and spec.group_size == 8
             full = list(spec.full_shape)
             full[spec.axis] = (full[spec.axis] + spec.pad) // 8
             assert tuple(p.shape) == tuple(full), name
