@@ -616,6 +616,36 @@ class Store:
             )
         return record
 
+    def amend_trial(self, study: str, number: int, result: dict[str, Any]) -> TrialRecord:
+        """Replace the result of finished trial ``number`` with a re-measurement of it; return it.
+
+        The status must stay what it is (repeats refine a measurement, they do not re-run a
+        trial); ``ended_at`` is kept. Raises StorageError when the trial does not exist, is still
+        running, or the new result's status differs.
+        """
+        study_id = self._study_id(study)
+        columns = result_columns(result)
+        match = (TrialRow.study_id == study_id, TrialRow.number == int(number))
+
+        def amend(session: Session) -> tuple[str | None, TrialRecord | None]:
+            row = session.execute(_TRIALS.where(*match)).first()
+            if row is None:
+                return None, None
+            before = trial_record(row, study)
+            if before.status != columns["status"] or before.status == "running":
+                return before.status, None
+            session.execute(update(TrialRow).where(*match, TrialRow.status == before.status).values(**columns))
+            return before.status, trial_record(session.execute(_TRIALS.where(*match)).one(), study)
+
+        status, record = self._write(f"amend trial {number} of {study!r}", amend)
+        if record is None:
+            raise StorageError(
+                f"only a finished trial's result can be amended, keeping its status: {study!r} trial {number} "
+                + ("does not exist" if status is None else f"is {status}, the new result {columns['status']}")
+                + "; store a new trial instead"
+            )
+        return record
+
     def mark_stale_running(
         self,
         study: str,
