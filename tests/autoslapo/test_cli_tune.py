@@ -90,3 +90,21 @@ def test_cli_modules_import_nothing_heavy() -> None:
             "print([m for m in ('optuna', 'ray', 'sqlalchemy', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_speedup_line_carries_its_interval_and_says_when_it_is_noise() -> None:
+    from autoslapo.cli.tune import speedup_line
+
+    config = {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 4, "grad_accum": 1, "ckpt_ratio": 0.0, "zero_stage": 0,
+              "attn_kernel": "sdpa"}
+    ci = {"speedup": 1.19, "low": 1.07, "high": 1.31, "significant": True, "repeats": 3}
+    b = {"speedup": 1.19, "samples_per_s": 10.0, "config": config, "status": "complete", "reason": "",
+         "speedup_ci95": ci}
+    assert speedup_line("deepspeed", b).startswith(
+        "speedup over deepspeed-style baseline: 1.19x (95% CI 1.07-1.31, 3 interleaved repeats; baseline 10.0")
+    noise = {**b, "speedup_ci95": {**ci, "low": 0.96, "significant": False}}
+    assert speedup_line("deepspeed", noise).startswith(
+        "speedup over deepspeed-style baseline: no significant speed-up, 1.19x (95% CI 0.96-1.31, 3 interleaved")
+    assert speedup_line("megatron", {**b, "speedup_ci95": None}) == (
+        "speedup over megatron-style baseline: 1.19x (baseline 10.0 samples/s: tp=1 pp=1 dp=2 mb=4 accum=1 "
+        "ckpt=0.00 zero=0 attn=sdpa)")
