@@ -152,7 +152,7 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
                      "samples_per_s": result.samples_per_s, "speedup": speedup, "reason": result.reason,
                      "speedup_ci95": ci}
         extra = {**result.extra, "baseline": kind, "tuned_samples_per_s": tuned, "speedup": speedup,
-                 **({"speedup_ci95": ci} if ci is not None else {})}
+                 **({"speedup_ci95": {kind: ci}} if ci is not None else {})}
         stored = TrialResult.from_dict({**result.to_dict(), "extra": extra})
         rows.append((i, config.to_dict() if config else {"baseline": kind}, stored.to_dict()))
     record_speedups(runner, outcome, intervals)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,22 @@ def test_a_speedup_line_carries_its_interval_and_says_when_it_is_noise() -> None
     assert speedup_line("megatron", {**b, "speedup_ci95": None}) == (
         "speedup over megatron-style baseline: 1.19x (baseline 10.0 samples/s: tp=1 pp=1 dp=2 mb=4 accum=1 "
         "ckpt=0.00 zero=0 attn=sdpa)")
+
+
+@pytest.mark.slow
+def test_a_local_study_prints_speedups_with_intervals_and_best_carries_them(tmp_path: Path) -> None:
+    # Real CPU ranks: 4 trials, the baselines, then 3 interleaved rounds of finalists and baselines.
+    url = f"sqlite:///{tmp_path / 'local.db'}"
+    tune = subprocess.run([sys.executable, "-m", "autoslapo", "tune", "bert-tiny", "--gpus", "2", "--backend", "local",
+                           "--trials", "4", "--storage", url], capture_output=True, text=True, timeout=1800)
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    lines = [ln for ln in tune.stdout.splitlines() if ln.startswith("speedup over")]
+    assert len(lines) == 2, tune.stdout
+    assert all("(95% CI " in ln and ", 3 interleaved repeats;" in ln for ln in lines if "n/a" not in ln), tune.stdout
+    best = subprocess.run([sys.executable, "-m", "autoslapo", "best", "bert-tiny", "--gpus", "2", "--json",
+                           "--storage", url], capture_output=True, text=True, timeout=300)
+    doc = json.loads(best.stdout)
+    # The best trial may be a baseline (they are measured trials too): both carry the same keys.
+    assert len(doc["repeats_samples_per_s"]) == 4
+    assert doc["samples_per_s"] == pytest.approx(statistics.median(doc["repeats_samples_per_s"]))
+    assert doc["speedup_ci95"] and all(c["low"] <= c["speedup"] <= c["high"] for c in doc["speedup_ci95"].values())

@@ -79,7 +79,8 @@ def test_a_real_study_remeasures_its_finalists_and_baselines_interleaved(store: 
         assert ci is not None and ci["low"] <= ci["speedup"] <= ci["high"] and ci["repeats"] == 2
         assert ci["speedup"] == pytest.approx(b["speedup"]) and intervals[kind] == ci
     stored = {t.result["extra"]["baseline"]: t.result["extra"] for t in store.trials("s.baselines")}
-    assert all(len(e["repeats_samples_per_s"]) == 3 and "speedup_ci95" in e for e in stored.values())
+    assert all(len(e["repeats_samples_per_s"]) == 3 and e["speedup_ci95"] == {kind: out.baselines[kind]["speedup_ci95"]}
+               for kind, e in stored.items())
 
 
 def test_best_show_and_export_carry_the_repeats_and_the_interval(tmp_path: Path,
