@@ -229,9 +229,9 @@ def trial_faults(rows: list[Row], work: Path) -> None:
                                baselines=False, warm_start=False), store, evaluator=ev)
         stored = {t.number: t for t in store.trials("faults")}
     tempfile.tempdir = None
-    # A rank killed without a result is reported as a probable kernel OOM kill (the runtime cannot
-    # tell SIGKILL senders apart); its reason says so.
-    want = {"kill": ("failed", "oom"), "hang": ("timeout",), "oom": ("oom",), "nan": ("failed",),
+    # A rank killed by SIGKILL from outside (no memory cap reached, no kernel OOM report, no rise of
+    # the cgroup's oom_kill counter) is failed, its reason naming the signal and the missing evidence.
+    want = {"kill": ("failed",), "hang": ("timeout",), "oom": ("oom",), "nan": ("failed",),
             "none": ("complete",)}
     a = audit(url, "faults")
     for fault, status, reason in ev.seen:

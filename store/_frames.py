@@ -56,6 +56,13 @@ def trials_frame(trials: Sequence[TrialRecord]) -> pd.DataFrame:
         else:
             row["duration_s"] = None
         _flatten("config", trial.config, row)
+        # Re-measurements (tuner/repeats.py) live in the result's extra: every sample, their
+        # spread, and the speed-up intervals of a best or baseline trial.
+        extra = trial.result.get("extra") or {}
+        row["repeats_samples_per_s"] = extra.get("repeats_samples_per_s")
+        row["samples_per_s_spread"] = extra.get("samples_per_s_spread")
+        if isinstance(extra.get("speedup_ci95"), dict):
+            _flatten("speedup_ci95", extra["speedup_ci95"], row)
         rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:

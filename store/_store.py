@@ -349,6 +349,15 @@ class Store:
         """
         return _trials.finish_trial(self._tx, study, self._study_id(study), number, result, ended_at=ended_at)
 
+    def amend_trial(self, study: str, number: int, result: dict[str, Any]) -> TrialRecord:
+        """Replace the result of finished trial ``number`` with a re-measurement of it; return it.
+
+        The status must stay what it is (repeats refine a measurement, they do not re-run a
+        trial); ``ended_at`` is kept. Raises StorageError when the trial does not exist, is still
+        running, or the new result's status differs.
+        """
+        return _trials.amend_trial(self._tx, study, self._study_id(study), number, result)
+
     def mark_stale_running(
         self,
         study: str,

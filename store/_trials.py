@@ -315,6 +315,31 @@ def add_new_trials(
     return tx.write(f"write trials of {study!r}", insert_new)
 
 
+def amend_trial(tx: Transactions, study: str, study_id: int, number: int, result: dict[str, Any]) -> TrialRecord:
+    """``Store.amend_trial``: a finished trial's result replaced, its status and ``ended_at`` kept."""
+    columns = result_columns(result)
+    match = (TrialRow.study_id == study_id, TrialRow.number == int(number))
+
+    def amend(session: Session) -> tuple[str | None, TrialRecord | None]:
+        row = session.execute(TRIALS.where(*match)).first()
+        if row is None:
+            return None, None
+        before = trial_record(row, study)
+        if before.status != columns["status"] or before.status == "running":
+            return before.status, None
+        session.execute(update(TrialRow).where(*match, TrialRow.status == before.status).values(**columns))
+        return before.status, trial_record(session.execute(TRIALS.where(*match)).one(), study)
+
+    status, record = tx.write(f"amend trial {number} of {study!r}", amend)
+    if record is None:
+        raise StorageError(
+            f"only a finished trial's result can be amended, keeping its status: {study!r} trial {number} "
+            + ("does not exist" if status is None else f"is {status}, the new result {columns['status']}")
+            + "; store a new trial instead"
+        )
+    return record
+
+
 def finish_trial(
     tx: Transactions,
     study: str,

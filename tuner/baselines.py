@@ -121,9 +121,13 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
 
     They go to a companion study ``<study>.baselines`` so the study itself holds exactly its
     budget of trials; each stored result carries the tuned best and the speedup in ``extra``.
+    With repeats (real trials, ``TuneOptions.repeats``) the study's finalists and the baselines
+    are first re-measured in interleaved rounds (``tuner.repeats.remeasure``) and each speedup
+    gets its 95% interval (``speedup_ci95``, in the summary, the baseline's and the best's ``extra``).
     """
+    from tuner.repeats import record_speedups, remeasure, speedup_interval
+
     out: dict[str, Any] = {}
-    tuned = outcome.best_result.samples_per_s if outcome.best_result else 0.0
     store, name = runner.store, f"{runner.name}.baselines"
     # A resumed study reuses baselines already scored (a real baseline trial is expensive).
     earlier = {}
@@ -132,23 +136,36 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
             if t.status != "running" and "tp" in t.config:
                 earlier[ScheduleConfig.from_dict(t.config)] = TrialResult.from_dict(
                     {**t.result, "extra": {k: v for k, v in t.result.get("extra", {}).items()
-                                           if k not in ("baseline", "tuned_samples_per_s", "speedup")}})
-    rows = []
+                                           if k not in ("baseline", "tuned_samples_per_s", "speedup",
+                                                        "speedup_ci95")}})
     ctx = runner.baseline_context()
-    for i, (kind, pick) in enumerate((("deepspeed", deepspeed_candidates), ("megatron", megatron_candidates))):
+    picked: list[tuple[str, ScheduleConfig | None, TrialResult]] = []
+    for kind, pick in (("deepspeed", deepspeed_candidates), ("megatron", megatron_candidates)):
         config: ScheduleConfig | None = None
-        result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False)
+        result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False,
+                                     oom_evidence="cost-model prediction")
         for cand in pick(ctx)[:CANDIDATES]:
             r = ctx.measured.get(cand) or earlier.get(cand) or ctx.evaluate(cand)
             if config is None or (r.status == "complete" and (result.status != "complete"
                                                               or r.samples_per_s > result.samples_per_s)):
                 config, result = cand, r
+        picked.append((kind, config, result))
+    picked = remeasure(runner, outcome, picked)
+    tuned = outcome.best_result.samples_per_s if outcome.best_result else 0.0
+    rows, intervals = [], {}
+    for i, (kind, config, result) in enumerate(picked):
         speedup = tuned / result.samples_per_s if result.status == "complete" and tuned else None
+        ci = speedup_interval(outcome.best_result, result, repeats=runner.options.repeats, seed=runner.options.seed)
+        if ci is not None:
+            intervals[kind] = ci
         out[kind] = {"config": config.to_dict() if config else None, "status": result.status,
-                     "samples_per_s": result.samples_per_s, "speedup": speedup, "reason": result.reason}
-        extra = {**result.extra, "baseline": kind, "tuned_samples_per_s": tuned, "speedup": speedup}
+                     "samples_per_s": result.samples_per_s, "speedup": speedup, "reason": result.reason,
+                     "speedup_ci95": ci}
+        extra = {**result.extra, "baseline": kind, "tuned_samples_per_s": tuned, "speedup": speedup,
+                 **({"speedup_ci95": {kind: ci}} if ci is not None else {})}
         stored = TrialResult.from_dict({**result.to_dict(), "extra": extra})
         rows.append((i, config.to_dict() if config else {"baseline": kind}, stored.to_dict()))
+    record_speedups(runner, outcome, intervals)
     o = runner.options
     if store.has_study(name) and not o.join:  # joined tuners share one companion study
         store.delete_study(name)

@@ -12,6 +12,10 @@ Resume: trials a killed tuner left ``running`` are marked ``failed`` (interrupte
 first under their own numbers; finished trials are told to the sampler and never re-run (the
 store refuses a second row for a configuration), so a resumed study also ends at its budget.
 
+Repeats (``repeats``, real trials only): after the search the best few trials and the baselines
+are measured again in interleaved rounds, and their stored throughput becomes the median
+(``tuner/repeats.py``).
+
 Every finished trial is also mirrored (in batches) into an Optuna study of the same name in the
 store's database, for ``optuna-dashboard`` (``tuner/mirror.py``); the sampler's own study stays in memory.
 """
@@ -67,6 +71,7 @@ class TuneOptions:
     steps: int = 4
     trial_timeout_s: float = 300.0
     baselines: bool = True
+    repeats: int = 0  # interleaved re-measurements of the finalists and baselines (real trials only)
     mirror: bool = True  # also record finished trials in an Optuna study in the store's database
     mirror_every: int = 25  # finished trials between two mirror writes
 
@@ -90,6 +95,8 @@ class TuneOptions:
             raise UsageError("--join needs --study NAME: the study the tuners share")
         if self.steps < 1:
             raise UsageError(f"--steps must be a positive integer: got {self.steps!r}")
+        if not isinstance(self.repeats, int) or self.repeats < 0:
+            raise UsageError(f"--repeats must be a whole number of re-measurements, 0 or more: got {self.repeats!r}")
         if self.trial_timeout_s <= 0:
             raise UsageError(f"--trial-timeout must be positive seconds: got {self.trial_timeout_s!r}")
 
@@ -384,7 +391,11 @@ class StudyRunner:
         if self.options.baselines:
             from tuner.baselines import score_baselines
 
-            outcome.baselines = score_baselines(self, outcome)
+            outcome.baselines = score_baselines(self, outcome)  # re-measures the finalists with them
+        elif self.options.repeats:
+            from tuner.repeats import remeasure
+
+            remeasure(self, outcome)
         self.store.set_study_status(self.name, "complete" if stop in ("budget", "exhausted") else "stopped")
         return outcome
 

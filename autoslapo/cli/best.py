@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import AutoslapoError, UsageError
@@ -48,6 +49,16 @@ def parse_headroom(text: str | None) -> tuple[int | None, float | None]:
         ) from None
 
 
+NOISE_KEYS = ("repeats_samples_per_s", "samples_per_s_spread", "speedup_ci95")
+
+
+def measurement_noise(result: dict[str, Any]) -> dict[str, Any]:
+    """The repeats, their spread and the speed-up intervals a stored result carries in ``extra``
+    (``tuner/repeats.py``); keys without a value are left out."""
+    extra = result.get("extra") or {}
+    return {k: extra[k] for k in NOISE_KEYS if extra.get(k) is not None}
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the best schedule; exit 1 when the store has none for this model and cluster."""
     from autoslapo.cluster import MAX_GPUS
@@ -83,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         "trial": t.number, "backend": study.backend, "measured": t.measured, "config": t.config,
         "samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s,
         "tflops_per_device": t.tflops_per_device, "peak_memory_bytes": t.peak_memory_bytes,
-        "step_time_s": t.step_time_s,
+        "step_time_s": t.step_time_s, **measurement_noise(t.result),
     }
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -91,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.config import describe
 
     kind = "measured" if t.measured else "estimated"
+    noise = doc.get("repeats_samples_per_s")
+    if noise:
+        kind += f", median of {len(noise)} runs, IQR {doc.get('samples_per_s_spread', 0.0):,.1f}"
     sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type}: {t.samples_per_s:,.1f} samples/s "
                      f"({kind}, study {t.study} trial {t.number})\n  {describe(t.config)}\n")
     return 0

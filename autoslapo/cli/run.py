@@ -1,7 +1,8 @@
 """``autoslapo run MODEL --gpus N --tp T --pp P ...``: one real trial on this machine.
 
 CPU ranks (gloo) when no GPU is visible, one GPU per rank otherwise. Prints the TrialResult (a short
-table, or JSON with ``--json``). Exit code 0 when the trial completed, 1 when it came back oom,
+table, or JSON with ``--json``). ``--repeats N`` runs it N times: samples/s is then the median over
+the runs, with their IQR and every run's value (``extra["repeats_samples_per_s"]``). Exit code 0 when the trial completed, 1 when it came back oom,
 failed or timed out, 2 for a configuration that cannot run (checked before any process starts).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from dataclasses import replace
 
 import autoslapo.layout as layout
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
@@ -42,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-cap", default=None, help="per-rank memory cap, e.g. 2GiB (CPU: peak RSS)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the trial N times in all; report the median samples/s over the runs and their IQR "
+                        "(default 1)")
     p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
     add_shape_arguments(p)
 
@@ -85,11 +90,17 @@ def _table(result: object, model: str, config: ScheduleConfig) -> str:
             f"peak memory      {mib:.0f} MiB per device ({r['extra'].get('memory_kind', '')})",
             f"final loss       {r['final_loss']:.4f}",
         ]
+        samples = r["extra"].get("repeats_samples_per_s")
+        if samples:
+            lines.insert(3, f"over repeats     median of {len(samples)} runs, IQR {r['extra']['samples_per_s_spread']:.3f} "
+                            f"samples/s ({', '.join(f'{x:.3f}' for x in samples)})")
+        for failure in r["extra"].get("repeat_failures", []):
+            lines.append(f"repeat failed    {failure}")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate, run the trial, print it. Returns 0 if complete, 1 otherwise."""
+    """Validate, run the trial (``--repeats`` times), print it. Returns 0 if every run completed, else 1."""
     from autoslapo.models.spec import ModelSpec
     from autoslapo.runtime import check_runnable, resolve_device, run_trial
 
@@ -100,11 +111,23 @@ def run(args: argparse.Namespace) -> int:
     warmup = args.warmup if args.warmup is not None else max(1, args.steps // 3)
     if args.steps <= warmup:
         raise UsageError(f"--steps must exceed the warm-up steps: got --steps {args.steps}, warm-up {warmup}")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be a positive number of runs: got {args.repeats}")
     cap = parse_bytes(args.mem_cap) if args.mem_cap else None
-    result = run_trial(spec, config, steps=args.steps, warmup=warmup, timeout_s=args.timeout,
-                       mem_cap_bytes=cap, device=device, seed=args.seed)
+    runs = [run_trial(spec, config, steps=args.steps, warmup=warmup, timeout_s=args.timeout,
+                      mem_cap_bytes=cap, device=device, seed=args.seed) for _ in range(args.repeats)]
+    result = runs[0]
+    if args.repeats > 1:
+        from autoslapo.stats import with_repeats
+
+        # The first complete run carries the others (a failed first run with complete repeats
+        # still reports the measurement; the failures are listed in extra["repeat_failures"]).
+        done = [r for r in runs if r.ok]
+        if done:
+            result = with_repeats(done[0], [r for r in runs if r is not done[0]])
+            result = replace(result, extra={**result.extra, "repeats": args.repeats})
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
         print(_table(result, spec.preset, config))
-    return 0 if result.ok else 1
+    return 0 if result.ok and not result.extra.get("repeat_failures") else 1

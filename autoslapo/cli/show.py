@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cli.best import measurement_noise
 from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, study_row
 from autoslapo.errors import UsageError
 from autoslapo.storage import require_store
@@ -60,6 +61,7 @@ def trial_dict(t: TrialRecord) -> dict[str, Any]:
         "host": t.host,
         "started_at": None if t.started_at is None else t.started_at.isoformat(),
         "ended_at": None if t.ended_at is None else t.ended_at.isoformat(),
+        **measurement_noise(t.result),
     }
 
 

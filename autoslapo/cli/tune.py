@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run trials in this process or through Ray Tune (default: ray for --backend ray)")
     parser.add_argument("--max-concurrent", type=int, default=1, help="trials at once under Ray (default 1)")
     parser.add_argument("--steps", type=int, default=4, help="timed training steps a real trial runs (default 4)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="after the search, re-measure the best 3 trials and the baselines N more times in "
+                             "interleaved rounds (A B C A B C ...); throughput is the median, each speedup gets a "
+                             "95%% bootstrap interval (default 3 for --backend local/ray, 0 for sim)")
     parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a real trial times out")
     parser.add_argument("--no-warm-start", action="store_true", help="do not start from earlier studies")
     parser.add_argument("--no-baselines", action="store_true", help="skip the DeepSpeed/Megatron baselines")
@@ -140,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if pins:  # pinned knobs: fixed in the study's space, whatever it searched
         space = (space or space_for(model.family)).pin(pins)
     dispatch = args.dispatch or ("ray" if backend == "ray" or args.ray_address else "inline")
+    repeats = args.repeats if args.repeats is not None else (3 if backend in ("local", "ray") else 0)
 
     from store import open_store
     from tuner import TuneOptions, tune
@@ -149,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         patience=args.patience, sampler=args.sampler, seed=args.seed, global_batch=args.global_batch,
         space=space, study=args.study, resume=args.resume, join=args.join, warm_start=not args.no_warm_start,
         dispatch=dispatch, ray_address=args.ray_address, max_concurrent=args.max_concurrent,
-        steps=args.steps, trial_timeout_s=args.trial_timeout, baselines=not args.no_baselines,
+        steps=args.steps, trial_timeout_s=args.trial_timeout, baselines=not args.no_baselines, repeats=repeats,
     )
     store = open_store(args.storage)
     bar = ProgressBar(sys.stderr, args.trials)
@@ -179,10 +184,29 @@ def run(args: argparse.Namespace) -> int:
         mem = (t.peak_memory_bytes or 0) / 2**30
         out.write(f"{t.number:>4} {t.samples_per_s or 0:>11,.1f} {t.tflops_per_device or 0:>11.1f} "
                   f"{mem:>8.1f}  {describe(t.config)}\n")
+    repeated = [t for t in rows if t.result.get("extra", {}).get("repeats_samples_per_s")]
+    if repeated:
+        n = len(repeated[0].result["extra"]["repeats_samples_per_s"])
+        out.write(f"samples/s of the re-measured trials ({', '.join(f'#{t.number}' for t in repeated)}): median of "
+                  f"{n} measurements (the search's and {options.repeats} interleaved repeats)\n")
     for name, b in outcome.baselines.items():
-        if b["speedup"] is not None:
-            out.write(f"speedup over {name}-style baseline: {b['speedup']:.2f}x "
-                      f"({b['samples_per_s']:,.1f} samples/s: {describe(b['config'])})\n")
-        else:
-            out.write(f"speedup over {name}-style baseline: n/a (baseline {b['status']}: {b['reason']})\n")
+        out.write(speedup_line(name, b) + "\n")
     return 0
+
+
+def speedup_line(name: str, b: dict[str, Any]) -> str:
+    """``speedup over deepspeed-style baseline: 1.19x (95% CI 1.07-1.31, 3 interleaved repeats; ...)``.
+
+    ``b``: a baseline summary of ``score_baselines``. An interval that holds 1.0 reads "no
+    significant speed-up"; without repeats (estimates) the line has no interval.
+    """
+    head = f"speedup over {name}-style baseline:"
+    if b["speedup"] is None:
+        return f"{head} n/a (baseline {b['status']}: {b['reason']})"
+    base = f"baseline {b['samples_per_s']:,.1f} samples/s: {describe(b['config'])}"
+    ci = b.get("speedup_ci95")
+    if not ci:
+        return f"{head} {b['speedup']:.2f}x ({base})"
+    value = f"{ci['speedup']:.2f}x" if ci["significant"] else f"no significant speed-up, {ci['speedup']:.2f}x"
+    return (f"{head} {value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeats; "
+            f"{base})")

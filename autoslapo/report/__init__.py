@@ -217,5 +217,6 @@ def load_baselines(store: Store, study: str) -> list[Baseline]:
             measured=trial.measured,
             reason=trial.reason,
             config=None if "baseline" in trial.config else dict(trial.config),
+            speedup_ci95=(extra.get("speedup_ci95") or {}).get(name),
         ))
     return out

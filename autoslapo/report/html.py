@@ -107,12 +107,17 @@ def _baseline_rows(baselines: Sequence[Baseline], best: float | None) -> list[di
     rows = []
     for b in baselines:
         speedup = best / b.samples_per_s if best and b.samples_per_s else None
+        text = None if speedup is None else f"{speedup:.2f}x"
+        ci = b.speedup_ci95
+        if ci:
+            value = f"{ci['speedup']:.2f}x" if ci["significant"] else f"no significant speed-up, {ci['speedup']:.2f}x"
+            text = f"{value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeats)"
         rows.append({
             "baseline": b.name,
             "status": b.status,
             "samples/s": b.samples_per_s,
             "peak memory (GiB)": None if not b.peak_memory_bytes else b.peak_memory_bytes / GiB,
-            "tuned speed-up": None if speedup is None else f"{speedup:.2f}x",
+            "tuned speed-up": text,
             "measured": b.measured,
             "reason": b.reason,
         })

@@ -40,6 +40,8 @@ class Baseline:
     """An out-of-the-box configuration the tuned schedule is compared with.
 
     ``samples_per_s`` is ``None`` when the baseline did not run (``status`` says why: oom, failed).
+    ``speedup_ci95``: the tuned schedule's speed-up over it with its 95% interval from interleaved
+    repeats (``tuner.repeats.speedup_interval``), when it was re-measured.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Baseline:
     measured: bool = False
     reason: str = ""
     config: dict[str, Any] | None = None
+    speedup_ci95: dict[str, Any] | None = None
 
 
 def _figure(width: float, height: float) -> Figure:

@@ -9,7 +9,9 @@ in-process and only the ranks pay for torch.
 Watching: the launcher polls every rank; it kills all of them (SIGKILL to each process group) when
 the deadline passes, when a rank's peak resident memory (``VmHWM``, the kernel's high-water mark,
 so a spike between polls is still seen) goes over the memory cap, or a few seconds after a rank
-failed while its peers still wait in a collective. Afterwards it unlinks the ``/dev/shm`` files the
+failed while its peers still wait in a collective. A rank killed by SIGKILL is ``oom`` only with
+evidence (``autoslapo.runtime.oom``: the cgroup's ``oom_kill`` counter, the kernel's log), else
+``failed``; the reason names the evidence. Afterwards it unlinks the ``/dev/shm`` files the
 ranks created (torch's ``torch_<pid>_*`` segments, DeepSpeed's ``deepspeed_*_<port>_*`` buffers)
 and removes ``DIR``.
 """
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autoslapo.errors import ConfigError
+from autoslapo.runtime.oom import OomWatch
 
 __all__ = ["LaunchOutcome", "launch"]
 
@@ -71,7 +74,8 @@ class LaunchOutcome:
     """What the ranks of one launch gave.
 
     ``status``: complete (every rank returned), oom, failed or timeout; ``reason``: one line for
-    the non-complete ones. ``values``: each rank's return value (``None`` where it gave none).
+    the non-complete ones. ``oom_evidence``: for ``oom``, what showed it (``memory-cap monitor``,
+    ``allocator error``, ``cgroup memory.events oom_kill 3 -> 4``, ``kernel log: ...``). ``values``: each rank's return value (``None`` where it gave none).
     ``peak_rss_bytes``: each rank's peak resident memory (0 if unknown). ``elapsed_s``: wall time
     from start to the last rank's exit. ``logs``: the tail of each rank's output. ``launch_id``:
     the value of ``AUTOSLAPO_LAUNCH_ID`` in every rank's environment (to look for strays).
@@ -84,6 +88,24 @@ class LaunchOutcome:
     elapsed_s: float
     logs: list[str] = field(default_factory=list)
     launch_id: str = ""
+    oom_evidence: str = ""
+
+
+CAP_EVIDENCE = "memory-cap monitor"
+ALLOCATOR_EVIDENCE = "allocator error"
+
+
+def _cap_reason(rank: int, peak: int, cap: int) -> str:
+    return (f"out of memory: rank {rank} peak resident memory {peak / 2**20:.0f} MiB went over the cap of "
+            f"{cap / 2**20:.0f} MiB (evidence: {CAP_EVIDENCE})")
+
+
+def signal_name(number: int) -> str:
+    """``signal 9 (SIGKILL)``: a signal's number and name."""
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
 
 
 def _hwm_bytes(pid: int) -> int:
@@ -261,6 +283,7 @@ def launch(
     offset = node.rank_offset if node is not None else 0
     tmp = Path(tempfile.mkdtemp(prefix="autoslapo-trial-"))
     shm_before = _shm_names()
+    watch = OomWatch()
     procs: list[subprocess.Popen[bytes]] = []
     seen_pids: set[int] = set()
     start = time.monotonic()
@@ -270,6 +293,8 @@ def launch(
     peaks = [0] * world_size
     exit_at: list[float | None] = [None] * world_size  # epoch time each rank was first seen gone
     port: str | None = None
+    codes: list[int | None] = [None] * world_size
+    kernel = ""
     try:
         request = {
             "entry": entry,
@@ -301,7 +326,6 @@ def launch(
             finally:
                 log.close()
         failed_at: float | None = None
-        codes: list[int | None] = [None] * world_size
         while True:
             now = time.monotonic()
             for p in procs:
@@ -317,11 +341,7 @@ def launch(
                 over = [r for r in range(world_size) if peaks[r] > mem_cap_bytes]
                 if over:
                     r = over[0]
-                    status = "oom"
-                    reason = (
-                        f"rank {r} peak resident memory {peaks[r] / 2**20:.0f} MiB went over the "
-                        f"cap of {mem_cap_bytes / 2**20:.0f} MiB"
-                    )
+                    status, reason = "oom", _cap_reason(r, peaks[r], mem_cap_bytes)
                     break
             if all(c is not None for c in codes):
                 break
@@ -350,14 +370,19 @@ def launch(
                 results.append(None)
             logs.append(_tail(tmp / f"rank{rank}.log"))
         shutil.rmtree(tmp, ignore_errors=True)
+        # The kernel's word is read only when a rank died of SIGKILL (the one case it decides).
+        if status is None and any(c == -signal.SIGKILL for c in codes):
+            kernel = watch.evidence({p.pid for p in procs})
+        watch.close()
     for r, res in enumerate(results):
         if res is not None:
             peaks[r] = max(peaks[r], int(res.get("peak_rss_bytes") or 0))
     values = [res.get("value") if res is not None and res.get("status") == "ok" else None for res in results]
+    evidence = CAP_EVIDENCE if status == "oom" else ""
     if status is None:
         # Exit codes as seen before the final kill: a rank without a code was killed by us.
-        status, reason = _classify(results, logs, codes, peaks, mem_cap_bytes, exit_at)
-    return LaunchOutcome(status, reason, values, peaks, elapsed, logs, tmp.name)
+        status, reason, evidence = _classify(results, logs, codes, peaks, mem_cap_bytes, exit_at, kernel)
+    return LaunchOutcome(status, reason, values, peaks, elapsed, logs, tmp.name, evidence)
 
 
 def is_peer_lost(text: str) -> bool:
@@ -372,8 +397,15 @@ def _classify(
     peaks: list[int],
     mem_cap_bytes: int | None,
     exit_at: list[float | None] | None = None,
-) -> tuple[Status, str]:
-    """Status and reason once every rank has stopped (or the survivors were killed).
+    kernel_evidence: str = "",
+) -> tuple[Status, str, str]:
+    """Status, reason and out-of-memory evidence once every rank has stopped (or the survivors
+    were killed).
+
+    ``oom`` needs evidence: a rank's own out-of-memory error (the allocator's), a peak over the
+    memory cap, or, for a rank killed by SIGKILL, ``kernel_evidence`` (what ``OomWatch`` saw:
+    the cgroup's oom_kill counter, the kernel's log). A SIGKILL without it is ``failed``: the
+    signal may as well come from a scheduler or an operator.
 
     The reason is the root cause's: when one rank fails, its peers fail next on a broken
     connection ("Connection reset by peer"), so a rank's own error comes before a lost peer, and
@@ -386,14 +418,12 @@ def _classify(
     ooms = [(r, res) for r, res in errors if res.get("status") == "oom"]
     if ooms:
         r, res = ooms[0]
-        return "oom", f"rank {r}: {res.get('error', 'out of memory')}"
+        return ("oom", f"out of memory: rank {r}: {res.get('error', 'out of memory')} "
+                f"(evidence: {ALLOCATOR_EVIDENCE})", ALLOCATOR_EVIDENCE)
     if mem_cap_bytes is not None:
         for r, peak in enumerate(peaks):
             if peak > mem_cap_bytes:
-                return "oom", (
-                    f"rank {r} peak resident memory {peak / 2**20:.0f} MiB went over the cap of "
-                    f"{mem_cap_bytes / 2**20:.0f} MiB"
-                )
+                return "oom", _cap_reason(r, peak, mem_cap_bytes), CAP_EVIDENCE
     # Candidates: (kind, time, status, reason); kind 0 = an error of the rank's own, 1 = a lost peer.
     causes: list[tuple[int, float, Status, str]] = []
     for r, res in errors:
@@ -406,18 +436,22 @@ def _classify(
         seen = exit_at[r]
         when = float("inf") if seen is None else seen
         if code == -signal.SIGKILL:
-            causes.append((0, when, "oom",
-                           f"rank {r} was killed by SIGKILL (the kernel's out-of-memory killer?) without a result"))
+            if kernel_evidence:
+                causes.append((0, when, "oom", f"out of memory: rank {r} was killed by {signal_name(9)} "
+                                                f"(evidence: {kernel_evidence})"))
+            else:
+                causes.append((0, when, "failed",
+                               f"rank {r} was killed by {signal_name(9)}, no out-of-memory evidence"))
             continue
         why = _last_error_line(logs[r])
-        how = f"signal {-code}" if code < 0 else f"code {code}"
-        text = f"rank {r} exited with {how} without a result" + (f": {why}" if why else "")
+        how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        text = f"rank {r} {how} without a result" + (f": {why}" if why else "")
         causes.append((int(is_peer_lost(why)), when, "failed", text))
     if causes:
         _, _, status, reason = min(causes, key=lambda c: (c[0], c[1]))
-        return status, reason
+        return status, reason, kernel_evidence if status == "oom" else ""
     # The rest were killed by us before they gave a result.
     missing = [r for r, res in enumerate(results) if res is None]
     if missing:
-        return "failed", f"rank {missing[0]} gave no result before the launch ended"
-    return "complete", ""
+        return "failed", f"rank {missing[0]} gave no result before the launch ended", ""
+    return "complete", "", ""

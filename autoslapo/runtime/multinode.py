@@ -69,6 +69,7 @@ def merge_outcomes(parts: list[LaunchOutcome], offsets: list[int], hosts: list[s
         elapsed_s=max(p.elapsed_s for p in parts),
         logs=[log for p in parts for log in p.logs],
         launch_id=",".join(p.launch_id for p in parts),
+        oom_evidence=w.oom_evidence,
     )
 
 

@@ -66,7 +66,8 @@ def run_trial(
 
     Takes: the model spec and knobs; optimizer steps in all and how many of them are warm-up (not
     timed); the wall-clock limit for the whole trial (start-up included); an optional per-rank
-    memory cap (CPU: peak resident memory; going over it is status ``oom``); ``device`` auto, cpu
+    memory cap (CPU: peak resident memory; going over it is status ``oom``; an ``oom`` result names
+    its evidence in ``extra["oom_evidence"]``); ``device`` auto, cpu
     (gloo ranks) or cuda (nccl, one GPU per rank); the seed of weights and data; ``data`` (only
     "random": the family's example batches); learning rate; dropout (0: off, ``None``: the family's);
     ``ranks_per_node``: split the ranks over that many machines of the Ray cluster this process is
@@ -119,6 +120,8 @@ def run_trial(
         "wall_s": round(out.elapsed_s, 3),
         "machines": len(ranks_per_node) if ranks_per_node else 1,
     }
+    if out.status == "oom":
+        common["oom_evidence"] = out.oom_evidence
     if out.status != "complete":
         return TrialResult.failure(out.status, _strip_rank(out.reason), host=host, **common)
     values = [v for v in out.values if isinstance(v, dict)]

@@ -10,6 +10,9 @@ import time
 
 import pytest
 
+from autoslapo.cli import main
+from autoslapo.cli.run import _table
+from autoslapo.config import ScheduleConfig
 from autoslapo.result import TrialResult
 
 
@@ -58,3 +61,20 @@ def test_parse_bytes() -> None:
     assert parse_bytes("2GiB") == 2 * 2**30
     assert parse_bytes("800m") == 800 * 2**20
     assert parse_bytes("123") == 123
+
+
+def test_run_with_repeats_reports_the_median_and_spread_over_runs() -> None:
+    r = _run("gpt2-tiny", "--gpus", "1", "--steps", "3", "--seq-len", "32", "--json", "--device", "cpu",
+             "--repeats", "3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = TrialResult.from_dict(json.loads(r.stdout))
+    samples = result.extra["repeats_samples_per_s"]
+    assert result.status == "complete" and len(samples) == 3 and result.extra["repeats"] == 3
+    assert result.samples_per_s == sorted(samples)[1] and result.extra["samples_per_s_spread"] >= 0
+    text = _table(result, "gpt2-tiny", ScheduleConfig(precision="fp32"))
+    assert "over repeats     median of 3 runs, IQR" in text
+
+
+def test_run_refuses_zero_repeats(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "gpt2-tiny", "--gpus", "1", "--repeats", "0", "--device", "cpu"]) == 2
+    assert "--repeats must be a positive number of runs: got 0" in capsys.readouterr().err

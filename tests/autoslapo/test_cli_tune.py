@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,40 @@ def test_an_absurd_gpu_count_is_one_line_and_stores_nothing(tmp_path: Path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--gpus must be at most 1,048,576" in err[0] and "got 1,000,000,000,000" in err[0]
     assert list(tmp_path.iterdir()) == []  # no autoslapo.db (nor anything else) was written
+
+
+def test_a_speedup_line_carries_its_interval_and_says_when_it_is_noise() -> None:
+    from autoslapo.cli.tune import speedup_line
+
+    config = {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 4, "grad_accum": 1, "ckpt_ratio": 0.0, "zero_stage": 0,
+              "attn_kernel": "sdpa"}
+    ci = {"speedup": 1.19, "low": 1.07, "high": 1.31, "significant": True, "repeats": 3}
+    b = {"speedup": 1.19, "samples_per_s": 10.0, "config": config, "status": "complete", "reason": "",
+         "speedup_ci95": ci}
+    assert speedup_line("deepspeed", b).startswith(
+        "speedup over deepspeed-style baseline: 1.19x (95% CI 1.07-1.31, 3 interleaved repeats; baseline 10.0")
+    noise = {**b, "speedup_ci95": {**ci, "low": 0.96, "significant": False}}
+    assert speedup_line("deepspeed", noise).startswith(
+        "speedup over deepspeed-style baseline: no significant speed-up, 1.19x (95% CI 0.96-1.31, 3 interleaved")
+    assert speedup_line("megatron", {**b, "speedup_ci95": None}) == (
+        "speedup over megatron-style baseline: 1.19x (baseline 10.0 samples/s: tp=1 pp=1 dp=2 mb=4 accum=1 "
+        "ckpt=0.00 zero=0 attn=sdpa)")
+
+
+@pytest.mark.slow
+def test_a_local_study_prints_speedups_with_intervals_and_best_carries_them(tmp_path: Path) -> None:
+    # Real CPU ranks: 4 trials, the baselines, then 3 interleaved rounds of finalists and baselines.
+    url = f"sqlite:///{tmp_path / 'local.db'}"
+    tune = subprocess.run([sys.executable, "-m", "autoslapo", "tune", "bert-tiny", "--gpus", "2", "--backend", "local",
+                           "--trials", "4", "--storage", url], capture_output=True, text=True, timeout=1800)
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    lines = [ln for ln in tune.stdout.splitlines() if ln.startswith("speedup over")]
+    assert len(lines) == 2, tune.stdout
+    assert all("(95% CI " in ln and ", 3 interleaved repeats;" in ln for ln in lines if "n/a" not in ln), tune.stdout
+    best = subprocess.run([sys.executable, "-m", "autoslapo", "best", "bert-tiny", "--gpus", "2", "--json",
+                           "--storage", url], capture_output=True, text=True, timeout=300)
+    doc = json.loads(best.stdout)
+    # The best trial may be a baseline (they are measured trials too): both carry the same keys.
+    assert len(doc["repeats_samples_per_s"]) == 4
+    assert doc["samples_per_s"] == pytest.approx(statistics.median(doc["repeats_samples_per_s"]))
+    assert doc["speedup_ci95"] and all(c["low"] <= c["speedup"] <= c["high"] for c in doc["speedup_ci95"].values())

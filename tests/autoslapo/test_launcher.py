@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,16 @@ def allocate(ctx: Any, payload: dict[str, Any]) -> int:
     return int(x[0])
 
 
+def wait_to_be_killed(ctx: Any, payload: dict[str, Any]) -> int:
+    import torch.distributed as dist
+
+    _record(ctx, payload)
+    if ctx.rank == 1:
+        time.sleep(600)  # until the test kills it
+    dist.barrier()
+    return 0
+
+
 def allocate_impossible(ctx: Any, payload: dict[str, Any]) -> int:
     import torch
 
@@ -145,7 +157,7 @@ def test_a_crashing_rank_makes_the_launch_failed_with_its_reason(tmp_path: Path)
 def test_a_rank_aborted_in_cpp_is_the_reason_not_its_peers_lost_connection() -> None:
     out = launch(f"{HERE}:collective_dtype_mismatch", 2, timeout_s=120, grace_s=2)
     assert out.status == "failed"
-    assert out.reason.startswith("rank 0 exited with signal 6 without a result"), out.reason
+    assert out.reason.startswith("rank 0 was killed by signal 6 (SIGABRT) without a result"), out.reason
     assert "gloo::EnforceNotMet" in out.reason and "collective mismatch" in out.reason
     assert "by peer" not in out.reason and "\n" not in out.reason
     assert _strays(out.launch_id) == []
@@ -161,7 +173,7 @@ ABORT_LOG = ("Traceback ...\nterminate called after throwing an instance of 'glo
     [
         # a peer's socket error recorded before the aborted rank was seen gone: still the abort
         ([None, {"status": "error", "error": PEER, "time": 1.0}], [-6, 1], [ABORT_LOG, ""], [2.0, 1.5],
-         "rank 0 exited with signal 6 without a result: gloo::EnforceNotMet: [enforce fail"),
+         "rank 0 was killed by signal 6 (SIGABRT) without a result: gloo::EnforceNotMet: [enforce fail"),
         # a rank's own error beats an earlier lost-peer error
         ([{"status": "error", "error": PEER, "time": 1.0}, {"status": "error", "error": "ValueError: x", "time": 5.0}],
          [1, 1], ["", ""], [1.1, 5.1], "rank 1: ValueError: x"),
@@ -177,9 +189,22 @@ ABORT_LOG = ("Traceback ...\nterminate called after throwing an instance of 'glo
 def test_the_reason_is_the_root_cause_not_a_lost_peer(
     results: list[Any], codes: list[Any], logs: list[str], exit_at: list[Any], want: str
 ) -> None:
-    status, reason = _classify(results, logs, codes, [0] * len(results), None, exit_at)
-    assert status == "failed"
+    status, reason, evidence = _classify(results, logs, codes, [0] * len(results), None, exit_at)
+    assert status == "failed" and evidence == ""
     assert reason.startswith(want), reason
+
+
+def test_a_sigkill_is_oom_only_with_evidence() -> None:
+    killed: list[Any] = [None, {"status": "error", "error": PEER, "time": 1.0}]
+    codes: list[Any] = [-9, 1]
+    status, reason, evidence = _classify(killed, ["", ""], codes, [0, 0], None, [2.0, 1.5])
+    assert (status, evidence) == ("failed", "")
+    assert reason == "rank 0 was killed by signal 9 (SIGKILL), no out-of-memory evidence"
+    status, reason, evidence = _classify(killed, ["", ""], codes, [0, 0], None, [2.0, 1.5],
+                                         "cgroup memory.events oom_kill 3 -> 4")
+    assert (status, evidence) == ("oom", "cgroup memory.events oom_kill 3 -> 4")
+    assert reason == ("out of memory: rank 0 was killed by signal 9 (SIGKILL) "
+                      "(evidence: cgroup memory.events oom_kill 3 -> 4)")
 
 
 def test_a_hang_times_out_and_its_processes_and_shm_files_are_gone(tmp_path: Path) -> None:
@@ -202,7 +227,8 @@ def test_a_hang_times_out_and_its_processes_and_shm_files_are_gone(tmp_path: Pat
 def test_going_over_the_memory_cap_is_oom() -> None:
     out = launch(f"{HERE}:allocate", 2, {"bytes": 700 * 2**20}, timeout_s=120, mem_cap_bytes=500 * 2**20)
     assert out.status == "oom"
-    assert "cap of 500 MiB" in out.reason
+    assert "cap of 500 MiB" in out.reason and out.reason.endswith("(evidence: memory-cap monitor)")
+    assert out.oom_evidence == "memory-cap monitor"
     assert _strays(out.launch_id) == []
 
 
@@ -215,7 +241,30 @@ def test_staying_under_the_cap_completes() -> None:
 def test_an_allocation_the_allocator_refuses_is_oom() -> None:
     out = launch(f"{HERE}:allocate_impossible", 1, timeout_s=120)
     assert out.status == "oom", out.reason
-    assert "rank 0" in out.reason
+    assert "rank 0" in out.reason and out.reason.endswith("(evidence: allocator error)")
+    assert out.oom_evidence == "allocator error"
+
+
+def test_a_rank_killed_from_outside_is_failed_without_oom_evidence(tmp_path: Path) -> None:
+    # kill -9 from outside (an operator, a scheduler), no memory cap reached: not an out-of-memory.
+    def kill_rank_1() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            rec = tmp_path / "pids1.json"
+            if rec.exists():
+                os.kill(json.loads(rec.read_text())["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_rank_1)
+    killer.start()
+    out = launch(f"{HERE}:wait_to_be_killed", 2, {"dir": str(tmp_path)}, timeout_s=120, grace_s=2,
+                 mem_cap_bytes=8 * 2**30)
+    killer.join()
+    assert out.status == "failed", out.reason
+    assert out.reason == "rank 1 was killed by signal 9 (SIGKILL), no out-of-memory evidence"
+    assert out.oom_evidence == ""
+    assert _strays(out.launch_id) == []
 
 
 @pytest.mark.parametrize(

@@ -138,3 +138,16 @@ def test_plots_do_not_import_pyplot(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"
     assert (tmp_path / "a.png").read_bytes()[:8] == PNG
+
+
+def test_a_baseline_with_repeats_shows_its_speedup_interval() -> None:
+    from autoslapo.report.html import _baseline_rows
+
+    ci = {"speedup": 1.19, "low": 1.07, "high": 1.31, "significant": True, "repeats": 3}
+    rows = _baseline_rows([Baseline("DeepSpeed", "complete", 100.0, speedup_ci95=ci),
+                           Baseline("Megatron", "complete", 100.0,
+                                    speedup_ci95={**ci, "low": 0.9, "significant": False}),
+                           Baseline("plain", "complete", 100.0)], 119.0)
+    assert rows[0]["tuned speed-up"] == "1.19x (95% CI 1.07-1.31, 3 interleaved repeats)"
+    assert rows[1]["tuned speed-up"].startswith("no significant speed-up, 1.19x (95% CI 0.90-1.31")
+    assert rows[2]["tuned speed-up"] == "1.19x"

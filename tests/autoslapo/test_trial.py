@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from autoslapo.config import ScheduleConfig
@@ -24,7 +30,8 @@ def test_a_memory_cap_below_the_runtime_comes_back_oom() -> None:
     r = run_trial(GPT2, ScheduleConfig(precision="fp32", dp=2), steps=3, warmup=1, timeout_s=300,
                   device="cpu", mem_cap_bytes=150 * 2**20)
     assert r.status == "oom"
-    assert "cap of 150 MiB" in r.reason
+    assert "cap of 150 MiB" in r.reason and "(evidence: memory-cap monitor)" in r.reason
+    assert r.extra["oom_evidence"] == "memory-cap monitor"
     assert r.extra["memory_kind"] == "cpu_peak_rss"
 
 
@@ -82,3 +89,41 @@ def test_tensor_parallel_bf16_on_cpu_ranks_completes() -> None:
     r = run_trial(bert, config, steps=2, warmup=1, timeout_s=300, device="cpu")
     assert r.status == "complete", r.reason
     assert r.final_loss is not None and 0.0 < r.final_loss < 20.0
+
+
+def _rank_pids(parent: int) -> list[int]:
+    """Rank processes (``autoslapo.runtime.worker``) whose parent is ``parent``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"autoslapo.runtime.worker" in cmd:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def test_a_rank_killed_with_sigkill_and_no_cap_reached_comes_back_failed() -> None:
+    # A kill -9 from outside is not evidence of an out-of-memory: the trial is failed, not oom.
+    def kill_a_rank() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pids = _rank_pids(os.getpid())
+            if len(pids) == 2:
+                time.sleep(1.0)
+                os.kill(pids[-1], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_a_rank)
+    killer.start()
+    r = run_trial(GPT2, ScheduleConfig(precision="fp32", dp=2), steps=200, warmup=1, timeout_s=300,
+                  device="cpu", mem_cap_bytes=8 * 2**30)
+    killer.join()
+    assert r.status == "failed", r.reason
+    assert "killed by signal 9 (SIGKILL), no out-of-memory evidence" in r.reason
+    assert "oom_evidence" not in r.extra

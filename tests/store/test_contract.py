@@ -132,6 +132,21 @@ def test_start_then_finish(db: Store, study: str) -> None:
         db.start_trial(study, 0, config(0))
 
 
+def test_amend_replaces_a_finished_trials_result_keeping_its_status(db: Store, study: str) -> None:
+    first = db.add_trial(study, 0, config(0), result(0))
+    remeasured = {**result(0), "samples_per_s": 111.5, "extra": {"repeats_samples_per_s": [100.0, 111.5, 120.0]}}
+    amended = db.amend_trial(study, 0, remeasured)
+    assert amended.samples_per_s == 111.5 and amended.result["extra"]["repeats_samples_per_s"][1] == 111.5
+    assert amended.ended_at == first.ended_at and db.get_trial(study, 0) == amended
+    with pytest.raises(StorageError, match="keeping its status: 's' trial 0 is complete, the new result oom"):
+        db.amend_trial(study, 0, result(0, "oom"))
+    with pytest.raises(StorageError, match="trial 7 does not exist"):
+        db.amend_trial(study, 7, result(7))
+    db.start_trial(study, 1, config(1))
+    with pytest.raises(StorageError, match="is running"):
+        db.amend_trial(study, 1, result(1))
+
+
 def test_add_trial_finishes_a_running_row(db: Store, study: str) -> None:
     db.start_trial(study, 0, config(0))
     assert db.add_trial(study, 0, config(0), result(0)).status == "complete"

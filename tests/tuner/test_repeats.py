@@ -1,0 +1,112 @@
+"""Interleaved repeats: the order of re-measurements, medians stored in place, speed-up intervals."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autoslapo.cli import main
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.models.spec import ModelSpec
+from autoslapo.result import TrialResult
+from store import Store, open_store
+from tuner import TuneOptions, tune
+from tuner.evaluators import SimEvaluator
+from tuner.repeats import FINALISTS, interleaved
+
+MODEL = ModelSpec.from_name("bert-tiny")
+CLUSTER = ClusterSpec(gpus=2, gpu_type="cpu", gpus_per_node=2)
+
+
+class WobblingEvaluator:
+    """A real trial's stand-in that is not instant: the cost model's estimate times a wobble of up to
+    +-4% that depends only on the call's position, and a record of the order of the calls."""
+
+    name = "local"
+    instant = False
+
+    def __init__(self) -> None:
+        self.sim = SimEvaluator(MODEL, CLUSTER)
+        self.calls: list[ScheduleConfig] = []
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        self.calls.append(config)
+        r = self.sim.evaluate(config)
+        if r.status != "complete":
+            return r
+        wobble = 1.0 + 0.04 * math.sin(len(self.calls))
+        return replace(r, samples_per_s=r.samples_per_s * wobble, measured=True, extra={})
+
+
+def test_repeats_go_round_by_round() -> None:
+    ev = WobblingEvaluator()
+    a, b, c = (ScheduleConfig(dp=2, micro_batch=m, grad_accum=1) for m in (1, 2, 4))
+    runs = interleaved(ev.evaluate, [a, b, c, a], 3)
+    assert ev.calls == [a, b, c] * 3
+    assert list(runs) == [a, b, c] and all(len(v) == 3 for v in runs.values())
+    assert interleaved(ev.evaluate, [a], 0) == {a: []}
+
+
+def test_a_real_study_remeasures_its_finalists_and_baselines_interleaved(store: Store) -> None:
+    ev = WobblingEvaluator()
+    out = tune(TuneOptions(model=MODEL, cluster=CLUSTER, backend="local", trials=4, study="s", repeats=2,
+                           warm_start=False, mirror=False), store, evaluator=ev)
+    # The last calls are 2 rounds over the same configurations, finalists first, then baselines.
+    done = sorted(store.trials("s", status="complete"), key=lambda t: -(t.samples_per_s or 0.0))
+    finalists = [ScheduleConfig.from_dict(t.config) for t in done if "repeats_samples_per_s" in t.result["extra"]]
+    assert 1 <= len(finalists) <= FINALISTS
+    bases = [ScheduleConfig.from_dict(b["config"]) for b in out.baselines.values() if b["status"] == "complete"]
+    order = list(dict.fromkeys(finalists + bases))
+    k = len(order)
+    rounds = ev.calls[-2 * k:]
+    assert rounds[:k] == rounds[k:] and len(set(rounds[:k])) == k  # A B C A B C, each once a round
+    assert set(rounds[:len(finalists)]) == set(finalists) and set(rounds[:k]) == set(order)
+    for t in done:
+        extra = t.result["extra"]
+        if "repeats_samples_per_s" in extra:
+            samples = extra["repeats_samples_per_s"]
+            assert len(samples) == 3 and t.samples_per_s == sorted(samples)[1]
+            assert extra["samples_per_s_spread"] > 0
+    assert out.best_result is not None and out.best_result.samples_per_s == done[0].samples_per_s
+    intervals = out.best_result.extra["speedup_ci95"]
+    for kind, b in out.baselines.items():
+        ci = b["speedup_ci95"]
+        assert ci is not None and ci["low"] <= ci["speedup"] <= ci["high"] and ci["repeats"] == 2
+        assert ci["speedup"] == pytest.approx(b["speedup"]) and intervals[kind] == ci
+    stored = {t.result["extra"]["baseline"]: t.result["extra"] for t in store.trials("s.baselines")}
+    assert all(len(e["repeats_samples_per_s"]) == 3 and e["speedup_ci95"] == {kind: out.baselines[kind]["speedup_ci95"]}
+               for kind, e in stored.items())
+
+
+def test_best_show_and_export_carry_the_repeats_and_the_interval(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with open_store(url) as store:
+        tune(TuneOptions(model=MODEL, cluster=CLUSTER, backend="local", trials=3, study="s", repeats=3,
+                         warm_start=False, mirror=False), store, evaluator=WobblingEvaluator())
+    assert main(["best", "bert-tiny", "--gpus", "2", "--storage", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["repeats_samples_per_s"]) == 4 and doc["samples_per_s_spread"] >= 0
+    assert set(doc["speedup_ci95"]) == {"deepspeed", "megatron"}
+    assert all(c["low"] <= c["speedup"] <= c["high"] for c in doc["speedup_ci95"].values())
+    assert main(["show", "s", "--storage", url, "--json"]) == 0
+    trials = json.loads(capsys.readouterr().out)["trials"]
+    assert any(len(t.get("repeats_samples_per_s", [])) == 4 for t in trials)
+    assert main(["export", "s", "--output", str(tmp_path / "s.csv"), "--storage", url]) == 0
+    capsys.readouterr()
+    import pandas as pd
+
+    frame = pd.read_csv(tmp_path / "s.csv")
+    assert frame["samples_per_s_spread"].notna().any() and "speedup_ci95.deepspeed.low" in frame.columns
+
+
+def test_sim_studies_have_no_repeats(store: Store) -> None:
+    out = tune(TuneOptions(model=MODEL, cluster=CLUSTER, backend="sim", trials=3, study="s", repeats=3,
+                           warm_start=False, mirror=False), store)
+    assert all(b["speedup_ci95"] is None for b in out.baselines.values())
+    assert all("repeats_samples_per_s" not in t.result.get("extra", {}) for t in store.trials("s"))
