@@ -78,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"autoslapo {args.command}: interrupted\n")
         return 130
+    except BrokenPipeError:  # the reader went away (``autoslapo models | head``): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # last line of defence: one line, no traceback
         if os.environ.get("AUTOSLAPO_DEBUG"):
             raise
