@@ -17,7 +17,8 @@ applies primitives to the schedule tree, in this order:
    get their gradients summed, and each pipeline chunk splits the sequence at its first layer and
    gathers it after its last (so a stage boundary carries whole sequences);
 4. the attention kernel; activation checkpointing of ``config.checkpointed_layers`` (of each
-   pipeline chunk's layers when pp > 1); ``compile_layers``; the pipeline cuts (pp x virtual stages).
+   pipeline chunk's layers when pp > 1): the whole layer, or with ``ckpt_granularity="selective"``
+   its attention module keeping the linear layers' outputs (only the attention core recomputed); ``compile_layers``; the pipeline cuts (pp x virtual stages).
 
 Pure schedule code: it starts no processes and sets up no groups (the runtime, the verify command
 and the tests pass the tensor-parallel group in ``groups`` or on the schedule).
@@ -264,7 +265,11 @@ def apply_schedule(
     sch.attention_kernel(config.attn_kernel)
     ckpt = checkpointed_layers(spec, config)
     for i in ckpt:
-        layers[i].checkpoint()
+        if config.ckpt_granularity == "selective":
+            # Korthikanti et al.'s selective recomputation: only the attention core is recomputed.
+            layers[i][desc.attention].checkpoint(keep="linear")
+        else:
+            layers[i].checkpoint()
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
         for layer in layers:
@@ -280,6 +285,7 @@ def apply_schedule(
         vocab_parallel=vocab_parallel,
         sequence_parallel=config.sequence_parallel and tp > 1,
         checkpointed=ckpt,
+        ckpt_granularity=config.ckpt_granularity,
         pipeline_cuts=cuts,
         stages=[list(b) for b in chunks],
         attn_kernel=config.attn_kernel,
