@@ -34,6 +34,9 @@ CKPT_PLACEMENTS: tuple[str, ...] = ("front", "back", "spread")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 CKPT_GRANULARITIES: tuple[str, ...] = ("full", "selective")
 LOSS_KERNELS: tuple[str, ...] = ("eager", "chunked")
+#: Tokens per chunk of the chunked loss kernel (its schedule and its cost both read this): 1024 x a
+#: 50k-vocabulary shard is 200 MB of fp32 logits.
+LOSS_CHUNK_TOKENS = 1024
 
 
 def _all_or_no_layers_checkpointed(knobs: Mapping[str, Any], layers: int) -> bool:

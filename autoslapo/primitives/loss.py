@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from autoslapo.config import LOSS_CHUNK_TOKENS, LOSS_KERNELS
 from autoslapo.errors import ScheduleError
 from autoslapo.schedule import Schedule, register_primitive
 
@@ -43,9 +44,7 @@ __all__ = ["CHUNK_TOKENS", "LOSS_KERNELS", "VocabParallelLoss", "chunked_cross_e
            "vocab_parallel_cross_entropy"]
 
 IGNORE_INDEX = -100
-LOSS_KERNELS = ("eager", "chunked")
-#: Tokens per chunk of the chunked kernel: 1024 x a 50k-vocabulary shard is 200 MB of fp32 logits.
-CHUNK_TOKENS = 1024
+CHUNK_TOKENS = LOSS_CHUNK_TOKENS
 
 
 def _all_reduce(x: torch.Tensor, op: Any, group: Any) -> torch.Tensor:
