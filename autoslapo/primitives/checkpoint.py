@@ -52,10 +52,11 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     fn = inner if inner is not None else types.MethodType(type(self).forward, self)
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    extra = {"context_fn": _SELECTIVE} if self.__dict__.get(_KEEP) == "linear" else {}
-    return torch_ckpt.checkpoint(
-        fn, *args, use_reentrant=False, preserve_rng_state=self.__dict__[_FLAGS], **extra, **kwargs
-    )
+    rng = self.__dict__[_FLAGS]
+    if self.__dict__.get(_KEEP) == "linear":
+        return torch_ckpt.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=rng,
+                                     context_fn=_SELECTIVE, **kwargs)
+    return torch_ckpt.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=rng, **kwargs)
 
 
 @register_primitive("checkpoint")

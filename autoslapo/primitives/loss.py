@@ -279,7 +279,10 @@ class VocabParallelLoss:
         vocab = self.info["vocab"]
         if self.kernel == "chunked":
             weight = self.head.weight
-            bias = self.head.bias if isinstance(self.head.bias, torch.Tensor) else None
+            bias = getattr(self.head, "bias", None)
+            if not isinstance(weight, torch.Tensor):
+                raise ScheduleError(f"the chunked loss needs the head's weight tensor: got {type(weight).__name__}")
+            bias = bias if isinstance(bias, torch.Tensor) else None
             return chunked_cross_entropy(output, weight, bias, self._targets(labels), group=self.group,
                                          start=self.rank * weight.shape[0], vocab=vocab, dtype=dtype)
         start = self.rank * output.shape[-1]

@@ -13,9 +13,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from autoslapo.cluster import ClusterSpec
-from autoslapo.config import ScheduleConfig
+from autoslapo.config import LOSS_CHUNK_TOKENS, ScheduleConfig
 from autoslapo.cost.estimate import estimate
-from autoslapo.cost.memory import estimate_activation_bytes
+from autoslapo.cost.memory import estimate_activation_bytes, logit_rows
 from autoslapo.dist import build_groups, spawn
 from autoslapo.errors import ScheduleError
 from autoslapo.models.build import build_model, example_batch
@@ -179,11 +179,22 @@ def test_cost_model_predicts_the_savings() -> None:
     # selective recomputes the attention core only: less than a layer's forward
     t_full, t_sel = estimate(model, full, cluster).time, estimate(model, selective, cluster).time
     assert 0 < t_sel.recompute < t_full.recompute / 2
-    # the chunked loss: one chunk of logits instead of tokens x V
+    # the chunked loss: one chunk of logits instead of tokens x V; it lowers the peak where the
+    # logits are on it (at the loss, after the forward), not where backward's layer peak dominates
     for c in (none, full, selective):
         lean = estimate(model, c.with_(loss_kernel="chunked"), cluster)
-        assert lean.memory_per_device_bytes < estimate(model, c, cluster).memory_per_device_bytes
-        assert lean.time.total > estimate(model, c, cluster).time.total  # logits recomputed in backward
+        eager = estimate(model, c, cluster)
+        assert lean.memory_per_device_bytes <= eager.memory_per_device_bytes
+        assert lean.time.total > eager.time.total  # logits recomputed in backward
+    # with a memory-efficient attention kernel and full recomputation the logits set the peak
+    lean_sdpa = full.with_(attn_kernel="sdpa", loss_kernel="chunked")
+    eager_sdpa = full.with_(attn_kernel="sdpa")
+    assert (estimate(model, lean_sdpa, cluster).memory_per_device_bytes
+            < estimate(model, eager_sdpa, cluster).memory_per_device_bytes)
+    assert estimate_activation_bytes(model, lean_sdpa) < estimate_activation_bytes(model, eager_sdpa)
+    # the loss holds one chunk's logits rather than all tokens'
+    assert logit_rows(model, eager_sdpa, 2 * s) == 2 * s
+    assert logit_rows(model, lean_sdpa, 2 * s) == LOSS_CHUNK_TOKENS
 
 
 def test_targets_of_the_chunked_loss_are_shifted_for_causal_models() -> None:
