@@ -25,11 +25,18 @@ AttnKernel = Literal["eager", "sdpa", "flash"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
 CkptPlacement = Literal["front", "back", "spread"]
 Precision = Literal["fp32", "bf16", "fp16"]
+CkptGranularity = Literal["full", "selective"]
+LossKernel = Literal["eager", "chunked"]
 
 ATTN_KERNELS: tuple[str, ...] = ("eager", "sdpa", "flash")
 PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 CKPT_PLACEMENTS: tuple[str, ...] = ("front", "back", "spread")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+CKPT_GRANULARITIES: tuple[str, ...] = ("full", "selective")
+LOSS_KERNELS: tuple[str, ...] = ("eager", "chunked")
+#: Tokens per chunk of the chunked loss kernel (its schedule and its cost both read this): 1024 x a
+#: 50k-vocabulary shard is 200 MB of fp32 logits.
+LOSS_CHUNK_TOKENS = 1024
 
 
 def _all_or_no_layers_checkpointed(knobs: Mapping[str, Any], layers: int) -> bool:
@@ -88,6 +95,15 @@ class ScheduleConfig:
     precision: Precision = field(default="bf16", metadata=knob(
         "choice", "parameter and compute precision (default: bf16 where the device has it)", "prec",
         choices=PRECISIONS))
+    ckpt_granularity: CkptGranularity = field(default="full", metadata=knob(
+        "choice", "what a checkpointed layer recomputes: full (the whole layer, keeping its input) or "
+        "selective (only the attention core, keeping the linear layers' outputs; Korthikanti et al. 2022)",
+        "gran", choices=CKPT_GRANULARITIES, sweep=CKPT_GRANULARITIES, verify=True, since=2,
+        inert=lambda k, _: float(k.get("ckpt_ratio", 0.0)) == 0.0))
+    loss_kernel: LossKernel = field(default="eager", metadata=knob(
+        "choice", "cross-entropy kernel: eager (whole tokens x vocabulary logits) or chunked (head matmul, "
+        "log-softmax and loss chunk by chunk over tokens, logits recomputed in backward)", "loss",
+        choices=LOSS_KERNELS, sweep=LOSS_KERNELS, verify=True, since=2))
 
     def __post_init__(self) -> None:
         for k in KNOBS:

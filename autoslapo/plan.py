@@ -8,7 +8,8 @@ applies primitives to the schedule tree, in this order:
    projections column-parallel, the attention output and MLP output projections row-parallel, the
    head counts a forward reads shrunk; the token embedding and LM head vocabulary-parallel (the
    vocabulary padded to a multiple of tp) and, for a call with labels, the loss computed from the
-   logits' vocabulary shards (``vocab_parallel_loss``);
+   logits' vocabulary shards (``vocab_parallel_loss``); with ``loss_kernel="chunked"`` (any tp) the
+   loss is computed chunk by chunk from the head's input, never holding all the logits;
 2. bias + GeLU fusion (``fuse_bias_gelu``), before any hook goes on the traced modules;
 3. the collectives: at the input of each column-parallel region an identity whose gradient is
    all-reduced, at the output of each row-parallel one an all-reduce. With ``sequence_parallel``
@@ -17,7 +18,8 @@ applies primitives to the schedule tree, in this order:
    get their gradients summed, and each pipeline chunk splits the sequence at its first layer and
    gathers it after its last (so a stage boundary carries whole sequences);
 4. the attention kernel; activation checkpointing of ``config.checkpointed_layers`` (of each
-   pipeline chunk's layers when pp > 1); ``compile_layers``; the pipeline cuts (pp x virtual stages).
+   pipeline chunk's layers when pp > 1): the whole layer, or with ``ckpt_granularity="selective"``
+   its attention module keeping the linear layers' outputs (only the attention core recomputed); ``compile_layers``; the pipeline cuts (pp x virtual stages).
 
 Pure schedule code: it starts no processes and sets up no groups (the runtime, the verify command
 and the tests pass the tensor-parallel group in ``groups`` or on the schedule).
@@ -134,13 +136,13 @@ def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) ->
             layer[path].allreduce_grads()
 
 
-def _vocab_parallel(sch: Schedule, desc: FamilyDescription, causal: bool) -> None:
+def _vocab_parallel(sch: Schedule, desc: FamilyDescription, causal: bool, kernel: str) -> None:
     # A vocabulary tp does not divide (BERT's 30522 on tp=8) is padded to the next multiple, as
     # Megatron does. A call with labels computes the loss from the logits' vocabulary shards
     # (Megatron's vocab-parallel cross-entropy); one without gathers whole logits and drops the pad.
     sch[desc.embed_tokens].vocab_parallel()
     sch[desc.lm_head].vocab_parallel_head()
-    sch.vocab_parallel_loss(desc.lm_head, causal=causal)
+    sch.vocab_parallel_loss(desc.lm_head, causal=causal, kernel=kernel)
 
 
 # -- fusion ---------------------------------------------------------------------------------------
@@ -246,17 +248,25 @@ def apply_schedule(
         for layer in layers:
             _sync_layer(layer, desc, config.sequence_parallel)
         if vocab_parallel:
-            _vocab_parallel(sch, desc, spec.causal)
+            _vocab_parallel(sch, desc, spec.causal, config.loss_kernel)
         if config.sequence_parallel:
             for start, stop in chunks:
                 layers[start].sync("fwd_pre", "split", dim=1)
                 layers[stop - 1].sync("fwd_post", "all_gather", dim=1)
 
+    if tp == 1 and config.loss_kernel == "chunked":
+        # the chunked loss takes the head's input: no call with labels holds tokens x V logits
+        sch.vocab_parallel_loss(desc.lm_head, causal=spec.causal, kernel="chunked")
+
     # 4. kernel, checkpointing, compilation, pipeline cuts
     sch.attention_kernel(config.attn_kernel)
     ckpt = checkpointed_layers(spec, config)
     for i in ckpt:
-        layers[i].checkpoint()
+        if config.ckpt_granularity == "selective":
+            # Korthikanti et al.'s selective recomputation: only the attention core is recomputed.
+            layers[i][desc.attention].checkpoint(keep="linear")
+        else:
+            layers[i].checkpoint()
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
         for layer in layers:
@@ -269,7 +279,9 @@ def apply_schedule(
         tp=tp,
         vocab_parallel=vocab_parallel,
         sequence_parallel=config.sequence_parallel and tp > 1,
+        loss_kernel=config.loss_kernel,
         checkpointed=ckpt,
+        ckpt_granularity=config.ckpt_granularity,
         pipeline_cuts=cuts,
         stages=[list(b) for b in chunks],
         attn_kernel=config.attn_kernel,

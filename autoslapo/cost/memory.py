@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.config import LOSS_CHUNK_TOKENS
+
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
     from autoslapo.cost.device import DevicePerf
@@ -177,8 +179,34 @@ def head_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig) ->
     return model.vocab / config.tp * (element_bytes(config) + 4)
 
 
-def checkpointed_layer_bytes_per_token(model: ModelSpec, config: ScheduleConfig) -> float:
-    """Bytes a checkpointed layer keeps per token: its input (``/t`` with sequence parallelism)."""
+def logit_rows(model: ModelSpec, config: ScheduleConfig, tokens: int) -> int:
+    """Tokens whose logits the loss holds at once: all of them, or one chunk with the chunked kernel
+    (which keeps an fp32 log-sum-exp per token besides, counted as one more 4-byte logit column)."""
+    return min(tokens, LOSS_CHUNK_TOKENS) if config.loss_kernel == "chunked" else tokens
+
+
+def attention_core_bytes_per_token(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
+                                   runtime: str = "megatron") -> float:
+    """Bytes of a layer's activations (per token, one device) that only its attention core keeps:
+    the ``5 a s`` of the scores (softmax, dropout mask and output) with the eager kernel, the
+    log-sum-exp (and, in autoslapo's runtime, the kernel's output) with a memory-efficient one."""
+    e = element_bytes(config)
+    if config.attn_kernel == "eager":
+        probs = e + 4 if runtime == "autoslapo" and e < 4 else e
+        per_score = (probs + e + 1) if has_dropout(model, dropout) else probs
+        return model.heads * model.seq_len * per_score / config.tp
+    core = model.heads * 4 + (model.hidden * e if runtime == "autoslapo" else 0)
+    return core / config.tp
+
+
+def checkpointed_layer_bytes_per_token(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
+                                       runtime: str = "megatron") -> float:
+    """Bytes a checkpointed layer keeps per token: its input (``/t`` with sequence parallelism) under
+    full recomputation; under selective recomputation everything but its attention core (Korthikanti
+    et al. 2022: ``34 s b h`` of the ``s b h (34 + 5 a s / h)`` bytes of a 16-bit layer)."""
+    if config.ckpt_granularity == "selective":
+        return (layer_activation_bytes_per_token(model, config, dropout, runtime)
+                - attention_core_bytes_per_token(model, config, dropout, runtime))
     b = model.hidden * element_bytes(config)
     return b / config.tp if config.sequence_parallel else b
 
@@ -217,7 +245,7 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     """
     tokens = config.micro_batch * model.seq_len
     full = layer_activation_bytes_per_token(model, config, dropout, runtime) * tokens
-    kept = checkpointed_layer_bytes_per_token(model, config) * tokens
+    kept = checkpointed_layer_bytes_per_token(model, config, dropout, runtime) * tokens
     per_stage = model.layers // config.pp
     ckpt = set(checkpointed_layer_ids(model, config))
     e = element_bytes(config)
@@ -240,9 +268,12 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     # Embedding output and its dropout mask on the first stage; on the last the head's logits
     # (16-bit, plus the fp32 softmax the cross-entropy keeps), freed once the loss's backward ran.
     emb = tokens * model.hidden * (e + (1 if has_dropout(model, dropout) else 0))
-    logits = tokens * head_activation_bytes_per_token(model, config)
+    rows = logit_rows(model, config, tokens)
+    logits = rows * head_activation_bytes_per_token(model, config)
+    if config.loss_kernel == "chunked":
+        logits += tokens * 4  # the log-sum-exp per token
     if transients:
-        logits += tokens * 4 * model.vocab / config.tp
+        logits += rows * 4 * model.vocab / config.tp
     fwd_first, bwd_first = stage(0, in_flight_microbatches(config))
     if config.pp == 1:
         return int(max(fwd_first + logits, bwd_first) + emb)

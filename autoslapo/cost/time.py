@@ -162,8 +162,9 @@ def _submodules(model: ModelSpec) -> int:
 
 
 def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
-                 dropout: bool | None) -> tuple[float, float]:
-    """(forward, backward) compute seconds of one layer for one micro-batch on one device."""
+                 dropout: bool | None) -> tuple[float, float, float]:
+    """(forward, backward, attention-core forward) compute seconds of one layer for one micro-batch
+    on one device; the last is what selective recomputation runs again."""
     t, b, s = config.tp, config.micro_batch, model.seq_len
     h, f, e = model.hidden, model.ffn, r.e
     kvd = model.kv_heads * model.head_dim
@@ -227,7 +228,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
     ew = r.mem(T * (rep + shard / t), kernels)
     fwd = g + fwd_attn + ew
     bwd_total = bwd + bwd_attn + 2 * ew
-    return fwd, bwd_total
+    return fwd, bwd_total, fwd_attn
 
 
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
@@ -238,7 +239,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     b, s, h, e = config.micro_batch, model.seq_len, model.hidden, r.e
     T = b * s
     per_stage = model.layers // pp
-    fwd_l, bwd_l = _layer_times(model, config, r, dropout)
+    fwd_l, bwd_l, core_l = _layer_times(model, config, r, dropout)
 
     # tensor-parallel collectives per layer: 2 in forward, 2 in backward (same volume with SP)
     tp_bw = group_bandwidth(cluster, 1, t)
@@ -248,6 +249,8 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     if not model.causal:
         head_f += r.gemm(T, h, h) + r.mem(T * h * e * 4, 2)
     head_b = 2 * head_f
+    if config.loss_kernel == "chunked":
+        head_b += r.gemm(T, model.vocab / t, h)  # backward recomputes each chunk's logits
     emb = r.mem(T * h * (2 * e + 1), 3)
 
     ckpt = set(config.checkpointed_layers(model.layers))
@@ -255,7 +258,9 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     n_ckpt = sum(1 for i in last if i in ckpt)
     fwd_mb = per_stage * fwd_l + head_f + (emb if pp == 1 else 0.0)
     bwd_mb = per_stage * bwd_l + head_b + (2 * emb if pp == 1 else 0.0)
-    rec_mb = n_ckpt * (fwd_l + 2 * tp_one)
+    # full recomputation runs a layer's forward again (with its two collectives); selective only
+    # its attention core (Korthikanti et al. 2022), the projections' outputs being kept
+    rec_mb = n_ckpt * (core_l if config.ckpt_granularity == "selective" else fwd_l + 2 * tp_one)
     tp_mb = per_stage * 4 * tp_one
 
     # autograd accumulates each micro-batch's weight gradients into .grad (read + write)

@@ -5,10 +5,19 @@ the module's entry is saved and restored for the recomputation, so dropout draws
 twice and gradients equal those of the un-checkpointed module. The module stays at its path (its
 ``forward`` is wrapped on the instance; hooks from ``sync`` stay outside the recomputed region,
 collectives of child modules are recomputed with it, identically on every rank).
+
+``checkpoint(keep="linear")`` is selective recomputation (Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models"): a selective-checkpoint policy keeps the
+outputs of the region's matrix products with a weight (``mm``/``addmm``: the linear layers) and
+recomputes everything else. On an attention module that is the attention core (scores, softmax,
+dropout, the product with v), the activations that grow with ``s^2``; the projections are not
+recomputed. Random ops are recomputed in their order from the restored RNG state, so dropout
+draws the same masks.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +27,24 @@ from torch import nn
 
 if TYPE_CHECKING:
     from autoslapo.schedule import Schedule
+from autoslapo.errors import ScheduleError
 
 _INNER = "_autoslapo_inner_forward"
 _FLAGS = "_autoslapo_ckpt_rng"
+_KEEP = "_autoslapo_ckpt_keep"
+KEEP = ("nothing", "linear")
+# The products of activations with weights (nn.Linear, transformers' Conv1D): 2-D after flattening
+# tokens. The attention core's products are batched (bmm) or a fused SDPA kernel, so recomputed.
+_LINEAR_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+
+def _keep_linear(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> torch_ckpt.CheckpointPolicy:
+    if op in _LINEAR_OPS:
+        return torch_ckpt.CheckpointPolicy.MUST_SAVE
+    return torch_ckpt.CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_SELECTIVE = functools.partial(torch_ckpt.create_selective_checkpoint_contexts, _keep_linear)
 
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -29,19 +53,29 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     fn = inner if inner is not None else types.MethodType(type(self).forward, self)
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    return torch_ckpt.checkpoint(
-        fn, *args, use_reentrant=False, preserve_rng_state=self.__dict__[_FLAGS], **kwargs
-    )
+    rng = self.__dict__[_FLAGS]
+    if self.__dict__.get(_KEEP) == "linear":
+        return torch_ckpt.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=rng,
+                                     context_fn=_SELECTIVE, **kwargs)
+    return torch_ckpt.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=rng, **kwargs)
 
 
-def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool = True) -> None:
+def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool = True,
+               keep: str = "nothing") -> None:
     """Turn activation checkpointing of this module on (or off with ``enabled=False``).
 
     Takes: ``enabled`` and ``preserve_rng_state`` (keep True when the module has dropout: turning it
-    off saves a little time but the recomputed masks differ and so do the gradients).
-    Returns: None. Idempotent: checkpointing twice wraps once.
+    off saves a little time but the recomputed masks differ and so do the gradients); ``keep``:
+    "nothing" (recompute the whole module from its inputs) or "linear" (keep the linear layers'
+    outputs, recompute the rest: selective recomputation, see the module docstring).
+    Returns: None. Idempotent: checkpointing twice wraps once (the last ``keep`` holds).
+    Raises: ScheduleError for an unknown ``keep``.
     """
+    if keep not in KEEP:
+        raise ScheduleError(f"checkpoint keep must be one of {', '.join(KEEP)}: got {keep!r}; "
+                            "'linear' is selective recomputation")
     mod = sch.mod
+    mod.__dict__[_KEEP] = keep
     on = "forward" in mod.__dict__ and getattr(mod.__dict__["forward"], "__func__", None) is _checkpointed_forward
     if enabled and not on:
         mod.__dict__[_INNER] = mod.__dict__.get("forward")  # a forward another primitive patched, or None
@@ -52,7 +86,12 @@ def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool 
     elif on:
         inner = mod.__dict__.pop(_INNER, None)
         mod.__dict__.pop(_FLAGS, None)
+        mod.__dict__.pop(_KEEP, None)
         del mod.__dict__["forward"]
         if inner is not None:
             mod.forward = inner  # type: ignore[method-assign]
+    if not enabled:
+        mod.__dict__.pop(_KEEP, None)
     sch.meta["checkpoint"] = bool(enabled)
+    if enabled:
+        sch.meta["checkpoint_keep"] = keep
