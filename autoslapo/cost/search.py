@@ -57,12 +57,17 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
     fixed = {k: v for k, v in fixed.items() if v is not None}
     others = [k.name for k in KNOBS if k.name not in _LAYOUT]
     domains = {n: _domain(n, cluster, fixed) for n in others}
+    # Free knobs that may change nothing (their ``inert`` rule): swept only at their default there.
+    inert = [(n, rule) for n in others if (rule := KNOB[n].inert) is not None and n not in fixed]
     mbs = [fixed["micro_batch"]] if "micro_batch" in fixed else list(MICRO_BATCHES)
     for tp, pp, dp in layout.layouts(model, cluster, tp=fixed.get("tp"), pp=fixed.get("pp"), dp=fixed.get("dp")):
         for combo in itertools.product(*(domains[n] for n in others)):
             knobs = dict(zip(others, combo, strict=True))
             if "virtual_stages" not in fixed and knobs["pipeline_schedule"] == "interleaved":
                 knobs["virtual_stages"] = 2  # the fewest chunks a rank interleaves
+            where = {"tp": tp, "pp": pp, "dp": dp, **knobs}
+            if any(knobs[n] != KNOB[n].default and rule(where, model.layers) for n, rule in inert):
+                continue  # the same configuration as the one with that knob at its default
             group = []
             for mb in mbs:
                 if global_batch is not None:
