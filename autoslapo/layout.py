@@ -1,6 +1,7 @@
 """The layout of a training step on a cluster: degrees, batch, placement, and every rule tying them.
 
-One module states the rules (torchtitan's ``ParallelDims`` idea): tp x pp x dp = the devices; tp
+One module states the rules (torchtitan's ``ParallelDims`` idea; ``ScheduleConfig`` holds the degrees
+and derives ``world_size`` and ``global_batch``): tp x pp x dp = the devices; tp
 divides the attention heads, the key/value heads and the MLP width, and stays within a node; the
 pipeline's chunks (pp x virtual stages) split the layers evenly; micro-batch x dp x gradient
 accumulation = the global batch; sequence parallelism splits the sequence over tp. The config's
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autoslapo.errors import ConfigError
@@ -29,25 +29,6 @@ def divisors(n: int) -> list[int]:
     """The positive divisors of ``n``, ascending."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Degrees and batch of one step: ``world_size = tp*pp*dp``, ``global_batch = micro_batch*grad_accum*dp``."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    micro_batch: int = 1
-    grad_accum: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.dp
 
 
 def data_parallel(gpus: int, tp: int, pp: int) -> int:
