@@ -140,6 +140,10 @@ def group_bandwidth(cluster: ClusterSpec, stride: int, size: int) -> float:
 # copies take SMs and memory bandwidth from the overlapped GEMMs).
 ZERO3_PREFETCH = 0.6
 ZERO3_CONTENTION = 0.15
+# A memory-efficient attention kernel's backward (2.5x its forward's FLOPs: the scores are recomputed)
+# runs at a lower fraction of peak than its forward: FlashAttention-2 reaches up to 73 % of an A100's
+# peak in forward and up to 63 % in backward (Dao 2023, section 4.1), 0.86 of the forward's rate.
+FLASH_BWD_REL = 0.86
 # One DeepSpeed ZeRO-3 module hook (Python: fetch bookkeeping, trace, event waits), per call.
 ZERO3_HOOK_S = 30e-6
 
@@ -199,7 +203,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
         flash_eff = 0.7 if config.attn_kernel == "flash" else (0.6 if has_flash else 0.55)
         frac = 0.5 if model.causal else 1.0
         fwd_attn = r.gemm(s * frac, s, d, b * heads, eff=flash_eff) + r.gemm(s * frac, d, s, b * heads, eff=flash_eff)
-        bwd_attn = 2.5 * fwd_attn
+        bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
     # elementwise traffic per token: norms, dropout + residual, activation, q/k/v layout copies
     rep: float = 2 * (2 * h * e)  # two norms: read + write
     per_res = (3 * e + 1) * h if fused else (5 * e + 1) * h
