@@ -27,7 +27,7 @@ A100x8 = ClusterSpec(gpus=8, gpu_type="a100-80gb")
 
 def test_pure_modules_import_nothing_heavy() -> None:
     code = (
-        "import sys; import autoslapo.cost, autoslapo.cost.published, autoslapo.cli.estimate, "
+        "import sys; import autoslapo.cost, autoslapo.cost.published, autoslapo.cost.field, autoslapo.cli.estimate, "
         "autoslapo.cli.profile, autoslapo.cost.profile; "
         "bad = [m for m in ('torch', 'ray', 'sqlalchemy', 'subprocess') if m in sys.modules]; "
         "print(','.join(bad))"
