@@ -12,6 +12,7 @@ are prefixed ``autoslapo_`` and migrate independently of Optuna's.
 
 from __future__ import annotations
 
+from store._jobs import JobQueue, JobRecord
 from store._records import (
     FINISHED_STATUSES,
     RANK_METRICS,
@@ -24,7 +25,6 @@ from store._records import (
     canonical_json,
     config_hash,
 )
-from store._jobs import JobQueue, JobRecord
 from store._service_schema import JOB_FINISHED, JOB_STATUSES, TOKEN_ROLES
 from store._store import Store, open_store
 from store._tokens import TokenRecord, TokenTable

@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 from autoslapo.errors import StorageError
 from store._engine import Transactions
 from store._records import clean_json
-from store._service_schema import JOB_FINISHED, JOB_STATUSES, JobRow
 from store._schema import StudyRow, utcnow
+from store._service_schema import JOB_FINISHED, JOB_STATUSES, JobRow
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class JobQueue:
         def beat(session: Session) -> tuple[bool, bool]:
             held = session.execute(
                 update(JobRow).where(JobRow.id == job_id, JobRow.worker == worker, JobRow.status == "running")
-                .values(lease_until=utcnow() + timedelta(seconds=lease_s))).rowcount
+                .values(lease_until=utcnow() + timedelta(seconds=lease_s))).rowcount  # type: ignore[attr-defined]
             cancel = bool(session.scalar(select(JobRow.cancel_requested).where(JobRow.id == job_id)))
             return bool(held), cancel
 
@@ -120,7 +120,7 @@ class JobQueue:
             raise StorageError(f"job status must be one of {', '.join(JOB_STATUSES)}: got {status!r}")
         return bool(self._tx.write("finish a job", lambda s: s.execute(
             update(JobRow).where(JobRow.id == job_id, JobRow.worker == worker, JobRow.status == "running")
-            .values(status=status, error=error[:2000], lease_until=None)).rowcount))
+            .values(status=status, error=error[:2000], lease_until=None)).rowcount))  # type: ignore[attr-defined]
 
     def cancel(self, study: str) -> JobRecord:
         """Ask the job of ``study`` to stop: a queued job is cancelled at once, a running one between trials."""

@@ -92,7 +92,7 @@ def test_remote_tune_and_best_against_a_running_server(procs: Processes) -> None
     best = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token=procs.read)
     assert best.returncode == 0, best.stderr
     assert "study remote" in best.stdout
-    code = ("import autoslapo; c = autoslapo.best('bert', gpus=8, server=%r); print(c.tp * c.pp * c.dp)" % procs.base)
+    code = f"import autoslapo; c = autoslapo.best('bert', gpus=8, server={procs.base!r}); print(c.tp * c.pp * c.dp)"
     lib = subprocess.run([sys.executable, "-c", code], env={**procs.env, "AUTOSLAPO_TOKEN": procs.read},
                          capture_output=True, text=True, timeout=120, check=False)
     assert lib.returncode == 0 and lib.stdout.strip() == "8", lib.stderr
