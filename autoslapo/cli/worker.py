@@ -20,9 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run jobs until SIGTERM/SIGINT (the current job finishes its trial and is resumed later)."""
+    from autoslapo.errors import UsageError
     from autoslapo.service.worker import Worker
     from store import open_store
 
+    if args.lease <= 0 or args.poll <= 0:
+        raise UsageError(f"--lease and --poll must be positive seconds: got {args.lease}, {args.poll}")
     store = open_store(args.storage)
     worker = Worker(store, lease_s=args.lease, poll_s=args.poll)
 
