@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from typing import Any
 
 from autoslapo.errors import AutoslapoError, UsageError
@@ -114,12 +113,3 @@ class Worker:
         self.store.jobs.finish(job.id, self.name, status, error)
         return status
 
-
-def wait_until(predicate: Any, timeout_s: float, step_s: float = 0.2) -> bool:
-    """Poll ``predicate()`` until true or ``timeout_s`` passes; returns its last value (tests, CLI)."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return bool(predicate())
