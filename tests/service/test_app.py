@@ -11,7 +11,8 @@ from autoslapo.service import Worker
 from store import Store
 from tests.service.conftest import bearer
 
-BODY = {"model": "bert", "gpus": 8, "trials": 20, "backend": "sim", "name": "svc", "baselines": False}
+BODY = {"model": "bert", "gpus": 8, "trials": 20, "backend": "sim", "name": "svc", "baselines": False,
+        "sampler": "tpe"}  # the sampler named: a launched-trial budget, whatever sim does by default
 
 
 def wait_status(client: TestClient, name: str, token: str, timeout_s: float = 120.0) -> dict:

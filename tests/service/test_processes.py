@@ -85,7 +85,7 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
 def test_remote_tune_and_best_against_a_running_server(procs: Processes) -> None:
     procs.serve()
     procs.worker()
-    done = procs.cli("tune", "bert", "--gpus", "8", "--trials", "10", "--no-baselines", "--study", "remote",
+    done = procs.cli("tune", "bert", "--gpus", "8", "--trials", "10", "--no-baselines", "--study", "remote", "--sampler", "tpe",
                      "--server", procs.base, token=procs.submit)
     assert done.returncode == 0, done.stderr
     assert "study remote: 10 trials launched, status complete" in done.stdout
@@ -113,7 +113,7 @@ def test_kill_9_of_worker_and_server_loses_nothing(procs: Processes) -> None:
     server = procs.serve()
     first = procs.worker()
     r = httpx.post(f"{procs.base}/v1/studies", json={"model": "bert", "gpus": 8, "trials": budget, "backend": "sim",
-                                                      "name": "survivor", "baselines": False},
+                                                      "name": "survivor", "baselines": False, "sampler": "tpe"},
                    headers={"Authorization": f"Bearer {procs.submit}"}, timeout=10)
     assert r.status_code == 202, r.text
     end = time.monotonic() + 120
