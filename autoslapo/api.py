@@ -101,15 +101,33 @@ def best(
     measured_only: bool = False,
     min_headroom_bytes: int | None = None,
     min_headroom_fraction: float | None = None,
+    server: str | None = None,
 ) -> ScheduleConfig:
     """The best recorded schedule for ``model`` on ``gpus`` devices, as a ``ScheduleConfig``.
 
-    Same arguments and errors as ``best_trial``; returns only the knobs.
+    Same arguments and errors as ``best_trial``; returns only the knobs. With ``server`` (the URL
+    of an ``autoslapo serve``, token from $AUTOSLAPO_TOKEN) the service is asked instead of a store
+    (preset names only; the headroom filters are not sent).
     """
+    if server is not None:
+        return _remote_best(model, gpus=gpus, gpu_type=gpu_type, metric=metric, measured_only=measured_only,
+                            server=server)
     trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, metric=metric,
                        measured_only=measured_only, min_headroom_bytes=min_headroom_bytes,
                        min_headroom_fraction=min_headroom_fraction)
     return _config(trial)
+
+
+def _remote_best(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str, measured_only: bool,
+                 server: str) -> ScheduleConfig:
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.remote import Client
+
+    name = model.preset if isinstance(model, ModelSpec) else model
+    doc = Client(server).get("/v1/best", model=name, gpus=gpus, gpu_type=gpu_type, metric=metric,
+                             measured_only=measured_only or None)
+    return ScheduleConfig.from_dict(dict(doc["config"]))
 
 
 def _store(storage: str | Store | None) -> tuple[Store, bool]:

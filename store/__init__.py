@@ -12,6 +12,7 @@ are prefixed ``autoslapo_`` and migrate independently of Optuna's.
 
 from __future__ import annotations
 
+from store._jobs import JobQueue, JobRecord
 from store._records import (
     FINISHED_STATUSES,
     RANK_METRICS,
@@ -24,20 +25,29 @@ from store._records import (
     canonical_json,
     config_hash,
 )
+from store._service_schema import JOB_FINISHED, JOB_STATUSES, TOKEN_ROLES
 from store._store import Store, open_store
+from store._tokens import TokenRecord, TokenTable
 from store._url import DEFAULT_URL, ENV_VAR, check_sqlite_file, parse_url, resolve_url, sqlite_path
 
 __all__ = [
     "DEFAULT_URL",
     "ENV_VAR",
     "FINISHED_STATUSES",
+    "JOB_FINISHED",
+    "JOB_STATUSES",
     "RANK_METRICS",
     "STUDY_STATUSES",
+    "TOKEN_ROLES",
     "TRIAL_STATUSES",
     "DuplicateTrial",
     "HistoryPoint",
+    "JobQueue",
+    "JobRecord",
     "Store",
     "StudyRecord",
+    "TokenRecord",
+    "TokenTable",
     "TrialRecord",
     "canonical_json",
     "check_sqlite_file",

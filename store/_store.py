@@ -20,6 +20,7 @@ from autoslapo.errors import StorageError
 from store import _engine, _migrate, _queries, _trials
 from store._convert import study_record, study_row
 from store._frames import export_frame, trials_frame
+from store._jobs import JobQueue
 from store._records import (
     RANK_METRICS,
     STUDY_STATUSES,
@@ -30,6 +31,7 @@ from store._records import (
     config_hash,
 )
 from store._schema import VERSION_TABLE, StudyRow, TrialRow, utcnow
+from store._tokens import TokenTable
 from store._trials import INTERRUPTED
 from store._url import check_sqlite_file, display, parse_url, resolve_url, sqlite_path
 
@@ -86,6 +88,10 @@ class Store:
         self._tx = _engine.Transactions(engine, url)
         self._url = url
         self._study_ids: dict[str, int] = {}
+        #: The service's queued study jobs (``submit``, ``claim``, ``heartbeat``, ``finish``, ``cancel``).
+        self.jobs = JobQueue(self._tx)
+        #: The service's API tokens, as argon2 hashes (``add``, ``by_key``, ``list``, ``revoke``).
+        self.tokens = TokenTable(self._tx)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -32,6 +32,9 @@ SUBCOMMANDS: dict[str, str] = {
     "estimate": "predict throughput and memory of a schedule on a described cluster (cost model, no devices)",
     "profile": "measure this machine's compute rate and gloo bandwidth for the cost model",
     "models": "list the model presets with their family and shape (hidden, layers, heads, ffn, ...)",
+    "serve": "serve the HTTP API and web page over the store (127.0.0.1 unless --host); --workers N runs jobs",
+    "worker": "claim the service's queued study jobs and run them as `autoslapo tune` does",
+    "token": "create, list or revoke the service's API tokens (the store keeps only a hash)",
 }
 
 

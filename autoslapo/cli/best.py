@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave at least this much device memory free at peak: GiB (e.g. 8) or a "
                              "share of the device (e.g. 10%%); trials with unknown memory are dropped")
     parser.add_argument("--json", action="store_true", help="print the schedule and its metrics as JSON")
+    parser.add_argument("--server", default=None,
+                        help="ask a running `autoslapo serve` at this URL instead of the store (token: $AUTOSLAPO_TOKEN)")
     add_shape_arguments(parser)
 
 
@@ -75,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
         if args.gpu_type not in DEVICES:
             raise UsageError(f"--gpu-type must be one of {', '.join(DEVICES)}: got {args.gpu_type!r}")
+    if args.server:
+        return _remote(args)
     model = ModelSpec.from_name(args.model, **shape_overrides(args))
     store = open_store(args.storage)
     headroom_bytes, headroom_fraction = parse_headroom(args.headroom)
@@ -107,4 +111,23 @@ def run(args: argparse.Namespace) -> int:
         kind += f", median of {len(noise)} runs, IQR {doc.get('samples_per_s_spread', 0.0):,.1f}"
     sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type}: {t.samples_per_s:,.1f} samples/s "
                      f"({kind}, study {t.study} trial {t.number})\n  {describe(t.config)}\n")
+    return 0
+
+
+def _remote(args: argparse.Namespace) -> int:
+    """``best --server``: the same answer from the service's ``GET /v1/best``."""
+    from autoslapo.config import describe
+    from autoslapo.remote import Client
+
+    if args.headroom or args.storage or shape_overrides(args):
+        raise UsageError("--server asks the service by preset name: --headroom, --storage and shape flags are "
+                         "not sent; drop them or ask the store directly")
+    doc = Client(args.server).get("/v1/best", model=args.model, gpus=args.gpus, gpu_type=args.gpu_type,
+                                  metric=args.metric, measured_only=args.measured or None)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    kind = "measured" if doc["measured"] else "estimated"
+    sys.stdout.write(f"{doc['model']} on {doc['gpus']}x {doc['gpu_type']}: {doc['samples_per_s']:,.1f} samples/s "
+                     f"({kind}, study {doc['study']} trial {doc['trial']})\n  {describe(doc['config'])}\n")
     return 0

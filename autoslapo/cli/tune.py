@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-warm-start", action="store_true", help="do not start from earlier studies")
     parser.add_argument("--no-baselines", action="store_true", help="skip the DeepSpeed/Megatron baselines")
     parser.add_argument("--top", type=int, default=5, help="rows in the final table (default 5)")
+    parser.add_argument("--server", default=None,
+                        help="submit the study to a running `autoslapo serve` at this URL and follow it "
+                             "(token: $AUTOSLAPO_TOKEN; backend sim or ray)")
     add_knob_arguments(parser, "tune")
     add_shape_arguments(parser)
 
@@ -108,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise UsageError(f"--top must be a positive integer: got {args.top}")
+    if args.server:
+        from autoslapo.cli._remote_tune import run_remote
+
+        return run_remote(args, ProgressBar(sys.stderr, args.trials))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     backend = args.backend
     if backend is None:

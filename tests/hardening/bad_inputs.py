@@ -164,6 +164,15 @@ CASES: list[tuple[str, list[str], str]] = [
     ("export-missing-dir", ["export", "seeded", "-o", "{dir}/missing/out.csv", *S], "missing"),
     ("report-missing-study", ["report", "never-was", "-o", "{dir}/rep", *S], "never-was"),
     ("report-output-is-file", ["report", "seeded", "-o", "{notdb}", *S], "directory"),
+    # --- the service ------------------------------------------------------------------------
+    ("serve-bad-port", ["serve", "--port", "70000", *S], "port"),
+    ("serve-bad-workers", ["serve", "--workers", "-1", *S], "workers"),
+    ("worker-bad-lease", ["worker", "--lease", "0", *S], "lease"),
+    ("token-create-no-name", ["token", "create", *S], "--name"),
+    ("token-create-bad-name", ["token", "create", "--name", "a b", *S], "token names"),
+    ("token-revoke-unknown", ["token", "revoke", "--name", "nobody", *S], "nobody"),
+    ("tune-server-bad-url", [*T, "--gpus", "4", "--server", "ftp://x"], "http"),
+    ("best-server-down", ["best", "bert-tiny", "--gpus", "4", "--server", "http://127.0.0.1:9"], "cannot reach"),
     # --- profile and the top level ----------------------------------------------------------
     ("profile-ranks-zero", ["profile", "--ranks", "0"], "ranks"),
     ("profile-threads-negative", ["profile", "--threads", "-1"], "threads"),

@@ -1,0 +1,68 @@
+"""``autoslapo tune --server URL``: submit the study to the service and follow it to its end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from autoslapo.cli._knobs import knob_values
+from autoslapo.cli._shape import shape_overrides
+from autoslapo.config import describe
+from autoslapo.errors import AutoslapoError, UsageError
+
+POLL_S = 1.0
+# Flags that change what runs locally only; the service would silently ignore them, so refuse them.
+_LOCAL_ONLY = ("storage", "space", "ray_address", "dispatch", "resume", "join", "repeats")
+
+
+def run_remote(args: argparse.Namespace, bar: Any) -> int:
+    """Submit, print progress until the study ends, then the table of the best trials. Returns 0 (1: none complete)."""
+    from autoslapo.remote import Client
+
+    given = [f"--{k.replace('_', '-')}" for k in _LOCAL_ONLY if getattr(args, k, None)]
+    if knob_values(args, "tune") or shape_overrides(args):
+        given.append("knob or shape flags")
+    if given:
+        raise UsageError(f"--server submits a plain study: {', '.join(given)} cannot be sent; drop them or tune locally")
+    body: dict[str, Any] = {"model": args.model, "gpus": args.gpus, "backend": args.backend or "sim",
+                            "trials": args.trials, "sampler": args.sampler, "seed": args.seed,
+                            "baselines": not args.no_baselines}
+    for key, value in (("gpu_type", args.gpu_type), ("gpus_per_node", args.gpus_per_node),
+                       ("global_batch", args.global_batch), ("timeout_s", args.timeout),
+                       ("patience", args.patience), ("name", args.study)):
+        if value is not None:
+            body[key] = value
+    client = Client(args.server)
+    name = client.post("/v1/studies", body)["name"]
+    seen = -1
+    try:
+        while True:
+            doc = client.get(f"/v1/studies/{name}")
+            if doc["launched"] != seen:
+                seen = doc["launched"]
+                best = (doc.get("best") or {}).get("samples_per_s") or 0.0
+                bar(SimpleNamespace(launched=seen, budget=doc["budget"] or args.trials, best=best,
+                                    counts=doc["counts"], last=doc["status"]))
+            if doc["status"] not in ("queued", "running"):
+                break
+            time.sleep(POLL_S)
+    finally:
+        bar.close()
+    out = sys.stdout
+    out.write(f"study {name}: {doc['launched']} trials launched, status {doc['status']} "
+              f"({doc['model']} on {doc['gpus']}x {doc['gpu_type']}, backend {doc['backend']}, server {client.url})\n")
+    if doc["status"] == "failed":
+        raise AutoslapoError(f"the service's run of study {name!r} failed: {doc.get('error')}")
+    rows = client.get(f"/v1/studies/{name}/trials", sort="samples_per_s", status="complete", limit=args.top)["trials"]
+    if not rows:
+        out.write(f"no trial completed: see GET {client.url}/v1/studies/{name}/trials for the reasons\n")
+        return 1
+    out.write(f"{'#':>4} {'samples/s':>11} {'TFLOP/s/dev':>11} {'mem GiB':>8}  schedule\n")
+    for t in rows:
+        mem = (t["peak_memory_bytes"] or 0) / 2**30
+        out.write(f"{t['number']:>4} {t['samples_per_s'] or 0:>11,.1f} {t['tflops_per_device'] or 0:>11.1f} "
+                  f"{mem:>8.1f}  {describe(t['config'])}\n")
+    return 0

@@ -1,0 +1,58 @@
+"""``autoslapo serve``: the HTTP API and web page over the store, optionally with worker processes.
+
+Binds 127.0.0.1 unless ``--host`` says otherwise. ``--workers N`` starts N ``autoslapo worker``
+processes on the same store and stops them when the server stops; without it, run workers apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``autoslapo serve``."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8321, help="port (default 8321; 0 picks a free one)")
+    parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
+    parser.add_argument("--workers", type=int, default=0, help="worker processes to start with the server (default 0)")
+    parser.add_argument("--allow-anonymous-read", action="store_true", help="GET endpoints and pages without a token")
+    parser.add_argument("--allow-local", action="store_true",
+                        help="accept studies with backend local (trials run on the server's machine)")
+    parser.add_argument("--max-body", type=int, default=64 * 1024, help="largest request body in bytes (default 64 KiB)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; returns 0."""
+    import uvicorn
+
+    from autoslapo.errors import UsageError
+    from autoslapo.service import ServiceSettings, create_app
+    from store import open_store
+
+    if args.workers < 0 or not 0 <= args.port < 65536 or args.max_body < 1:
+        raise UsageError(f"--workers must be >= 0, --port 0-65535, --max-body >= 1: got {args.workers}, "
+                         f"{args.port}, {args.max_body}")
+    store = open_store(args.storage)
+    settings = ServiceSettings(allow_anonymous_read=args.allow_anonymous_read, allow_local=args.allow_local,
+                               max_body_bytes=args.max_body)
+    workers: list[subprocess.Popen[bytes]] = []
+    command = [sys.executable, "-m", "autoslapo", "worker"]
+    if args.storage:
+        command += ["--storage", args.storage]
+    try:
+        workers = [subprocess.Popen(command) for _ in range(args.workers)]
+        sys.stderr.write(f"autoslapo serve: http://{args.host}:{args.port}/ over {store.url}, "
+                         f"{args.workers} worker(s)\n")
+        uvicorn.run(create_app(store, settings), host=args.host, port=args.port, log_level="warning")
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        store.close()
+    return 0

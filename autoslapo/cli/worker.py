@@ -1,0 +1,44 @@
+"""``autoslapo worker``: claim study jobs the service queued and run them as ``autoslapo tune`` does."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from types import FrameType
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``autoslapo worker``."""
+    parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
+    parser.add_argument("--lease", type=float, default=30.0,
+                        help="seconds a claim holds without a heartbeat; a dead worker's job is resumed after it "
+                             "(default 30)")
+    parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks for work when idle (default 1)")
+    parser.add_argument("--once", action="store_true", help="run at most one job, then exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run jobs until SIGTERM/SIGINT (the current job finishes its trial and is resumed later)."""
+    from autoslapo.errors import UsageError
+    from autoslapo.service.worker import Worker
+    from store import open_store
+
+    if args.lease <= 0 or args.poll <= 0:
+        raise UsageError(f"--lease and --poll must be positive seconds: got {args.lease}, {args.poll}")
+    store = open_store(args.storage)
+    worker = Worker(store, lease_s=args.lease, poll_s=args.poll)
+
+    def stop(_sig: int, _frame: FrameType | None) -> None:
+        worker.stop()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    sys.stderr.write(f"autoslapo worker {worker.name}: waiting for jobs in {store.url}\n")
+    try:
+        worker.run(once=args.once)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        store.close()
+    return 0

@@ -1,0 +1,286 @@
+"""The HTTP API: a thin FastAPI layer over the store, the tuner's request checks and the cost model.
+
+Every answer that is not a success is ``{"error": "<one line>"}``; bad input never changes the
+store. Submitting a study only writes a queued job: workers (``autoslapo worker``) run it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from autoslapo import api
+from autoslapo.cluster import ClusterSpec
+from autoslapo.cost import best_config
+from autoslapo.errors import AutoslapoError, StorageError, UsageError
+from autoslapo.models.spec import ModelSpec
+from autoslapo.redact import redact
+from autoslapo.service import pages
+from autoslapo.service.auth import Caller, TokenCheck
+from autoslapo.service.jobs import StudyRequest, check_name
+from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
+from store import Store
+
+MAX_BODY_BYTES = 64 * 1024
+COOKIE = "autoslapo_token"
+
+
+class ApiError(Exception):
+    """An answer other than success: HTTP status and a one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = " ".join(str(message).split())
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """How the server answers: anonymous reads, the local backend, the request body limit."""
+
+    allow_anonymous_read: bool = False
+    allow_local: bool = False
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+def _one_line(err: BaseException) -> str:
+    return redact(str(err)).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI:
+    """The service's app over an open ``store`` (the caller closes it)."""
+    cfg = settings or ServiceSettings()
+    tokens = TokenCheck(store)
+    app = FastAPI(title="autoslapo", description="Automatic schedule tuner: studies, trials, best schedules.",
+                  version="1")
+    registry = CollectorRegistry()
+    requests = Counter("autoslapo_http_requests", "HTTP requests", ["route", "method", "code"], registry=registry)
+    latency = Histogram("autoslapo_http_request_seconds", "request latency", ["route"], registry=registry,
+                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+    studies_gauge = Gauge("autoslapo_studies", "studies by status", ["status"], registry=registry)
+    trials_gauge = Gauge("autoslapo_trials_stored", "trials stored by the service's studies", registry=registry)
+
+    def caller(request: Request, need: str) -> Caller:
+        found = tokens.caller(request.headers.get("authorization"))
+        if found is None and COOKIE in request.cookies:
+            found = tokens.caller(f"Bearer {request.cookies[COOKIE]}")
+        if found is None:
+            if need == "read" and cfg.allow_anonymous_read:
+                return Caller("anonymous", "read")
+            raise ApiError(401, "a valid token is required: send `Authorization: Bearer <token>` "
+                                "(make one with `autoslapo token create`)")
+        if not found.may(need):
+            raise ApiError(403, f"token {found.name!r} has role {found.role}: this needs {need} or above")
+        return found
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Any) -> Response:
+        started = time.perf_counter()
+        response: Response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        latency.labels(path).observe(time.perf_counter() - started)
+        requests.labels(path, request.method, str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse({"error": err.message}, status_code=err.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid')}"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(err.detail)}, status_code=err.status_code)
+
+    @app.exception_handler(AutoslapoError)
+    async def domain_error(_: Request, err: AutoslapoError) -> JSONResponse:
+        return JSONResponse({"error": _one_line(err)}, status_code=400 if isinstance(err, UsageError) else 503)
+
+    # -- studies -----------------------------------------------------------------------------
+
+    @app.post("/v1/studies", status_code=202)
+    async def submit(request: Request) -> JSONResponse:
+        who = caller(request, "submit")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
+            raise ApiError(413, f"request bodies must be at most {cfg.max_body_bytes} bytes: got {declared}")
+        body = await request.body()
+        if len(body) > cfg.max_body_bytes:
+            raise ApiError(413, f"request bodies must be at most {cfg.max_body_bytes} bytes: got {len(body)}")
+        try:
+            doc = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ApiError(400, f"the body must be JSON: {err}") from None
+        try:
+            study = StudyRequest.from_json(doc, allow_local=cfg.allow_local)
+            name = study.name or _free_name(store, study.default_name())
+        except AutoslapoError as err:
+            raise ApiError(400, _one_line(err)) from None
+        try:
+            store.jobs.submit(name, {**study.to_dict(), "name": name}, owner=who.name)
+        except StorageError as err:
+            raise ApiError(409, _one_line(err)) from None
+        url = str(request.url_for("get_study", name=name))
+        return JSONResponse({"name": name, "url": url, "status": "queued"}, status_code=202,
+                            headers={"Location": url})
+
+    @app.get("/v1/studies")
+    def list_studies(request: Request) -> dict[str, Any]:
+        caller(request, "read")
+        return {"studies": all_studies(store)}
+
+    def _find(name: str) -> dict[str, Any]:
+        check_name_or_404(name)
+        job = store.jobs.get(name)
+        study = store.get_study(name) if store.has_study(name) else None
+        if study is None and job is None:
+            raise ApiError(404, f"no study named {name!r}: see GET /v1/studies")
+        return study_view(store, study, job)
+
+    @app.get("/v1/studies/{name}", name="get_study")
+    def get_study(name: str, request: Request) -> dict[str, Any]:
+        caller(request, "read")
+        return _find(name)
+
+    @app.get("/v1/studies/{name}/trials")
+    def get_trials(name: str, request: Request, offset: int = 0, limit: int = 100, sort: str = "number",
+                   status: str | None = None) -> dict[str, Any]:
+        caller(request, "read")
+        check_name_or_404(name)
+        if not store.has_study(name):
+            raise ApiError(404, f"no trials yet for {name!r}: the study has not started or does not exist")
+        if offset < 0 or not 1 <= limit <= 1000:
+            raise ApiError(400, f"offset must be >= 0 and limit 1-1000: got offset={offset}, limit={limit}")
+        keys = {"number": lambda t: t.number, "samples_per_s": lambda t: -(t.samples_per_s or 0.0)}
+        if sort not in keys:
+            raise ApiError(400, f"sort must be one of {', '.join(keys)}: got {sort[:40]!r}")
+        rows = [t for t in store.trials(name) if status is None or t.status == status]
+        rows.sort(key=keys[sort])
+        return {"name": name, "total": len(rows), "offset": offset,
+                "trials": [trial_view(t) for t in rows[offset:offset + limit]]}
+
+    @app.post("/v1/studies/{name}/cancel", status_code=202)
+    def cancel(name: str, request: Request) -> dict[str, Any]:
+        who = caller(request, "submit")
+        check_name_or_404(name)
+        job = store.jobs.get(name)
+        if job is None:
+            raise ApiError(404, f"no submitted study named {name!r}: only the service's studies can be cancelled")
+        if job.owner != who.name and not who.may("admin"):
+            raise ApiError(403, f"token {who.name!r} may cancel only its own studies: {name!r} is {job.owner!r}'s")
+        job = store.jobs.cancel(name)
+        return {"name": name, "status": job.status, "cancel_requested": job.cancel_requested}
+
+    # -- answers -----------------------------------------------------------------------------
+
+    @app.get("/v1/best")
+    def best(request: Request, model: str, gpus: int, gpu_type: str | None = None,
+             metric: str = "samples_per_s", measured_only: bool = False) -> dict[str, Any]:
+        caller(request, "read")
+        try:
+            t = api.best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=store, metric=metric,
+                               measured_only=measured_only)
+        except UsageError as err:
+            raise ApiError(404 if "no recorded schedule" in str(err) else 400, _one_line(err)) from None
+        study = store.get_study(t.study)
+        return {"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type, "study": t.study,
+                "trial": t.number, "backend": study.backend, **trial_view(t),
+                "apply_best": apply_snippet(study.model_name, study.gpus, study.gpu_type)}
+
+    @app.get("/v1/estimate")
+    def estimate(request: Request, model: str, gpus: int, gpu_type: str = "a100-80gb",
+                 gpus_per_node: int = 8, global_batch: int | None = None) -> dict[str, Any]:
+        caller(request, "read")
+        spec = ModelSpec.from_name(model)
+        cluster = ClusterSpec(gpus=gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
+        return {"model": spec.preset, "gpus": gpus, "gpu_type": cluster.gpu_type,
+                **best_config(spec, cluster, global_batch=global_batch).to_dict()}
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"ok": True, "store": store.backend, "revision": store.revision()}
+
+    @app.get("/metrics")
+    def metrics(request: Request) -> Response:
+        caller(request, "read")
+        studies = all_studies(store)
+        for status in {s["status"] for s in studies} | {"queued", "running", "complete"}:
+            studies_gauge.labels(status).set(sum(1 for s in studies if s["status"] == status))
+        trials_gauge.set(sum(sum(s["counts"].values()) for s in studies))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- the web page --------------------------------------------------------------------------
+
+    def page_caller(request: Request) -> Caller | None:
+        try:
+            return caller(request, "read")
+        except ApiError:
+            return None
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> HTMLResponse:
+        who = page_caller(request)
+        if who is None:
+            return HTMLResponse(pages.login_page(), status_code=401)
+        return HTMLResponse(pages.studies_page(all_studies(store), who))
+
+    @app.get("/studies/{name}", response_class=HTMLResponse)
+    def study_page(name: str, request: Request) -> HTMLResponse:
+        who = page_caller(request)
+        if who is None:
+            return HTMLResponse(pages.login_page(), status_code=401)
+        doc = _find(name)
+        trials = [trial_view(t) for t in store.trials(name)] if store.has_study(name) else []
+        return HTMLResponse(pages.study_page(doc, trials))
+
+    @app.post("/login")
+    async def login(request: Request) -> Response:
+        form = (await request.body())[: cfg.max_body_bytes].decode(errors="replace")
+        token = (parse_qs(form).get("token") or [""])[0].strip()
+        if tokens.caller(f"Bearer {token}") is None:
+            return HTMLResponse(pages.login_page("that token is not valid"), status_code=401)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    @app.get("/robots.txt", response_class=PlainTextResponse)
+    def robots() -> str:
+        return "User-agent: *\nDisallow: /\n"
+
+    return app
+
+
+def check_name_or_404(name: str) -> None:
+    """A name that breaks the study-name rule cannot exist: 404 with the rule."""
+    try:
+        check_name(name)
+    except UsageError as err:
+        raise ApiError(404, _one_line(err)) from None
+
+
+def _free_name(store: Store, base: str) -> str:
+    name, i = base, 2
+    while store.has_study(name) or store.jobs.get(name) is not None:
+        name, i = f"{base}-{i}", i + 1
+    return name

@@ -1,0 +1,118 @@
+"""What a client may ask the service to tune: a study request, checked as data before anything is stored.
+
+``StudyRequest.from_json`` refuses unknown fields, wrong types and impossible values (one-line
+UsageError); ``to_options`` builds the same ``TuneOptions`` that ``autoslapo tune`` builds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.errors import UsageError
+from autoslapo.models.spec import ModelSpec
+from search_spaces import space_for
+from tuner import TuneOptions, default_study_name
+
+NAME_RULE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+SERVICE_BACKENDS = ("sim", "ray")
+
+
+def check_name(name: Any) -> str:
+    """A study name as the service accepts it; UsageError naming the rule otherwise."""
+    if not isinstance(name, str) or NAME_RULE.fullmatch(name) is None:
+        shown = repr(name)[:60]
+        raise UsageError(f"study names are 1-100 of A-Z a-z 0-9 . _ -: got {shown}; pick a name like bert-8x")
+    return name
+
+
+@dataclass(frozen=True)
+class StudyRequest:
+    """The body of ``POST /v1/studies``."""
+
+    model: str
+    gpus: int
+    gpu_type: str = "a100-80gb"
+    gpus_per_node: int | None = None
+    backend: str = "sim"
+    trials: int = 100
+    sampler: str = "tpe"
+    seed: int = 0
+    global_batch: int | None = None
+    timeout_s: float | None = None
+    patience: int | None = None
+    baselines: bool = True
+    name: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: Any, *, allow_local: bool = False) -> StudyRequest:
+        """Check a decoded JSON body field by field; raises UsageError (one line) on the first problem."""
+        if not isinstance(doc, dict):
+            raise UsageError(f"the body must be a JSON object: got {type(doc).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(doc) - set(known))
+        if unknown:
+            raise UsageError(f"unknown field {unknown[0]!r}: the fields are {', '.join(known)}")
+        for key in ("model", "gpus"):
+            if key not in doc:
+                raise UsageError(f"field {key!r} is required: e.g. {{\"model\": \"bert\", \"gpus\": 8}}")
+        kinds: dict[str, tuple[type, ...]] = {
+            "model": (str,), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
+            "gpus": (int,), "gpus_per_node": (int,), "trials": (int,), "seed": (int,), "global_batch": (int,),
+            "patience": (int,), "timeout_s": (int, float), "baselines": (bool,),
+        }
+        for key, value in doc.items():
+            if value is None and key not in ("model", "gpus"):
+                continue
+            ok = isinstance(value, kinds[key]) and (key == "baselines" or not isinstance(value, bool))
+            if not ok:
+                want = " or ".join(k.__name__ for k in kinds[key])
+                raise UsageError(f"field {key!r} must be {want}: got {json_repr(value)}")
+        request = cls(**doc)
+        request.check(allow_local=allow_local)
+        return request
+
+    def check(self, *, allow_local: bool = False) -> None:
+        """Raise UsageError when the request could not run (unknown model, bad cluster or budget)."""
+        backends = (*SERVICE_BACKENDS, "local") if allow_local else SERVICE_BACKENDS
+        if self.backend not in backends:
+            raise UsageError(f"backend must be one of {', '.join(backends)} on this server: got {self.backend!r}")
+        if self.name is not None:
+            check_name(self.name)
+        if not 1 <= self.trials <= 100_000:
+            raise UsageError(f"trials must be 1 to 100000: got {self.trials}")
+        options = self.to_options(name=self.name or "check")
+        space_for(options.model.family).bind(options.model, options.cluster, options.global_batch, None)
+
+    def model_spec(self) -> ModelSpec:
+        """The model preset this request names."""
+        return ModelSpec.from_name(self.model)
+
+    def cluster_spec(self) -> ClusterSpec:
+        """The described cluster (8 devices a node unless ``gpus_per_node``)."""
+        return ClusterSpec(gpus=self.gpus, gpu_type=self.gpu_type, gpus_per_node=self.gpus_per_node or 8)
+
+    def default_name(self) -> str:
+        """``<model>-<gpus>x<gpu-type>-<backend>``, the name ``autoslapo tune`` would give."""
+        return default_study_name(self.model_spec(), self.cluster_spec(), self.backend)
+
+    def to_options(self, *, name: str, resume: bool = False) -> TuneOptions:
+        """The ``TuneOptions`` of this request for study ``name`` (``resume``: continue it)."""
+        return TuneOptions(
+            model=self.model_spec(), cluster=self.cluster_spec(), backend=self.backend, trials=self.trials,
+            timeout_s=self.timeout_s, patience=self.patience, sampler=self.sampler, seed=self.seed,
+            global_batch=self.global_batch, study=name, resume=resume, baselines=self.baselines,
+            dispatch="ray" if self.backend == "ray" else "inline",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request as JSON-safe data (what the job row keeps)."""
+        return asdict(self)
+
+
+def json_repr(value: Any) -> str:
+    """A short, one-line rendering of a client's value for an error message."""
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,69 @@
+"""Studies as JSON: what the endpoints and the web page show, read from the store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoslapo.config import describe
+from store import JobRecord, Store, StudyRecord, TrialRecord
+
+LAUNCHED = ("complete", "oom", "failed", "timeout")
+
+
+def _time(value: Any) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def trial_view(t: TrialRecord) -> dict[str, Any]:
+    """One trial as JSON."""
+    return {"number": t.number, "status": t.status, "config": t.config, "schedule": describe(t.config),
+            "samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s,
+            "tflops_per_device": t.tflops_per_device, "peak_memory_bytes": t.peak_memory_bytes,
+            "measured": t.measured, "reason": t.reason, "ended_at": _time(t.ended_at)}
+
+
+def apply_snippet(model: str, gpus: int, gpu_type: str) -> str:
+    """The line a training script runs to train with the best recorded schedule."""
+    return f'job = autoslapo.apply_best("{model}", gpus={gpus}, gpu_type="{gpu_type}")'
+
+
+def study_view(store: Store, study: StudyRecord | None, job: JobRecord | None, *,
+               trials: list[TrialRecord] | None = None) -> dict[str, Any]:
+    """A study's status, progress and best trial so far (a queued job has no study yet)."""
+    name = study.name if study is not None else job.study if job is not None else ""
+    if trials is None:
+        trials = store.trials(name) if study is not None else []
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    complete = [t for t in trials if t.status == "complete" and t.samples_per_s]
+    best = max(complete, key=lambda t: t.samples_per_s or 0.0, default=None)
+    request = job.request if job is not None else {}
+    doc: dict[str, Any] = {
+        "name": name,
+        "status": job.status if job is not None else (study.status if study is not None else "queued"),
+        "model": study.model_name if study is not None else request.get("model"),
+        "gpus": study.gpus if study is not None else request.get("gpus"),
+        "gpu_type": study.gpu_type if study is not None else request.get("gpu_type"),
+        "backend": study.backend if study is not None else request.get("backend"),
+        "budget": request.get("trials"),
+        "launched": sum(counts.get(s, 0) for s in LAUNCHED),
+        "counts": counts,
+        "best": None if best is None else trial_view(best),
+        "owner": job.owner if job is not None else None,
+        "error": job.error if job is not None and job.error else None,
+        "created_at": _time(study.created_at if study is not None else job.created_at if job else None),
+    }
+    if study is not None:
+        doc["study_status"] = study.status
+    if best is not None and study is not None:
+        doc["apply_best"] = apply_snippet(study.model_name, study.gpus, study.gpu_type)
+    return doc
+
+
+def all_studies(store: Store) -> list[dict[str, Any]]:
+    """Every study in the store and every job not started yet, oldest first."""
+    jobs = {j.study: j for j in store.jobs.list()}
+    out = [study_view(store, s, jobs.pop(s.name, None)) for s in store.list_studies()]
+    out.extend(study_view(store, None, j) for j in jobs.values())
+    return out

@@ -1,0 +1,115 @@
+"""Workers: claim a queued study job under a lease, keep the lease alive, run the study as `autoslapo tune` does.
+
+A worker that dies (``kill -9``) stops heartbeating; once its lease lapses another worker claims
+the job and resumes the study from the store (``TuneOptions(resume=True)``), so the study still
+ends at exactly its budget. A cancel request is seen by the heartbeat and stops the study
+between two trials.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+
+from autoslapo.errors import AutoslapoError, UsageError
+from autoslapo.redact import redact
+from autoslapo.service.jobs import StudyRequest
+from store import JobRecord, Store
+from tuner import tune
+
+LEASE_S = 30.0
+POLL_S = 1.0
+
+
+class Cancelled(Exception):
+    """Raised from the progress callback to stop a study between trials (never leaves the worker)."""
+
+
+class Worker:
+    """Runs jobs from one store until ``stop()`` (or, with ``once``, after one job)."""
+
+    def __init__(self, store: Store, *, lease_s: float = LEASE_S, poll_s: float = POLL_S,
+                 name: str | None = None) -> None:
+        if lease_s <= 0 or poll_s <= 0:
+            raise UsageError(f"--lease and --poll must be positive seconds: got {lease_s}, {poll_s}")
+        self.store = store
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the loop to end after the current job (or at once when idle)."""
+        self._stop.set()
+
+    def run(self, *, once: bool = False) -> int:
+        """Claim and run jobs; returns how many ran."""
+        ran = 0
+        while not self._stop.is_set():
+            job = self.store.jobs.claim(self.name, self.lease_s)
+            if job is None:
+                if once:
+                    return ran
+                self._stop.wait(self.poll_s)
+                continue
+            self.run_job(job)
+            ran += 1
+            if once:
+                return ran
+        return ran
+
+    def run_job(self, job: JobRecord) -> str:
+        """Run (or resume) one claimed job to its end; returns the job's final status."""
+        cancel = threading.Event()
+        lost = threading.Event()
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.lease_s / 3):
+                try:
+                    held, asked = self.store.jobs.heartbeat(job.id, self.name, self.lease_s)
+                except AutoslapoError:
+                    continue  # the database hiccuped: try again before the lease lapses
+                if asked:
+                    cancel.set()
+                if not held:
+                    lost.set()
+
+        def progress(_: Any) -> None:
+            if cancel.is_set() or lost.is_set():
+                raise Cancelled
+
+        if job.cancel_requested:
+            return self._finish(job, "cancelled", "")
+        heart = threading.Thread(target=beat, name=f"heartbeat-{job.study}", daemon=True)
+        heart.start()
+        try:
+            request = StudyRequest(**job.request)
+            options = request.to_options(name=job.study, resume=self.store.has_study(job.study))
+            outcome = tune(options, self.store, progress=progress)
+            status = "complete" if outcome.stop_reason in ("budget", "exhausted") else "stopped"
+            return self._finish(job, status, "")
+        except Cancelled:
+            if lost.is_set() and not cancel.is_set():
+                return "lost"  # another worker holds the job now; leave it to them
+            self.store.set_study_status(job.study, "stopped")
+            return self._finish(job, "cancelled", "")
+        except AutoslapoError as err:
+            return self._finish(job, "failed", redact(str(err)).splitlines()[0])
+        except Exception as err:  # a bug must not kill the worker: the job fails with one line
+            first = (str(err).splitlines() or [""])[0]
+            return self._finish(job, "failed", redact(f"{type(err).__name__}: {first}"))
+        finally:
+            done.set()
+            heart.join(timeout=5)
+
+    def _finish(self, job: JobRecord, status: str, error: str) -> str:
+        if self.store.has_study(job.study) and status in ("failed", "cancelled"):
+            study = self.store.get_study(job.study)
+            if study.status == "running":
+                self.store.set_study_status(job.study, "failed" if status == "failed" else "stopped")
+        self.store.jobs.finish(job.id, self.name, status, error)
+        return status
+

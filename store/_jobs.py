@@ -1,0 +1,142 @@
+"""Queued study jobs: the service writes them, workers claim them under a lease and heartbeat.
+
+A claim takes the oldest job that is queued, or running with a lapsed lease (its worker died), in
+one write transaction: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (claimers never wait on each
+other), ``BEGIN IMMEDIATE`` on SQLite (claimers queue on the database's write lock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from autoslapo.errors import StorageError
+from store._engine import Transactions
+from store._records import clean_json
+from store._schema import StudyRow, utcnow
+from store._service_schema import JOB_FINISHED, JOB_STATUSES, JobRow
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One submitted study: its request, who sent it, and where its run stands."""
+
+    id: int
+    study: str
+    owner: str
+    request: dict[str, Any]
+    status: str
+    cancel_requested: bool
+    worker: str
+    attempts: int
+    lease_until: datetime | None
+    error: str
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def finished(self) -> bool:
+        """True once the job is complete, stopped, failed or cancelled."""
+        return self.status in JOB_FINISHED
+
+
+def _record(row: JobRow) -> JobRecord:
+    return JobRecord(row.id, row.study, row.owner, dict(row.request), row.status, bool(row.cancel_requested),
+                     row.worker, row.attempts, row.lease_until, row.error, row.created_at, row.updated_at)
+
+
+class JobQueue:
+    """The jobs table of one store (``Store.jobs``)."""
+
+    def __init__(self, tx: Transactions) -> None:
+        self._tx = tx
+
+    def submit(self, study: str, request: dict[str, Any], *, owner: str = "") -> JobRecord:
+        """Queue a job for a new study; raises StorageError when a study or job of that name exists."""
+
+        def insert(session: Session) -> JobRecord | None:
+            if session.scalar(select(StudyRow.id).where(StudyRow.name == study)) is not None:
+                return None
+            row = JobRow(study=study, owner=owner, request=clean_json(request), status="queued",
+                         cancel_requested=False, worker="", attempts=0, error="")
+            session.add(row)
+            session.flush()
+            return _record(row)
+
+        made = self._tx.write_unique(f"queue a job for study {study!r}", insert)
+        if made is None:
+            raise StorageError(f"study names must be unique: {study!r} exists already; pick another name")
+        return made
+
+    def get(self, study: str) -> JobRecord | None:
+        """The job of ``study``, or None when the study was not submitted as a job."""
+        return self._tx.read("read a job", lambda s: (lambda r: None if r is None else _record(r))(
+            s.scalar(select(JobRow).where(JobRow.study == study))))
+
+    def list(self) -> list[JobRecord]:
+        """Every job, oldest first."""
+        return self._tx.read("list jobs", lambda s: [_record(r) for r in s.scalars(select(JobRow).order_by(JobRow.id))])
+
+    def claim(self, worker: str, lease_s: float) -> JobRecord | None:
+        """Take the oldest queued job (or running one whose lease lapsed) for ``worker``; None if none."""
+
+        def take(session: Session) -> JobRecord | None:
+            now = utcnow()
+            q = (select(JobRow)
+                 .where(or_(JobRow.status == "queued", (JobRow.status == "running") & (JobRow.lease_until < now)))
+                 .order_by(JobRow.id).limit(1))
+            if session.get_bind().dialect.name == "postgresql":
+                q = q.with_for_update(skip_locked=True)
+            row = session.scalar(q)
+            if row is None:
+                return None
+            row.status, row.worker = "running", worker
+            row.attempts += 1
+            row.lease_until = now + timedelta(seconds=lease_s)
+            session.flush()
+            return _record(row)
+
+        return self._tx.write("claim a job", take)
+
+    def heartbeat(self, job_id: int, worker: str, lease_s: float) -> tuple[bool, bool]:
+        """Extend ``worker``'s lease; returns (still held, cancel requested)."""
+
+        def beat(session: Session) -> tuple[bool, bool]:
+            held = session.execute(
+                update(JobRow).where(JobRow.id == job_id, JobRow.worker == worker, JobRow.status == "running")
+                .values(lease_until=utcnow() + timedelta(seconds=lease_s))).rowcount  # type: ignore[attr-defined]
+            cancel = bool(session.scalar(select(JobRow.cancel_requested).where(JobRow.id == job_id)))
+            return bool(held), cancel
+
+        return self._tx.write("extend a job's lease", beat)
+
+    def finish(self, job_id: int, worker: str, status: str, error: str = "") -> bool:
+        """Record how ``worker``'s run ended; False when the job was no longer its own."""
+        if status not in JOB_STATUSES:
+            raise StorageError(f"job status must be one of {', '.join(JOB_STATUSES)}: got {status!r}")
+        return bool(self._tx.write("finish a job", lambda s: s.execute(
+            update(JobRow).where(JobRow.id == job_id, JobRow.worker == worker, JobRow.status == "running")
+            .values(status=status, error=error[:2000], lease_until=None)).rowcount))  # type: ignore[attr-defined]
+
+    def cancel(self, study: str) -> JobRecord:
+        """Ask the job of ``study`` to stop: a queued job is cancelled at once, a running one between trials."""
+
+        def ask(session: Session) -> JobRecord | None:
+            row = session.scalar(select(JobRow).where(JobRow.study == study))
+            if row is None:
+                return None
+            if row.status == "queued":
+                row.status = "cancelled"
+            elif row.status == "running":
+                row.cancel_requested = True
+            session.flush()
+            return _record(row)
+
+        found = self._tx.write("cancel a job", ask)
+        if found is None:
+            raise StorageError(f"no job for study {study!r}: only studies submitted to the service can be cancelled")
+        return found

@@ -1,0 +1,139 @@
+"""The HTTP API end to end over a real store and a real worker: the issue's done-when."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from autoslapo.service import Worker
+from store import Store
+from tests.service.conftest import bearer
+
+BODY = {"model": "bert", "gpus": 8, "trials": 20, "backend": "sim", "name": "svc", "baselines": False,
+        "sampler": "tpe"}  # the sampler named: a launched-trial budget, whatever sim does by default
+
+
+def wait_status(client: TestClient, name: str, token: str, timeout_s: float = 120.0) -> dict:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        doc = client.get(f"/v1/studies/{name}", headers=bearer(token)).json()
+        if doc["status"] not in ("queued", "running"):
+            return doc
+        time.sleep(0.2)
+    raise AssertionError(f"{name} did not finish in {timeout_s}s: {doc}")
+
+
+def test_submit_runs_to_budget_and_best_answers(client: TestClient, tokens: dict[str, str], worker: Worker,
+                                                service_store: Store) -> None:
+    r = client.post("/v1/studies", json=BODY, headers=bearer(tokens["submit"]))
+    assert r.status_code == 202, r.text
+    assert r.json()["url"].endswith("/v1/studies/svc")
+    doc = wait_status(client, "svc", tokens["read"])
+    assert doc["status"] == "complete", doc
+    assert doc["launched"] == 20
+    stored = [t for t in service_store.trials("svc") if t.status != "pruned"]
+    assert len(stored) == 20
+    best = client.get("/v1/best", params={"model": "bert", "gpus": 8, "gpu_type": "a100-80gb"},
+                      headers=bearer(tokens["read"]))
+    assert best.status_code == 200, best.text
+    assert best.json()["study"] == "svc"
+    assert best.json()["config"]["tp"] * best.json()["config"]["pp"] * best.json()["config"]["dp"] == 8
+    assert best.json()["apply_best"] == 'job = autoslapo.apply_best("bert-large", gpus=8, gpu_type="a100-80gb")'
+    trials = client.get("/v1/studies/svc/trials", params={"sort": "samples_per_s", "limit": 3},
+                        headers=bearer(tokens["read"])).json()
+    assert trials["total"] >= 20 and len(trials["trials"]) == 3
+    assert trials["trials"][0]["samples_per_s"] == best.json()["samples_per_s"]
+    listed = client.get("/v1/studies", headers=bearer(tokens["read"])).json()["studies"]
+    assert [s["name"] for s in listed] == ["svc"]
+    page = client.get("/studies/svc", headers=bearer(tokens["read"]))
+    assert page.status_code == 200 and "autoslapo.apply_best(" in page.text
+    metrics = client.get("/metrics", headers=bearer(tokens["read"])).text
+    assert 'autoslapo_studies{status="complete"} 1.0' in metrics
+    assert "autoslapo_http_request_seconds_bucket" in metrics
+
+
+def test_tokens_are_required_and_roles_enforced(client: TestClient, tokens: dict[str, str],
+                                                service_store: Store) -> None:
+    assert client.get("/v1/studies").status_code == 401
+    assert client.get("/v1/studies", headers=bearer("aslp_nope_nope")).status_code == 401
+    r = client.post("/v1/studies", json=BODY, headers=bearer(tokens["read"]))
+    assert r.status_code == 403 and "read" in r.json()["error"]
+    assert client.post("/v1/studies", json=BODY).status_code == 401
+    assert service_store.jobs.list() == []
+    assert client.get("/healthz").json()["ok"] is True
+
+
+def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> None:
+    from autoslapo.service import create_token
+
+    token = create_token(service_store, "gone", "read")
+    service_store.tokens.revoke("gone")
+    assert client.get("/v1/studies", headers=bearer(token)).status_code == 401
+    assert all(token not in t.secret_hash for t in service_store.tokens.list())
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    (b"{not json", 400, "JSON"),
+    (b"[1, 2]", 400, "object"),
+    (b'{"model": "bert"}', 400, "gpus"),
+    (b'{"model": "bert", "gpus": "8"}', 400, "int"),
+    (b'{"model": "bert", "gpus": 8, "colour": 1}', 400, "colour"),
+    (b'{"model": "nosuch", "gpus": 8}', 400, "nosuch"),
+    (b'{"model": "bert", "gpus": 8, "backend": "local"}', 400, "backend"),
+    (b'{"model": "bert", "gpus": 8, "name": "a b"}', 400, "study names"),
+    (b'{"model": "bert", "gpus": 8, "trials": 0}', 400, "trials"),
+    (b'{"model": "bert", "gpus": 8, "pad": "' + b"x" * 70_000 + b'"}', 413, "bytes"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(client: TestClient, tokens: dict[str, str],
+                                                   service_store: Store, body: bytes, status: int,
+                                                   words: str) -> None:
+    r = client.post("/v1/studies", content=body, headers={**bearer(tokens["submit"]),
+                                                          "Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert words in error and "\n" not in error
+    assert service_store.jobs.list() == [] and service_store.list_studies() == []
+
+
+def test_duplicate_name_is_409_and_cancel_of_queued_job(client: TestClient, tokens: dict[str, str],
+                                                        service_store: Store) -> None:
+    assert client.post("/v1/studies", json=BODY, headers=bearer(tokens["submit"])).status_code == 202
+    again = client.post("/v1/studies", json=BODY, headers=bearer(tokens["admin"]))
+    assert again.status_code == 409 and "unique" in again.json()["error"]
+    from autoslapo.service import create_token
+
+    other = create_token(service_store, "other", "submit")
+    assert client.post("/v1/studies/svc/cancel", headers=bearer(other)).status_code == 403
+    r = client.post("/v1/studies/svc/cancel", headers=bearer(tokens["submit"]))
+    assert r.status_code == 202 and r.json()["status"] == "cancelled"
+    assert client.get("/v1/studies/svc", headers=bearer(tokens["read"])).json()["status"] == "cancelled"
+    assert client.get("/v1/studies/nope", headers=bearer(tokens["read"])).status_code == 404
+
+
+def test_cancel_stops_a_running_study_between_trials(client: TestClient, tokens: dict[str, str],
+                                                     worker: Worker, service_store: Store) -> None:
+    body = {**BODY, "name": "long", "trials": 5000}
+    assert client.post("/v1/studies", json=body, headers=bearer(tokens["submit"])).status_code == 202
+    end = time.monotonic() + 60
+    while time.monotonic() < end and client.get("/v1/studies/long", headers=bearer(tokens["read"])).json()[
+            "launched"] < 3:
+        time.sleep(0.1)
+    assert client.post("/v1/studies/long/cancel", headers=bearer(tokens["admin"])).status_code == 202
+    doc = wait_status(client, "long", tokens["read"], timeout_s=60)
+    assert doc["status"] == "cancelled"
+    assert 3 <= doc["launched"] < 5000
+    assert service_store.get_study("long").status == "stopped"
+
+
+def test_estimate_and_anonymous_read(service_store: Store, tokens: dict[str, str]) -> None:
+    from autoslapo.service import ServiceSettings, create_app
+
+    with TestClient(create_app(service_store, ServiceSettings(allow_anonymous_read=True))) as anon:
+        r = anon.get("/v1/estimate", params={"model": "bert", "gpus": 8})
+        assert r.status_code == 200, r.text
+        assert r.json()["fits"] is True and r.json()["samples_per_s"] > 0
+        assert anon.get("/v1/estimate", params={"model": "bert", "gpus": "x"}).status_code == 422
+        assert anon.post("/v1/studies", json=BODY).status_code == 401
+        assert anon.get("/").status_code == 200

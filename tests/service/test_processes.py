@@ -1,0 +1,140 @@
+"""The service as processes on a free loopback port: remote clients, and kill -9 of a worker and the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from autoslapo.service import create_token
+from store import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Processes:
+    """The server and workers of one test, on one SQLite file; everything started is killed at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.url = f"sqlite:///{tmp / 'svc.db'}"
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOSLAPO_STORAGE": self.url}
+        self.started: list[subprocess.Popen[bytes]] = []
+        with open_store(self.url) as store:
+            self.submit = create_token(store, "submitter", "submit")
+            self.read = create_token(store, "reader", "read")
+
+    def cli(self, *args: str, token: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        env = {**self.env, **({"AUTOSLAPO_TOKEN": token} if token else {})}
+        return subprocess.run([sys.executable, "-m", "autoslapo", *args], env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([sys.executable, "-m", "autoslapo", *args], env=self.env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        self.started.append(p)
+        return p
+
+    def serve(self) -> subprocess.Popen[bytes]:
+        p = self.spawn("serve", "--port", str(self.port))
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
+                    return p
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError("the server did not answer /healthz within 60 s")
+
+    def worker(self) -> subprocess.Popen[bytes]:
+        return self.spawn("worker", "--lease", "2", "--poll", "0.2")
+
+    def study(self, name: str) -> dict:
+        r = httpx.get(f"{self.base}/v1/studies/{name}", headers={"Authorization": f"Bearer {self.read}"}, timeout=10)
+        return r.json()
+
+    def close(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    p = Processes(tmp_path)
+    yield p
+    p.close()
+
+
+def test_remote_tune_and_best_against_a_running_server(procs: Processes) -> None:
+    procs.serve()
+    procs.worker()
+    done = procs.cli("tune", "bert", "--gpus", "8", "--trials", "10", "--no-baselines", "--study", "remote", "--sampler", "tpe",
+                     "--server", procs.base, token=procs.submit)
+    assert done.returncode == 0, done.stderr
+    assert "study remote: 10 trials launched, status complete" in done.stdout
+    best = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token=procs.read)
+    assert best.returncode == 0, best.stderr
+    assert "study remote" in best.stdout
+    code = f"import autoslapo; c = autoslapo.best('bert', gpus=8, server={procs.base!r}); print(c.tp * c.pp * c.dp)"
+    lib = subprocess.run([sys.executable, "-c", code], env={**procs.env, "AUTOSLAPO_TOKEN": procs.read},
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert lib.returncode == 0 and lib.stdout.strip() == "8", lib.stderr
+    refused = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token="aslp_x_y")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "refused" in refused.stderr and "aslp_x_y" not in refused.stderr
+
+
+def test_a_server_that_is_down_is_one_line_and_exit_2(procs: Processes) -> None:
+    down = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token=procs.read)
+    assert down.returncode == 2
+    assert len(down.stderr.strip().splitlines()) == 1 and "cannot reach" in down.stderr
+
+
+@pytest.mark.slow
+def test_kill_9_of_worker_and_server_loses_nothing(procs: Processes) -> None:
+    budget = 60
+    server = procs.serve()
+    first = procs.worker()
+    r = httpx.post(f"{procs.base}/v1/studies", json={"model": "bert", "gpus": 8, "trials": budget, "backend": "sim",
+                                                      "name": "survivor", "baselines": False, "sampler": "tpe"},
+                   headers={"Authorization": f"Bearer {procs.submit}"}, timeout=10)
+    assert r.status_code == 202, r.text
+    end = time.monotonic() + 120
+    while procs.study("survivor")["launched"] < 10 and time.monotonic() < end:
+        time.sleep(0.1)
+    os.kill(first.pid, signal.SIGKILL)
+    os.kill(server.pid, signal.SIGKILL)
+    first.wait(10)
+    server.wait(10)
+    procs.serve()
+    assert procs.study("survivor")["status"] == "running"  # the dead worker's lease has not lapsed yet
+    procs.worker()
+    end = time.monotonic() + 300
+    while procs.study("survivor")["status"] == "running" and time.monotonic() < end:
+        time.sleep(0.5)
+    doc = procs.study("survivor")
+    assert doc["status"] == "complete", doc
+    assert doc["launched"] == budget
+    with open_store(procs.url) as store:
+        launched = [t for t in store.trials("survivor") if t.status != "pruned"]
+        job = store.jobs.get("survivor")
+    assert len(launched) == budget
+    assert len({t.config_hash for t in launched}) == budget
+    assert job is not None and job.attempts == 2

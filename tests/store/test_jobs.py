@@ -1,0 +1,61 @@
+"""The service's tables through the store facade: job claims under a lease, tokens as hashes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autoslapo.errors import StorageError
+from store import open_store
+from tests.store.conftest import study_kwargs
+
+
+def test_claim_lease_heartbeat_and_takeover(store_url: str) -> None:
+    with open_store(store_url) as db:
+        a = db.jobs.submit("a", {"model": "bert", "gpus": 8}, owner="me")
+        db.jobs.submit("b", {"model": "bert", "gpus": 8})
+        assert a.status == "queued" and a.owner == "me"
+        first = db.jobs.claim("w1", 0.2)
+        second = db.jobs.claim("w2", 30)
+        assert first is not None and second is not None
+        assert (first.study, second.study) == ("a", "b")
+        assert db.jobs.claim("w3", 30) is None  # both held
+        assert db.jobs.heartbeat(first.id, "w1", 0.2) == (True, False)
+        time.sleep(0.5)  # w1 stops beating: its lease lapses
+        taken = db.jobs.claim("w3", 30)
+        assert taken is not None and taken.study == "a" and taken.attempts == 2
+        assert db.jobs.heartbeat(first.id, "w1", 30) == (False, False)
+        assert db.jobs.finish(first.id, "w1", "complete") is False  # no longer w1's
+        assert db.jobs.cancel("a").cancel_requested is True
+        assert db.jobs.heartbeat(first.id, "w3", 30) == (True, True)
+        assert db.jobs.finish(first.id, "w3", "cancelled") is True
+        assert db.jobs.get("a").status == "cancelled"
+        assert db.jobs.claim("w4", 30) is None
+
+
+def test_submit_refuses_a_taken_name(store_url: str) -> None:
+    with open_store(store_url) as db:
+        db.create_study("taken", **study_kwargs())
+        with pytest.raises(StorageError, match="unique"):
+            db.jobs.submit("taken", {})
+        db.jobs.submit("queued", {})
+        with pytest.raises(StorageError, match="unique"):
+            db.jobs.submit("queued", {})
+        assert [j.study for j in db.jobs.list()] == ["queued"]
+        assert db.jobs.cancel("queued").status == "cancelled"
+        with pytest.raises(StorageError, match="no job"):
+            db.jobs.cancel("never")
+
+
+def test_tokens_keep_hashes_and_revoke(store_url: str) -> None:
+    with open_store(store_url) as db:
+        db.tokens.add("ci", "k1", "submit", "$argon2id$hash")
+        with pytest.raises(StorageError, match="unique"):
+            db.tokens.add("ci", "k2", "read", "h")
+        with pytest.raises(StorageError, match="role"):
+            db.tokens.add("x", "k3", "root", "h")
+        assert db.tokens.by_key("k1").role == "submit"
+        assert db.tokens.revoke("ci").active is False
+        assert db.tokens.by_key("k1").active is False
+        assert [t.name for t in db.tokens.list()] == ["ci"]
