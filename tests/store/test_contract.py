@@ -16,10 +16,10 @@ from tests.store.conftest import config, result, study_kwargs
 
 def test_open_creates_the_head_schema_and_reopens(store_url: str) -> None:
     with open_store(store_url) as db:
-        assert db.revision() == "0002"
+        assert db.revision() == "0003"
         db.create_study("s", **study_kwargs())
     with open_store(store_url) as again:
-        assert again.revision() == "0002"
+        assert again.revision() == "0003"
         assert [s.name for s in again.list_studies()] == ["s"]
 
 
@@ -275,7 +275,7 @@ def test_optuna_shares_the_database(db: Store, study: str, store_url: str) -> No
     reloaded = optuna.load_study(study_name=study, storage=store_url)
     assert len(reloaded.trials) == 4
     with open_store(store_url) as again:
-        assert again.revision() == "0002" and again.count_trials(study) == 4
+        assert again.revision() == "0003" and again.count_trials(study) == 4
 
 
 def test_schema_matches_the_migrations(db: Store) -> None:

@@ -94,7 +94,7 @@ def test_an_empty_file_becomes_a_database(tmp_path: Path) -> None:
     path = tmp_path / "empty.db"
     path.touch()
     with open_store(f"sqlite:///{path}") as db:
-        assert db.revision() == "0002"
+        assert db.revision() == "0003"
 
 
 def test_wal_mode_and_busy_timeout(tmp_path: Path) -> None:

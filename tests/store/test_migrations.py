@@ -18,8 +18,8 @@ from tests.store.conftest import config, result
 
 
 def test_revisions_form_one_line() -> None:
-    assert known_revisions() == {"0001", "0002"}
-    assert head_revision() == "0002"
+    assert known_revisions() == {"0001", "0002", "0003"}
+    assert head_revision() == "0003"
 
 
 def _first_schema_db(url: str) -> None:
