@@ -61,6 +61,9 @@ def trials_frame(trials: Sequence[TrialRecord]) -> pd.DataFrame:
         extra = trial.result.get("extra") or {}
         row["repeats_samples_per_s"] = extra.get("repeats_samples_per_s")
         row["samples_per_s_spread"] = extra.get("samples_per_s_spread")
+        # The prior's prediction a real trial was proposed with, beside what it measured.
+        row["predicted_samples_per_s"] = extra.get("predicted_samples_per_s")
+        row["predicted_memory_bytes"] = extra.get("predicted_memory_bytes")
         if isinstance(extra.get("speedup_ci95"), dict):
             _flatten("speedup_ci95", extra["speedup_ci95"], row)
         rows.append(row)

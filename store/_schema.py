@@ -146,3 +146,15 @@ class TrialRow(Base):
 TRIAL_TABLE = cast(Table, TrialRow.__table__)
 #: ``SELECT`` every column of the trials table (narrow it with ``.where``).
 TRIALS = select(TRIAL_TABLE)
+
+
+class CalibrationRow(Base):
+    """Revision 0003: the cost model's correction for one cluster (``autoslapo.cost.correction``)."""
+
+    __tablename__ = "autoslapo_calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster_fingerprint: Mapped[str] = mapped_column(String(128), unique=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    n_trials: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

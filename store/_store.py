@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
-from store import _engine, _migrate, _queries, _trials
+from store import _calibrations, _engine, _migrate, _queries, _trials
 from store._convert import study_record, study_row
 from store._frames import export_frame, trials_frame
 from store._jobs import JobQueue
@@ -451,6 +451,21 @@ class Store:
         return export_frame(self.to_dataframe(study), path)
 
     # -- optuna ----------------------------------------------------------------------------
+
+    # -- calibrations (the cost model's per-cluster correction; see store._calibrations) ------
+
+    def save_calibration(self, fingerprint: str, params: dict[str, Any], n_trials: int) -> None:
+        """Store (or replace) the cost-model calibration of the cluster ``fingerprint``.
+
+        ``params``: the correction's factors as JSON-safe values; ``n_trials``: how many measured
+        trials it was fitted to. Raises StorageError for an empty fingerprint, non-finite factors
+        or a negative count.
+        """
+        _calibrations.save(self._tx, fingerprint, params, n_trials)
+
+    def calibration(self, fingerprint: str) -> dict[str, Any] | None:
+        """The calibration of cluster ``fingerprint``: ``{"params", "n_trials", "updated_at"}``, or None."""
+        return _calibrations.load(self._tx, fingerprint)
 
     def optuna_storage(
         self, *, heartbeat_interval: int | None = 60, grace_period: int | None = None

@@ -16,7 +16,7 @@ import random
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import KNOBS, ScheduleConfig
@@ -24,6 +24,9 @@ from autoslapo.errors import UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from tuner.proposer import Prediction, Prior
+
+if TYPE_CHECKING:
+    from autoslapo.cost.correction import Correction
 
 BACKENDS: tuple[str, ...] = ("sim", "local", "ray")
 
@@ -37,16 +40,19 @@ class Evaluator(Protocol):
     def evaluate(self, config: ScheduleConfig) -> TrialResult: ...
 
 
-def cost_prior(model: ModelSpec, cluster: ClusterSpec, *, runtime_device: str | None = None) -> Prior:
+def cost_prior(model: ModelSpec, cluster: ClusterSpec, *, runtime_device: str | None = None,
+               correction: Correction | None = None) -> Prior:
     """The cost model as a prior: predicted fit and throughput of a configuration.
 
     With ``runtime_device`` ("cpu" or "cuda") a configuration the real runtime refuses on that
     device (``check_runnable``: fp16, flash without CUDA, fewer micro-batches than stages...) is
-    predicted not to fit either, so a real study never spends a trial on it.
+    predicted not to fit either, so a real study never spends a trial on it. ``correction``: the
+    cluster's calibration (``autoslapo.cost.correction``), applied to the device's figures.
     """
-    from autoslapo.cost import device_perf, estimate
+    from autoslapo.cost import estimate
+    from autoslapo.cost.correction import corrected_perf
 
-    perf = device_perf(cluster)
+    perf = corrected_perf(cluster, correction)
     check: Callable[..., None] | None = None
     if runtime_device is not None:
         from autoslapo.runtime import check_runnable

@@ -164,6 +164,22 @@ class Proposer:
             self._predictions[config] = self.prior(config) if self.prior else Prediction(True, 0.0)
         return self._predictions[config]
 
+    def set_prior(self, prior: Prior | None) -> None:
+        """Use ``prior`` from now on (a refitted calibration): predictions and ranking are recomputed.
+
+        Configurations already pruned stay pruned (their rows are stored); the prior's seeds still
+        queued are replaced by as many of the new ranking's best unlaunched configurations.
+        """
+        self.prior = prior
+        self._predictions.clear()
+        self._ranking = None
+        seeds = sum(1 for _, source in self._queue if source == "prior")
+        if seeds:
+            self._queue = [(c, s) for c, s in self._queue if s != "prior"]
+            queued = {c for c, _ in self._queue}
+            fresh = [c for c in self.ranking() if self._launchable(c) and c not in queued][:seeds]
+            self._queue.extend((c, "prior") for c in fresh)
+
     def ranking(self) -> list[ScheduleConfig]:
         """Every valid configuration predicted to fit, best predicted first (computed once)."""
         if self._ranking is None:

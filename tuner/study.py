@@ -35,9 +35,10 @@ from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from search_spaces import BoundSpace, SearchSpace, space_for
 from tuner.baselines import BaselineContext
-from tuner.evaluators import Evaluator, cost_prior, make_evaluator
+from tuner.evaluators import Evaluator, make_evaluator
+from tuner.learning import PriorLearner, with_prediction
 from tuner.mirror import OptunaMirror
-from tuner.proposer import SAMPLERS, Proposal, Proposer
+from tuner.proposer import SAMPLERS, Prediction, Proposal, Proposer
 
 if TYPE_CHECKING:
     from store import Store, TrialRecord
@@ -74,6 +75,8 @@ class TuneOptions:
     repeats: int = 0  # interleaved re-measurements of the finalists and baselines (real trials only)
     mirror: bool = True  # also record finished trials in an Optuna study in the store's database
     mirror_every: int = 25  # finished trials between two mirror writes
+    # refit the cluster's cost-model correction after each trial (None: only when trials are real)
+    learn_prior: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.trials, int) or self.trials < 1:
@@ -173,10 +176,13 @@ class StudyRunner:
         self.bound: BoundSpace = space.bind(options.model, options.cluster, options.global_batch, precisions)
         _check_layouts(self.bound)  # before the study is created: bad input leaves the store as it was
         self.name = self._open_study()
+        # Real trials teach the prior (the cluster's calibration, read from and saved to the store).
+        learns = options.learn_prior if options.learn_prior is not None else not self.evaluator.instant
+        self.learner = PriorLearner(store, options.model, options.cluster, enabled=learns,
+                                    runtime_device=self._runtime_device())
         self.proposer = Proposer(self.bound, sampler=options.sampler, seed=options.seed,
-                                 prior=cost_prior(options.model, options.cluster,
-                                                  runtime_device=self._runtime_device()),
-                                 concurrency=options.max_concurrent)
+                                 prior=self.learner.prior(), concurrency=options.max_concurrent)
+        self._predicted: dict[ScheduleConfig, Prediction] = {}  # the prior's prediction when proposed
         self.proposer.on_pruned = self._record_pruned
         self._pending_pruned: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self._full = False  # the store said the (shared) budget is used up
@@ -305,6 +311,7 @@ class StudyRunner:
             self.flush()
             if p is None:
                 return None
+            self._predicted[p.config] = self.proposer.predict(p.config)
             key = p.config.config_hash()
             retry = self._numbers.get(key)
             if retry is None and self.evaluator.instant and self.options.dispatch != "ray":
@@ -327,7 +334,10 @@ class StudyRunner:
             return p, rec.number
 
     def complete(self, proposal: Proposal, number: int, result: TrialResult) -> None:
-        """Store a finished trial, tell the sampler, and report progress."""
+        """Store a finished trial, tell the sampler, refit the prior (real trials), report progress."""
+        predicted = self._predicted.pop(proposal.config, None)
+        if not self.evaluator.instant and predicted is not None:
+            result = with_prediction(result, predicted)
         if number in self._started:
             self.store.finish_trial(self.name, number, result.to_dict())
             self._started.discard(number)
@@ -348,6 +358,8 @@ class StudyRunner:
         self._numbers.pop(proposal.config.config_hash(), None)
         self.proposer.complete(proposal, result)
         self._count(proposal.config, result)
+        if self.learner.observe(proposal.config, result):
+            self.proposer.set_prior(self.learner.prior())
         if self.mirror is not None:
             self.mirror.note(number)
         if self.progress is not None:

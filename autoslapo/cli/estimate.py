@@ -12,25 +12,33 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import KNOBS
 from autoslapo.errors import UsageError
 
+if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo estimate``."""
     parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...; see `autoslapo models`)")
-    parser.add_argument("--gpus", type=int, required=True, help="number of devices")
-    parser.add_argument("--gpu-type", default="a100-80gb", help="device preset (default a100-80gb)")
+    parser.add_argument("--gpus", type=int, default=None, help="number of devices (required unless --cluster-from)")
+    parser.add_argument("--gpu-type", default=None, help="device preset (default a100-80gb; with --cluster-from the study's)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
     parser.add_argument("--allow-cross-node-tp", action="store_true", help="let TP span nodes")
     parser.add_argument("--global-batch", type=int, help="sequences an optimizer step (fixes grad accumulation)")
     add_knob_arguments(parser, "estimate")
     add_shape_arguments(parser)
     parser.add_argument("--profile", type=Path, help="measured device profile JSON (see autoslapo profile)")
+    parser.add_argument("--cluster-from", metavar="STUDY", default=None,
+                        help="estimate on STUDY's cluster with that cluster's calibration (the correction "
+                             "its measured trials fitted; see --storage)")
+    parser.add_argument("--storage", metavar="URL", default=None,
+                        help="store URL for --cluster-from (default: $AUTOSLAPO_STORAGE, else sqlite:///autoslapo.db)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
@@ -48,17 +56,43 @@ def _profile(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
     return None, ""
 
 
+def _study_cluster(args: argparse.Namespace) -> tuple[ClusterSpec, dict[str, Any] | None]:
+    """``--cluster-from STUDY``: the study's cluster and its stored calibration (None if none yet)."""
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.storage import require_store
+
+    with require_store(args.storage) as store:
+        study = store.get_study(args.cluster_from)
+        calibration = store.calibration(study.cluster_fingerprint)
+    cluster = ClusterSpec.from_dict(study.cluster)
+    for flag, given, has in (("--gpus", args.gpus, cluster.gpus), ("--gpu-type", args.gpu_type, cluster.gpu_type),
+                             ("--gpus-per-node", args.gpus_per_node, cluster.gpus_per_node)):
+        if given is not None and given != has:
+            raise UsageError(f"--cluster-from {args.cluster_from} estimates on that study's cluster: got {flag} "
+                             f"{given}, the study has {has}; drop {flag} or pick another study")
+    return cluster, calibration
+
+
 def run(args: argparse.Namespace) -> int:
     """Estimate the given (or best) schedule; prints a summary or JSON. Returns 0."""
     from autoslapo.cluster import ClusterSpec
     from autoslapo.cost import best_config
+    from autoslapo.cost.correction import corrected_perf
     from autoslapo.models.spec import ModelSpec
 
     overrides = shape_overrides(args)
     model = ModelSpec.from_name(args.model, **overrides)
-    per_node = args.gpus_per_node or (args.gpus if args.gpu_type == "cpu" else min(8, args.gpus))
-    cluster = ClusterSpec(gpus=args.gpus, gpu_type=args.gpu_type, gpus_per_node=per_node,
-                          allow_cross_node_tp=args.allow_cross_node_tp)
+    calibration: dict[str, Any] | None = None
+    if args.cluster_from is not None:
+        cluster, calibration = _study_cluster(args)
+        args.gpu_type = cluster.gpu_type
+    else:
+        args.gpu_type = args.gpu_type or "a100-80gb"
+        if args.gpus is None:
+            raise UsageError("estimate needs --gpus N (or --cluster-from STUDY to use a study's cluster)")
+        per_node = args.gpus_per_node or (args.gpus if args.gpu_type == "cpu" else min(8, args.gpus))
+        cluster = ClusterSpec(gpus=args.gpus, gpu_type=args.gpu_type, gpus_per_node=per_node,
+                              allow_cross_node_tp=args.allow_cross_node_tp)
     profile, source = _profile(args)
     if profile is not None:
         if profile.get("gpu_type") != args.gpu_type:
@@ -70,10 +104,13 @@ def run(args: argparse.Namespace) -> int:
     fixed = knob_values(args, "estimate")
     if args.global_batch is not None and "grad_accum" in fixed:
         raise UsageError("--global-batch and --grad-accum both fix the batch: give one of them")
-    est = best_config(model, cluster, global_batch=args.global_batch, profile=profile, **fixed)
+    perf = corrected_perf(cluster, calibration["params"] if calibration else None, profile)
+    est = best_config(model, cluster, global_batch=args.global_batch, profile=profile, perf=perf, **fixed)
     d = est.to_dict()
     d.update(model=model.to_dict(), cluster=cluster.to_dict(), profile=source or None,
-             searched=est.breakdown.get("searched"))
+             searched=est.breakdown.get("searched"),
+             calibration=None if calibration is None else {"study": args.cluster_from, "params": calibration["params"],
+                                                           "n_trials": calibration["n_trials"]})
     if args.json:
         sys.stdout.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
         return 0
@@ -83,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
         keys = [*overrides, *(["ffn"] if "hidden" in overrides else []), *(["kv_heads"] if "heads" in overrides else [])]
         shape = " with " + " ".join(f"{k}={getattr(model, k)}" for k in dict.fromkeys(keys))
     print(f"{model.preset}{shape} on {cluster.gpus} x {cluster.gpu_type}" + (f" (profile {source})" if source else ""))
+    if args.cluster_from is not None:
+        print(f"  calibration of {args.cluster_from}'s cluster: " + (
+            ", ".join(f"{k} x{v:.2f}" for k, v in calibration["params"].items()) + f" ({calibration['n_trials']} trials)"
+            if calibration else "none stored yet (the uncalibrated model)"))
     print(f"  schedule: {' '.join(k.show(getattr(c, k.name)) for k in KNOBS)}")
     print(f"  {est.samples_per_s:,.1f} samples/s, {est.tokens_per_s:,.0f} tokens/s, step {est.step_time_s:.3f} s")
     print(f"  {est.tflops_per_device:.1f} model TFLOP/s a device ({est.hw_tflops_per_device:.1f} with recompute)")

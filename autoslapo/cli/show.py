@@ -61,6 +61,9 @@ def trial_dict(t: TrialRecord) -> dict[str, Any]:
         "host": t.host,
         "started_at": None if t.started_at is None else t.started_at.isoformat(),
         "ended_at": None if t.ended_at is None else t.ended_at.isoformat(),
+        # the prior's prediction a real trial was proposed with (tuner/learning.py), else None
+        "predicted_samples_per_s": (t.result.get("extra") or {}).get("predicted_samples_per_s"),
+        "predicted_memory_bytes": (t.result.get("extra") or {}).get("predicted_memory_bytes"),
         **measurement_noise(t.result),
     }
 

@@ -140,6 +140,13 @@ def render_report(study: StudyRecord, frame: pd.DataFrame, out_dir: str | Path, 
         "(η², a ranking hint: knobs with many values score higher by chance). Below: throughput by "
         "value of the most important knobs; the green tick is the best trial with that value.",
         plots.plot_knob_effects(frame, out / "knob_effects.png", title=f"Knob importance and effect: {label}"))
+    if plots.has_predictions(frame):
+        add("predicted_vs_measured", "Predicted vs measured",
+            "The cost model's prediction for each real trial (made when it was proposed, by the prior "
+            "refitted to the trials before it) against what the trial measured; the dashed diagonal is "
+            "a perfect prediction. Triangles on the top edge: trials that ran out of memory.",
+            plots.plot_predicted_vs_measured(frame, out / "predicted_vs_measured.png",
+                                             title=f"Predicted vs measured: {label}"))
     if baselines:
         add("tuned_vs_baselines", "Tuned vs out-of-the-box baselines",
             "The best tuned schedule against each baseline configuration on the same model and cluster.",

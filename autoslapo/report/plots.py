@@ -228,6 +228,52 @@ def plot_throughput_vs_memory(frame: pd.DataFrame, path: str | Path, *, device_m
     return _save(fig, path)
 
 
+def has_predictions(frame: pd.DataFrame) -> bool:
+    """True when some trial carries the prior's prediction (real trials store it)."""
+    return "predicted_samples_per_s" in frame.columns and bool(frame["predicted_samples_per_s"].notna().any())
+
+
+def plot_predicted_vs_measured(frame: pd.DataFrame, path: str | Path, *, title: str = "") -> Path:
+    """The prior's prediction against the measurement: throughput (left) and peak memory (right).
+
+    Each complete real trial is a point (its trial number's order by colour: later trials were
+    proposed by a prior refitted to the earlier ones); the diagonal is a perfect prediction.
+    ``oom`` trials sit on the right panel's top edge at their predicted memory. Returns the PNG path.
+    """
+    fig = _figure(10.0, 4.5)
+    left, right = fig.subplots(1, 2)
+    has = frame[frame["predicted_samples_per_s"].notna()] if has_predictions(frame) else frame.iloc[0:0]
+    done = complete(has)
+    panels = ((left, "samples_per_s", "predicted_samples_per_s", 1.0, "throughput (samples/s)"),
+              (right, "peak_memory_bytes", "predicted_memory_bytes", GiB, "peak memory per device (GiB)"))
+    for ax, measured, predicted, scale, label in panels:
+        pts = done[(done[measured].fillna(0) > 0) & (done[predicted].fillna(0) > 0)] if not done.empty else done
+        if not pts.empty:
+            x, y = pts[predicted] / scale, pts[measured] / scale
+            sc = ax.scatter(x, y, c=pts["number"], cmap="viridis", s=26, alpha=0.8, label=f"complete ({len(pts)})")
+            lo, hi = float(min(x.min(), y.min())) * 0.9, float(max(x.max(), y.max())) * 1.1
+            ax.plot([lo, hi], [lo, hi], "--", color="grey", lw=1, label="prediction = measurement")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            if ax is right:
+                fig.colorbar(sc, ax=ax, label="trial number")
+        if ax is right and not has.empty:
+            oom = has[(has["status"] == "oom") & (has[predicted].fillna(0) > 0)]
+            if not oom.empty:
+                top = ax.get_ylim()[1]
+                ax.scatter(oom[predicted] / scale, [top] * len(oom), marker="v", s=40,
+                           color=STATUS_COLORS["oom"], label=f"oom ({len(oom)})", clip_on=False)
+        ax.set_xlabel(f"predicted {label}")
+        ax.set_ylabel(f"measured {label}")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+        if pts.empty:
+            _empty(ax, "no real trial with a prediction")
+    fig.suptitle(title or "Predicted vs measured")
+    return _save(fig, path)
+
+
 def plot_knob_effects(frame: pd.DataFrame, path: str | Path, *, max_knobs: int = 6, title: str = "") -> Path:
     """The knobs' effect: importance bars, then throughput by value for the most important knobs.
 

@@ -103,3 +103,32 @@ def test_profile_measures_this_machine(tmp_path: Path, capsys: pytest.CaptureFix
     assert prof["gpu_type"] == "cpu" and prof["peak_tflops_fp32"] > 0 and prof["intra_node_gbps"] > 0
     assert prof["fixed_overhead_bytes"] > 50 * 2**20 and len(prof["gemm_curve"]) >= 3
     assert "saved" in capsys.readouterr().out
+
+
+def test_estimate_cluster_from_a_study_uses_its_calibration(capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.models.spec import ModelSpec
+    from store import open_store
+
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    url = f"sqlite:///{tmp_path / 'cal.db'}"
+    cluster, model = ClusterSpec(gpus=16, gpu_type="v100-32gb"), ModelSpec.from_name("bert")
+    with open_store(url) as db:
+        db.create_study("real", model=model.to_dict(), cluster=cluster.to_dict(), space_name="bert",
+                        space_version="1", objective="samples_per_s", backend="local",
+                        model_signature=model.signature(), cluster_fingerprint=cluster.fingerprint())
+    fixed = ["--tp", "2", "--pp", "1", "--dp", "8", "--micro-batch", "8", "--json"]
+    plain = _json(capsys, ["estimate", "bert", "--gpus", "16", "--gpu-type", "v100-32gb", *fixed])
+    none_yet = _json(capsys, ["estimate", "bert", "--cluster-from", "real", "--storage", url, *fixed])
+    assert none_yet["calibration"] is None and none_yet["samples_per_s"] == plain["samples_per_s"]
+    assert none_yet["cluster"] == cluster.to_dict()
+    with open_store(url) as db:
+        db.save_calibration(cluster.fingerprint(), {"compute": 0.5, "activation": 2.0}, 4)
+    cal = _json(capsys, ["estimate", "bert", "--cluster-from", "real", "--storage", url, *fixed])
+    assert cal["calibration"] == {"study": "real", "params": {"compute": 0.5, "activation": 2.0}, "n_trials": 4}
+    assert cal["samples_per_s"] < 0.8 * plain["samples_per_s"]
+    assert cal["memory"]["activations"] > 1.9 * plain["memory"]["activations"]
+    assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--gpus", "8"]) == 2
+    assert "--gpus 8, the study has 16" in capsys.readouterr().err

@@ -201,3 +201,34 @@ def test_exit_codes_in_a_subprocess(db: str, tmp_path: Path) -> None:
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     usage = run("export", STUDY)  # --output missing: argparse's one line
     assert usage.returncode == 2 and "--output" in usage.stderr and "Traceback" not in usage.stderr
+
+
+def test_real_trials_show_export_and_plot_their_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    from store import open_store
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    make_study(url, n=6)
+    with open_store(url) as db:  # two real trials of the study, each with the prediction it was proposed with
+        for number, status in ((6, "complete"), (7, "oom")):
+            config = ScheduleConfig(tp=8, pp=number - 5, dp=64 // (8 * (number - 5)), micro_batch=2).to_dict()
+            extra = {"predicted_samples_per_s": 900.0 + number, "predicted_memory_bytes": 30 * GiB}
+            result: dict[str, Any] = ({"status": "complete", "samples_per_s": 700.0, "peak_memory_bytes": 35 * GiB,
+                                       "measured": True, "extra": extra} if status == "complete" else
+                                      {"status": "oom", "reason": "CUDA out of memory", "measured": True,
+                                       "extra": {**extra, "oom_evidence": "allocator"}})
+            db.add_trial(STUDY, number, config, result)
+    assert main(["show", STUDY, "--storage", url, "--json"]) == 0
+    trials = {t["number"]: t for t in json.loads(capsys.readouterr().out)["trials"]}
+    assert (trials[6]["predicted_samples_per_s"], trials[6]["predicted_memory_bytes"]) == (906.0, 30 * GiB)
+    assert trials[7]["predicted_samples_per_s"] == 907.0
+    assert trials[0]["predicted_samples_per_s"] is None and "predicted_memory_bytes" in trials[0]
+    target = tmp_path / "t.csv"
+    assert main(["export", STUDY, "--output", str(target), "--storage", url]) == 0
+    frame = pd.read_csv(target).set_index("number")
+    assert frame.loc[6, "predicted_samples_per_s"] == 906.0 and frame.loc[7, "predicted_memory_bytes"] == 30 * GiB
+    capsys.readouterr()
+    assert main(["report", STUDY, "--output", str(tmp_path / "rep"), "--storage", url, "--json"]) == 0
+    images = json.loads(capsys.readouterr().out)["images"]
+    assert Path(images["predicted_vs_measured"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

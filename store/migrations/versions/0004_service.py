@@ -1,7 +1,7 @@
 """The service: API tokens (argon2 hashes only) and queued study jobs with worker leases.
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2025-01-04
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0004"
-down_revision = "0002"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,171 @@
+"""Does the prior that learns rank the configurations not yet run better as measurements arrive?
+
+(a) The measured bert-tiny landscape (every configuration run for real on 4 CPU ranks,
+    ``experiments/data/landscape_bert-tiny_4cpu.csv``), replayed as real trials: after 0, 3, 5 and
+    10 measured trials, the Spearman rank correlation between the prior's predicted throughput and
+    the measured throughput over the complete configurations not yet run. Trials are picked as the
+    tuner picks them (a study with learning on), and at random (``--seeds`` fixed seeds: the same
+    refit, random picks). The prior without learning is the 0-trial figure, unchanged.
+(b) ``--perturbed``: trials to within 2% of the optimum on bench_tuner.py's perturbed GPT-13B
+    landscapes (``--perturbed-seeds``), with and without learning, at most ``--cap`` trials.
+
+Usage: python experiments/bench_prior.py [--seeds 5] [--perturbed] [--out experiments/results/bench_prior.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_tuner import GPT13B, Memo, measured_landscape, trials_to_reach
+from measure_landscape import SPACE as LANDSCAPE_SPACE
+from scipy.stats import spearmanr
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.models.spec import ModelSpec
+from autoslapo.result import TrialResult
+from search_spaces import space_from_dict
+from store import open_store
+from tuner import PerturbedSimEvaluator, ReplayEvaluator, StudyRunner, TuneOptions
+from tuner.learning import PriorLearner
+
+CHECKPOINTS = (0, 3, 5, 10)
+
+
+@dataclass
+class AsReal:
+    """A replayed landscape presented as the real trial runtime (so the study learns from it)."""
+
+    inner: object
+    name: str = "local"
+    instant: bool = False
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        return self.inner.evaluate(config)  # type: ignore[attr-defined]
+
+
+def _spearman(predict: object, truth: dict[ScheduleConfig, float], done: set[ScheduleConfig]) -> float:
+    rest = [c for c in truth if c not in done]
+    pred = [predict(c).samples_per_s for c in rest]  # type: ignore[operator]
+    return float(spearmanr(pred, [truth[c] for c in rest]).statistic)
+
+
+def tuner_picks(model: ModelSpec, cluster: ClusterSpec, table: dict[str, TrialResult],
+                truth: dict[ScheduleConfig, float]) -> tuple[list[float], list[str]]:
+    """Spearman after each checkpoint with the trials a learning study picks (seed 0)."""
+    store = open_store("sqlite://")
+    runner = StudyRunner(TuneOptions(model=model, cluster=cluster, backend="local", trials=max(CHECKPOINTS),
+                                     baselines=False, warm_start=False, mirror=False, study="p",
+                                     space=space_from_dict(LANDSCAPE_SPACE)),
+                         store, evaluator=AsReal(ReplayEvaluator(table)))  # type: ignore[arg-type]
+    rhos = [_spearman(runner.proposer.predict, truth, set())]
+    factors = ["identity (no stored calibration)"]
+    while runner.launched < max(CHECKPOINTS):
+        nxt = runner.propose()
+        if nxt is None:
+            break
+        proposal, number = nxt
+        runner.complete(proposal, number, runner.evaluator.evaluate(proposal.config))
+        if runner.launched in CHECKPOINTS:
+            done = set(runner.proposer.measured)
+            rhos.append(_spearman(runner.proposer.predict, truth, done))
+            factors.append(", ".join(f"{k} {v:.2f}" for k, v in runner.learner.correction.to_dict().items()))
+    store.close()
+    return rhos, factors
+
+
+def random_picks(model: ModelSpec, cluster: ClusterSpec, table: dict[str, TrialResult],
+                 truth: dict[ScheduleConfig, float], seed: int) -> list[float]:
+    """Spearman after each checkpoint with random trials (the learner refitted after each)."""
+    learner = PriorLearner(None, model, cluster, enabled=True, runtime_device="cpu")
+    order = random.Random(seed).sample(sorted(truth, key=lambda c: c.config_hash()), max(CHECKPOINTS))
+    rhos = [_spearman(learner.prior(), truth, set())]
+    for i, c in enumerate(order, 1):
+        learner.observe(c, table[c.config_hash()])
+        if i in CHECKPOINTS:
+            rhos.append(_spearman(learner.prior(), truth, set(order[:i])))
+    return rhos
+
+
+def perturbed(seed: int, cap: int, learn: bool) -> int | None:
+    """Trials a GPT-13B study needs to reach within 2% of the perturbed landscape's optimum."""
+    cluster = ClusterSpec(gpus=64, gpu_type="a100-80gb")
+    truth = Memo(PerturbedSimEvaluator(GPT13B, cluster, seed=seed))
+    store = open_store("sqlite://")
+    runner = StudyRunner(TuneOptions(model=GPT13B, cluster=cluster, trials=cap, seed=seed, baselines=False,
+                                     warm_start=False, mirror=False, study="g", learn_prior=learn),
+                         store, evaluator=truth)  # type: ignore[arg-type]
+    optimum = max(truth.evaluate(c).samples_per_s if truth.evaluate(c).status == "complete" else 0.0
+                  for c in runner.bound.configs())
+    curve: list[float] = []
+    started = time.monotonic()
+    while runner.should_stop(started) is None and runner.best < 0.98 * optimum:
+        nxt = runner.propose()
+        if nxt is None:
+            break
+        proposal, number = nxt
+        r = runner.evaluator.evaluate(proposal.config)
+        runner.complete(proposal, number, r)
+        curve.append(r.samples_per_s if r.status == "complete" else 0.0)
+    store.close()
+    return trials_to_reach(curve, 0.98 * optimum)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measured", type=Path, default=Path("experiments/data/landscape_bert-tiny_4cpu.csv"))
+    ap.add_argument("--seeds", type=int, default=5, help="random-pick seeds on the measured landscape")
+    ap.add_argument("--perturbed", action="store_true", help="also run the perturbed GPT-13B landscapes")
+    ap.add_argument("--perturbed-seeds", default="2,3,4,5")
+    ap.add_argument("--cap", type=int, default=200)
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/bench_prior.txt"))
+    args = ap.parse_args()
+    lines: list[str] = []
+
+    def log(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    model, cluster, table = measured_landscape(args.measured)
+    truth: dict[ScheduleConfig, float] = {}
+    bound = space_from_dict(LANDSCAPE_SPACE).bind(model, cluster)
+    for c in bound.configs():
+        r = table.get(c.config_hash())
+        if r is not None and r.status == "complete" and r.samples_per_s:
+            truth[c] = r.samples_per_s
+    log(f"# bench_prior: {args.measured.name}, {len(truth)} complete measured configurations; Spearman rank "
+        f"correlation of the prior's predicted throughput with the measured one over the configurations not yet run")
+    log(f"{'picks':<22} " + " ".join(f"{'after ' + str(n):>9}" for n in CHECKPOINTS))
+    rhos, factors = tuner_picks(model, cluster, table, truth)
+    log(f"{'tuner (seed 0)':<22} " + " ".join(f"{r:>9.3f}" for r in rhos))
+    per_seed = [random_picks(model, cluster, table, truth, s) for s in range(args.seeds)]
+    for s, rs in enumerate(per_seed):
+        log(f"{f'random (seed {s})':<22} " + " ".join(f"{r:>9.3f}" for r in rs))
+    med = [statistics.median(col) for col in zip(*per_seed, strict=True)]
+    log(f"{f'random (median of {args.seeds})':<22} " + " ".join(f"{r:>9.3f}" for r in med))
+    log("correction after the tuner's picks: " + " | ".join(f"{n}: {f}" for n, f in zip(CHECKPOINTS, factors,
+                                                                                           strict=False)))
+    if args.perturbed:
+        log("")
+        log(f"# perturbed GPT-13B on 64 x A100-80GB: trials to within 2% of the optimum (cap {args.cap})")
+        for s in (int(x) for x in args.perturbed_seeds.split(",") if x):
+            t0 = time.monotonic()
+            plain = perturbed(s, args.cap, learn=False)
+            learned = perturbed(s, args.cap, learn=True)
+            log(f"seed {s}: without learning {plain or f'>{args.cap}'}, with learning {learned or f'>{args.cap}'} "
+                f"({time.monotonic() - t0:.0f}s)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

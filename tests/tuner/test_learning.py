@@ -1,0 +1,99 @@
+"""The prior that learns: real trials store their prediction, refit the cluster's correction, and
+the proposer's prior moves toward the truth; later studies on the cluster start from it."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.cost import device_perf, estimate
+from autoslapo.cost.correction import Correction
+from autoslapo.models.spec import ModelSpec
+from autoslapo.result import TrialResult
+from search_spaces import space_for
+from store import Store
+from tuner import StudyRunner, TuneOptions
+from tuner.learning import PREDICTED_MEMORY, PREDICTED_SAMPLES, PriorLearner
+
+BASE = ModelSpec.from_name("bert-base")
+V100_16 = ClusterSpec(gpus=16, gpu_type="v100-32gb")
+PLANTED = Correction(compute=0.6, comm=0.5, activation=1.4)
+
+
+@dataclass
+class PlantedEvaluator:
+    """The cost model with a planted correction, counted as a real (measured) trial."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    truth: Correction
+    name: str = "planted"
+    instant: bool = False
+    seen: list[ScheduleConfig] = field(default_factory=list)
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        self.seen.append(config)
+        perf = self.truth.apply(device_perf(self.cluster))
+        e = estimate(self.model, config, self.cluster, perf=perf, validate=False)
+        if not e.fits:
+            return TrialResult.failure("oom", "CUDA out of memory", measured=True, oom_evidence="allocator")
+        return TrialResult(status="complete", samples_per_s=e.samples_per_s, tokens_per_s=e.tokens_per_s,
+                           peak_memory_bytes=e.memory_per_device_bytes, step_time_s=e.step_time_s, measured=True)
+
+
+def _prior_error(runner: StudyRunner, evaluator: PlantedEvaluator, configs: list[ScheduleConfig]) -> float:
+    """Median |log(predicted / true)| throughput over ``configs`` with the runner's current prior."""
+    errs = []
+    for c in configs:
+        true = evaluator.evaluate(c)
+        pred = runner.proposer.predict(c)
+        if true.status == "complete" and pred.samples_per_s > 0:
+            errs.append(abs(math.log(pred.samples_per_s / true.samples_per_s)))
+    return statistics.median(errs)
+
+
+def test_measured_trials_refit_the_prior_and_shrink_its_error(store: Store) -> None:
+    truth = PlantedEvaluator(BASE, V100_16, PLANTED)
+    opts = TuneOptions(model=BASE, cluster=V100_16, trials=8, baselines=False, warm_start=False, mirror=False,
+                       study="learn")
+    runner = StudyRunner(opts, store, evaluator=truth)
+    held_out = list(space_for(BASE.family).bind(BASE, V100_16).configs())[::97]
+    before = _prior_error(runner, truth, held_out)
+    runner.run()
+    after = _prior_error(runner, truth, held_out)
+    assert runner.learner.refits >= 5
+    assert before > 0.3 and after < before / 2, (before, after, runner.learner.correction)
+    got = runner.learner.correction
+    assert 0.45 < got.compute < 0.8 and got.activation > 1.1
+    # every real trial stores the prior's prediction beside its measurement
+    launched = [t for t in store.trials("learn") if t.status != "pruned"]
+    assert launched and all(PREDICTED_SAMPLES in t.result["extra"] and PREDICTED_MEMORY in t.result["extra"]
+                            for t in launched)
+    first = launched[0]
+    assert first.result["extra"][PREDICTED_SAMPLES] > 1.3 * first.samples_per_s  # proposed before learning
+    # the correction is stored by the cluster's fingerprint
+    saved = store.calibration(V100_16.fingerprint())
+    assert saved is not None and saved["params"] == got.to_dict() and saved["n_trials"] == runner.learner.refits
+
+
+def test_a_later_study_on_the_cluster_starts_from_the_calibration(store: Store) -> None:
+    store.save_calibration(V100_16.fingerprint(), PLANTED.to_dict(), 12)
+    truth = PlantedEvaluator(BASE, V100_16, PLANTED)
+    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=3, baselines=False, warm_start=False,
+                                     mirror=False), store, evaluator=truth)
+    assert runner.learner.correction == PLANTED
+    config = next(iter(space_for(BASE.family).bind(BASE, V100_16).configs()))
+    assert math.isclose(runner.proposer.predict(config).samples_per_s, truth.evaluate(config).samples_per_s)
+    other = ClusterSpec(gpus=8, gpu_type="v100-32gb")  # another fingerprint: no calibration
+    assert PriorLearner(store, BASE, other, enabled=True).correction == Correction()
+
+
+def test_instant_studies_neither_learn_nor_store_predictions(store: Store) -> None:
+    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=4, baselines=False, warm_start=False,
+                                     mirror=False, study="sim"), store)
+    runner.run()
+    assert runner.learner.refits == 0 and store.calibration(V100_16.fingerprint()) is None
+    assert all(PREDICTED_SAMPLES not in (t.result.get("extra") or {}) for t in store.trials("sim"))
