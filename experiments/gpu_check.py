@@ -1,11 +1,21 @@
-"""GPU check: out-of-the-box training vs a few schedules, for BERT-large and GPT-2-XL on one GPU.
+"""GPU check: the lean kernels, the memory model, and out-of-the-box training vs a few schedules,
+for BERT-large and GPT-2-XL on one GPU.
+
+Lean kernels (first, so a short budget still checks them): at one micro-batch in fp32 (no TF32,
+so the comparison is tight) with eager attention, the unscheduled model, selective recomputation
+(``--ckpt-ratio 1 --ckpt-granularity selective``) and the chunked loss (``--loss-kernel chunked``)
+each train a few steps on the same weights and data; each kernel's losses must equal the
+unscheduled model's (relative ``LOSS_RTOL`` at every step: the script exits 1 otherwise), and its
+memory saving (``torch.cuda.max_memory_allocated``) is printed beside the cost model's prediction.
+Memory model: every trial that ran, its measured peak beside ``estimate(...).memory_per_device_bytes``
+on a one-device cluster of the detected device (the error per row and the mean absolute error).
 
 Out of the box = what a transformers user gets: the family's defaults (sdpa attention, dropout on,
 no checkpointing), bf16 autocast, DeepSpeed ZeRO-0, the largest micro-batch that fits (doubling
 until a trial comes back oom). Schedules = the same model with one or more knobs turned: attention
 kernel, micro-batch, activation-checkpoint ratio. Each row prints samples/s and MFU (model TFLOP/s
-per device over the device's bf16 peak). Fits in about 8 minutes on one H100/H200; a time budget
-skips what is left when it runs out.
+per device over the device's bf16 peak). Fits in 8 minutes on one H100/H200 (``--budget-s``, 430 s,
+stops starting trials; each ends by it); what the budget does not reach is skipped.
 
     python experiments/gpu_check.py                 # on a GPU machine; writes experiments/results/gpu_check.txt
     python experiments/gpu_check.py --dry-run-cpu   # the same logic on tiny models and CPU ranks
@@ -24,13 +34,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoslapo.cluster import DEVICES
+from autoslapo.cluster import DEVICES, ClusterSpec
 from autoslapo.config import ScheduleConfig
+from autoslapo.cost import estimate
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from autoslapo.runtime import run_trial
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: The micro-batch of the lean-kernel check per model: logits large enough to matter, quick in fp32.
+KERNEL_BATCH = {"bert-large": 8, "gpt2-xl": 2, "bert-tiny": 2, "gpt2-tiny": 2}
+#: Largest relative difference, at any step, between a lean kernel's loss and the unscheduled model's.
+LOSS_RTOL = 1e-4
 
 
 @dataclass
@@ -39,18 +54,31 @@ class Row:
     label: str
     config: ScheduleConfig
     result: TrialResult
+    dropout: bool | None = None  # as trained: None = the family's default (on), False = off
 
 
-def _peak_tflops(dry: bool) -> tuple[str, float]:
+def _device(dry: bool) -> tuple[str, str]:
+    """(the device's name, the preset the cost model uses for it)."""
     if dry:
-        return "cpu", DEVICES["cpu"].peak_tflops_fp32
+        return "cpu", "cpu"
     import torch
 
     name = torch.cuda.get_device_name(0).lower()
     for key, dev in (("h200", "h200-141gb"), ("h100", "h100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb")):
         if key in name:
-            return name, DEVICES[dev].peak_tflops
-    return name, DEVICES["h100-80gb"].peak_tflops
+            return name, dev
+    return name, "h100-80gb"
+
+
+def _peak_tflops(preset: str) -> float:
+    return DEVICES[preset].peak_tflops_fp32 if preset == "cpu" else DEVICES[preset].peak_tflops
+
+
+def _predicted_bytes(row: Row, preset: str) -> int:
+    """The cost model's memory per device for ``row`` on one device of ``preset``."""
+    cluster = ClusterSpec(gpus=1, gpu_type=preset, gpus_per_node=1)
+    spec = ModelSpec.from_name(row.model)
+    return estimate(spec, row.config, cluster, validate=False, dropout=row.dropout).memory_per_device_bytes
 
 
 class Budget:
@@ -83,7 +111,7 @@ def check_model(name: str, args: argparse.Namespace, budget: Budget, out: list[R
         print(f"  {name} out-of-the-box micro_batch={mb}: {r.status} {r.samples_per_s:.2f} samples/s", flush=True)
         if not r.ok:
             break
-        best = Row(name, f"out-of-the-box (mb={mb})", base.with_(micro_batch=mb), r)
+        best = Row(name, f"out-of-the-box (mb={mb})", base.with_(micro_batch=mb), r, dropout=None)
         mb *= 2
     if best is None:
         print(f"  {name}: no out-of-the-box batch fits or the budget ran out", flush=True)
@@ -108,10 +136,76 @@ def check_model(name: str, args: argparse.Namespace, budget: Budget, out: list[R
             print(f"  {name} {label}: skipped (time budget)", flush=True)
             continue
         print(f"  {name} {label}: {r.status} {r.samples_per_s:.2f} samples/s {r.reason}", flush=True)
-        out.append(Row(name, label, cfg, r))
+        out.append(Row(name, label, cfg, r, dropout=False))
 
 
-def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, wall: float) -> str:
+def check_kernels(name: str, args: argparse.Namespace, budget: Budget, out: list[Row], preset: str) -> list[str]:
+    """Selective recomputation and the chunked loss against the unscheduled model: one verdict line each.
+
+    A verdict starts with ``PASS`` (losses equal at every step), ``FAIL`` (they differ, or the
+    kernel failed where the unscheduled model ran) or ``SKIP`` (budget, or no unscheduled run).
+    """
+    spec = ModelSpec.from_name(name)
+    # Eager attention keeps the attention scores, which selective recomputation drops (with sdpa
+    # there is little to drop, and so little to check).
+    base = ScheduleConfig(precision="fp32", attn_kernel="eager", micro_batch=KERNEL_BATCH[name])
+    runs = [("unscheduled, fp32", base),
+            ("selective recompute, fp32", base.with_(ckpt_ratio=1.0, ckpt_granularity="selective")),
+            ("chunked loss, fp32", base.with_(loss_kernel="chunked"))]
+    rows: list[Row] = []
+    for label, cfg in runs:
+        r = _trial(spec, cfg, args, budget, dropout=0.0)
+        if r is None:
+            print(f"  {name} {label}: skipped (time budget)", flush=True)
+            continue
+        print(f"  {name} {label}: {r.status} {r.samples_per_s:.2f} samples/s {r.reason}", flush=True)
+        rows.append(Row(name, label, cfg, r, dropout=False))
+    out.extend(rows)
+    ref = rows[0] if rows and rows[0].config == base else None
+    verdicts = []
+    for label, cfg in runs[1:]:
+        lean = next((r for r in rows if r.config == cfg), None)
+        if ref is None or not ref.result.ok or lean is None:
+            verdicts.append(f"SKIP {name} {label}: no complete unscheduled run, or the budget ran out")
+            continue
+        if not lean.result.ok:
+            verdicts.append(f"FAIL {name} {label}: {lean.result.status} ({lean.result.reason}) where the "
+                            f"unscheduled model ran")
+            continue
+        want, got = ref.result.extra.get("losses", []), lean.result.extra.get("losses", [])
+        worst = max((abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want, strict=True)), default=0.0)
+        equal = len(got) == len(want) > 0 and worst <= LOSS_RTOL
+        saved = (ref.result.peak_memory_bytes - lean.result.peak_memory_bytes) / 2**20
+        predicted = (_predicted_bytes(ref, preset) - _predicted_bytes(lean, preset)) / 2**20
+        verdicts.append(
+            f"{'PASS' if equal else 'FAIL'} {name} {label}: losses {'equal' if equal else 'differ'} "
+            f"(max relative difference {worst:.1e} over {len(got)} steps, tolerance {LOSS_RTOL:g}); "
+            f"memory saved {saved:+,.0f} MiB measured, {predicted:+,.0f} MiB predicted")
+    return verdicts
+
+
+def render_memory(rows: list[Row], preset: str) -> list[str]:
+    """The memory model's check: predicted vs measured peak per device for every trial that ran."""
+    done = [r for r in rows if r.result.ok and r.result.peak_memory_bytes > 0]
+    if not done:
+        return ["memory model: no trial ran"]
+    kind = done[0].result.extra.get("memory_kind", "")
+    lines = [f"memory model vs measured ({kind}; on CPU the peak resident set includes the Python + torch "
+             f"runtime, so the CPU rows check the logic only):",
+             f"{'model':<12} {'schedule':<28} {'predicted GiB':>13} {'measured GiB':>12} {'error %':>8}"]
+    errors = []
+    for r in done:
+        pred, got = _predicted_bytes(r, preset), r.result.peak_memory_bytes
+        err = 100 * (pred - got) / got
+        errors.append(abs(err))
+        lines.append(f"{r.model:<12} {r.label:<28} {pred / 2**30:>13.2f} {got / 2**30:>12.2f} {err:>+8.1f}")
+    lines.append(f"memory model: mean absolute error {sum(errors) / len(errors):.1f}% over {len(errors)} trials "
+                 f"(positive: the model predicts more than was allocated)")
+    return lines
+
+
+def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, wall: float,
+           preset: str = "cpu", verdicts: list[str] | None = None) -> str:
     lines = [
         f"# gpu_check on {device} ({platform.node()}), peak {peak:g} TFLOP/s, "
         f"{args.steps} steps ({args.warmup} warm-up), wall {wall:.0f} s",
@@ -119,6 +213,12 @@ def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, 
         f"{'samples/s':>10} {'MFU %':>7} {'peak GiB':>9}",
     ]
     for r in rows:
+        if "fp32" in r.label:  # the lean-kernel rows: MFU against a bf16 peak means nothing
+            res = r.result
+            lines.append(
+                f"{r.model:<12} {r.label:<28} {res.status:<9} {r.config.micro_batch:>4} {r.config.ckpt_ratio:>5.2f} "
+                f"{r.config.attn_kernel:<6} {res.samples_per_s:>10.2f} {'-':>7} {res.peak_memory_bytes / 2**30:>9.2f}")
+            continue
         res = r.result
         mfu = 100 * res.tflops_per_device / peak if peak else 0.0
         lines.append(
@@ -126,18 +226,21 @@ def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, 
             f"{r.config.attn_kernel:<6} {res.samples_per_s:>10.2f} {mfu:>7.2f} {res.peak_memory_bytes / 2**30:>9.2f}"
         )
     for model in dict.fromkeys(r.model for r in rows):
-        mine = [r for r in rows if r.model == model and r.result.ok]
+        mine = [r for r in rows if r.model == model and r.result.ok and "fp32" not in r.label]
         if len(mine) > 1:
             base = mine[0].result.samples_per_s
             top = max(mine[1:], key=lambda r: r.result.samples_per_s)
             lines.append(f"{model}: best schedule '{top.label}' is {top.result.samples_per_s / base:.2f}x out of the box")
+    lines += ["lean kernels vs the unscheduled model:", *(verdicts or ["(not run)"])]
+    lines += render_memory(rows, preset)
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run-cpu", action="store_true", help="tiny models on CPU ranks (logic check only)")
-    p.add_argument("--budget-s", type=float, default=470.0, help="stop starting trials after this")
+    p.add_argument("--budget-s", type=float, default=430.0,
+                   help="stop starting trials after this; each trial ends by it (default 430: 8 minutes in all)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--trial-timeout", type=float, default=120.0)
@@ -156,21 +259,26 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         models = ["bert-large", "gpt2-xl"]
         args.device, args.start_batch, args.max_batch, args.min_trial_s = "cuda", 4, 64, 25.0
-    device, peak = _peak_tflops(args.dry_run_cpu)
+    device, preset = _device(args.dry_run_cpu)
+    peak = _peak_tflops(preset)
     budget = Budget(args.budget_s)
     t0 = time.monotonic()
     rows: list[Row] = []
+    verdicts: list[str] = []
+    for m in models:  # the kernels first: they are the check a short budget must still reach
+        print(f"{m} lean kernels:", flush=True)
+        verdicts += check_kernels(m, args, budget, rows, preset)
     for m in models:
         print(f"{m}:", flush=True)
         check_model(m, args, budget, rows)
-    text = render(rows, device, peak, args, time.monotonic() - t0)
+    text = render(rows, device, peak, args, time.monotonic() - t0, preset, verdicts)
     print(text)
     default = "gpu_check_dry_run_cpu.txt" if args.dry_run_cpu else "gpu_check.txt"
     path = Path(args.out) if args.out else RESULTS / default
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     print(f"wrote {path}")
-    return 0
+    return 1 if any(v.startswith("FAIL") for v in verdicts) else 0
 
 
 if __name__ == "__main__":

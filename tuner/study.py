@@ -16,6 +16,11 @@ Repeats (``repeats``, real trials only): after the search the best few trials an
 are measured again in interleaved rounds, and their stored throughput becomes the median
 (``tuner/repeats.py``).
 
+Sweep (``sweep``; auto for the plain ``SimEvaluator`` under inline dispatch): the cost model is the
+evaluator, so every valid configuration is scored instead of sampled, and the best ``trials`` are
+stored (``tuner/sweep.py``); ``sweep=False`` samples as above (the sampler is for real trials and
+for the benchmarks' perturbed or replayed landscapes, which always sample unless told to sweep).
+
 Every finished trial is also mirrored (in batches) into an Optuna study of the same name in the
 store's database, for ``optuna-dashboard`` (``tuner/mirror.py``); the sampler's own study stays in memory.
 """
@@ -35,10 +40,11 @@ from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from search_spaces import BoundSpace, SearchSpace, space_for
 from tuner.baselines import BaselineContext
-from tuner.evaluators import Evaluator, make_evaluator
+from tuner.evaluators import Evaluator, SimEvaluator, make_evaluator
 from tuner.learning import PriorLearner, with_prediction
 from tuner.mirror import OptunaMirror
 from tuner.proposer import SAMPLERS, Prediction, Proposal, Proposer
+from tuner.sweep import Sweep, store_best, sweep_space
 
 if TYPE_CHECKING:
     from store import Store, TrialRecord
@@ -77,6 +83,7 @@ class TuneOptions:
     mirror_every: int = 25  # finished trials between two mirror writes
     # refit the cluster's cost-model correction after each trial (None: only when trials are real)
     learn_prior: bool | None = None
+    sweep: bool | None = None  # score every configuration (None: when the evaluator is the plain cost model)
 
     def __post_init__(self) -> None:
         if not isinstance(self.trials, int) or self.trials < 1:
@@ -100,6 +107,8 @@ class TuneOptions:
             raise UsageError(f"--steps must be a positive integer: got {self.steps!r}")
         if not isinstance(self.repeats, int) or self.repeats < 0:
             raise UsageError(f"--repeats must be a whole number of re-measurements, 0 or more: got {self.repeats!r}")
+        if self.sweep not in (None, True, False):
+            raise UsageError(f"sweep must be true, false or unset (auto): got {self.sweep!r}")
         if self.trial_timeout_s <= 0:
             raise UsageError(f"--trial-timeout must be positive seconds: got {self.trial_timeout_s!r}")
 
@@ -129,6 +138,7 @@ class TuneOutcome:
     counts: dict[str, int]
     baselines: dict[str, Any] = field(default_factory=dict)
     asks: int = 0
+    sweep: dict[str, Any] | None = None  # a swept study's ``Sweep.summary`` (configurations scored, counts)
 
 
 def default_study_name(model: ModelSpec, cluster: ClusterSpec, backend: str) -> str:
@@ -175,6 +185,12 @@ class StudyRunner:
         precisions = None if self.evaluator.instant else RUNTIME_PRECISIONS
         self.bound: BoundSpace = space.bind(options.model, options.cluster, options.global_batch, precisions)
         _check_layouts(self.bound)  # before the study is created: bad input leaves the store as it was
+        auto = type(self.evaluator) is SimEvaluator and options.dispatch == "inline"
+        self.sweeping = auto if options.sweep is None else options.sweep
+        if self.sweeping and not self.evaluator.instant:
+            raise UsageError(f"a sweep scores every configuration: it needs an estimating backend (sim), not "
+                             f"{self.evaluator.name!r}; drop the sweep option to sample real trials")
+        self.sweep: Sweep | None = None
         self.name = self._open_study()
         # Real trials teach the prior (the cluster's calibration, read from and saved to the store).
         learns = options.learn_prior if options.learn_prior is not None else not self.evaluator.instant
@@ -382,7 +398,7 @@ class StudyRunner:
         started = time.monotonic()
         self.store.set_study_status(self.name, "running")
         try:
-            stop = self.should_stop(started)
+            stop = self._run_sweep() if self.sweeping else self.should_stop(started)
             if stop is None:
                 if self.options.dispatch == "ray":
                     from tuner.dispatch import run_with_ray
@@ -399,7 +415,8 @@ class StudyRunner:
         if self.mirror is not None:
             self.mirror.sync()
         outcome = TuneOutcome(self.name, self.launched, self.pruned, self.best_config, self.best_result,
-                              stop, time.monotonic() - started, dict(self.counts), asks=self.proposer.asks)
+                              stop, time.monotonic() - started, dict(self.counts), asks=self.proposer.asks,
+                              sweep=self.sweep.summary(self.launched) if self.sweep else None)
         if self.options.baselines:
             from tuner.baselines import score_baselines
 
@@ -408,8 +425,28 @@ class StudyRunner:
             from tuner.repeats import remeasure
 
             remeasure(self, outcome)
-        self.store.set_study_status(self.name, "complete" if stop in ("budget", "exhausted") else "stopped")
+        self.store.set_study_status(self.name, "complete" if stop in ("budget", "exhausted", "swept") else "stopped")
         return outcome
+
+    def _run_sweep(self) -> str:
+        """Score every configuration, store the best up to the budget, keep the exact optimum; "swept"."""
+        sweep = sweep_space(self.bound.configs(), self.proposer.predict, self.evaluator.evaluate,
+                            keep=self.options.trials + len(self.proposer.measured),
+                            exact=type(self.evaluator) is SimEvaluator)
+        for number, config, result in store_best(self.store, self.name, sweep, budget=self.options.trials,
+                                                 known=self.proposer.measured):
+            self.proposer.add_known(config, result)
+            self._count(config, result)
+            if self.mirror is not None:
+                self.mirror.note(number)
+        self.sweep, self.counts, self.pruned = sweep, dict(sweep.counts), sweep.counts.get("pruned", 0)
+        if sweep.best:  # the model's optimum over the space, stored unless a resumed study was full
+            self.best_config, self.best_result = sweep.best[0]
+            self.best = self.best_result.samples_per_s
+        if self.progress is not None:
+            self.progress(Progress(self.launched, self.options.trials, self.best, dict(self.counts),
+                                   f"swept {sweep.scored} configurations"))
+        return "swept"
 
     def _run_inline(self, started: float) -> str:
         while True:

@@ -3,6 +3,9 @@
 Shows a live progress bar (trial, best so far, status counts) on stderr and ends with a table of
 the best schedules and the tuned schedule's speedup over a DeepSpeed-style and a Megatron-style
 baseline scored by the same evaluator. ``--resume`` continues an interrupted study to its budget.
+With ``--backend sim`` (and no ``--sampler``) every valid configuration is scored instead of
+sampled (``tuner/sweep.py``): the output says how many were scored, how many do not fit, and the
+cost model's exact optimum over the space.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sim: cost model; local: real trials on this machine's ranks; ray: real trials "
                              "placed by Ray (default: local if this machine has --gpus CUDA devices, else sim)")
     parser.add_argument("--trials", type=int, default=100,
-                        help="launched trials (predicted-OOM configurations are pruned, not counted; default 100)")
+                        help="launched trials (predicted-OOM configurations are pruned, not counted); with --backend "
+                             "sim, the best configurations stored (default 100)")
     parser.add_argument("--timeout", type=float, default=None, help="stop the search after S seconds")
     parser.add_argument("--patience", type=int, default=None, help="stop after K trials without a new best")
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
@@ -45,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--study and --join share its budget (e.g. on one PostgreSQL store)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--global-batch", type=int, default=None, help="sequences an optimizer step (default per space)")
-    parser.add_argument("--sampler", choices=SAMPLER_NAMES, default="tpe",
-                        help="Optuna sampler (nsga2: throughput vs memory, prints the Pareto front; default tpe)")
+    parser.add_argument("--sampler", choices=SAMPLER_NAMES, default=None,
+                        help="Optuna sampler (nsga2: throughput vs memory, prints the Pareto front; default tpe); "
+                             "--backend sim scores every configuration unless a sampler is given")
     parser.add_argument("--space", default=None, help="search space file (.toml or .json) instead of the family's")
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster (implies Ray dispatch)")
     parser.add_argument("--dispatch", choices=["inline", "ray"], default=None,
@@ -158,21 +163,26 @@ def run(args: argparse.Namespace) -> int:
 
     options = TuneOptions(
         model=model, cluster=cluster, backend=backend, trials=args.trials, timeout_s=args.timeout,
-        patience=args.patience, sampler=args.sampler, seed=args.seed, global_batch=args.global_batch,
+        patience=args.patience, sampler=args.sampler or "tpe", seed=args.seed, global_batch=args.global_batch,
         space=space, study=args.study, resume=args.resume, join=args.join, warm_start=not args.no_warm_start,
         dispatch=dispatch, ray_address=args.ray_address, max_concurrent=args.max_concurrent,
         steps=args.steps, trial_timeout_s=args.trial_timeout, baselines=not args.no_baselines, repeats=repeats,
+        sweep=False if args.sampler else None,  # an explicit sampler samples, on sim too
     )
     store = open_store(args.storage)
     bar = ProgressBar(sys.stderr, args.trials)
+    t0 = time.monotonic()
     try:
         outcome = tune(options, store, progress=bar)
     finally:
         bar.close()
     out = sys.stdout
-    out.write(f"study {outcome.study}: {outcome.launched} trials launched, {outcome.pruned} pruned as "
-              f"predicted OOM, stopped by {outcome.stop_reason}, {outcome.elapsed_s:.1f}s "
-              f"({model.preset} on {cluster.gpus}x {cluster.gpu_type}, backend {backend})\n")
+    where = f"{model.preset} on {cluster.gpus}x {cluster.gpu_type}, backend {backend}"
+    if outcome.sweep is not None:
+        out.write(sweep_line(outcome.study, outcome.sweep, time.monotonic() - t0, where) + "\n")
+    else:
+        out.write(f"study {outcome.study}: {outcome.launched} trials launched, {outcome.pruned} pruned as "
+                  f"predicted OOM, stopped by {outcome.stop_reason}, {outcome.elapsed_s:.1f}s ({where})\n")
     rows = sorted((t for t in store.trials(outcome.study) if t.status == "complete"),
                   key=lambda t: -(t.samples_per_s or 0.0))
     if not rows:
@@ -196,9 +206,28 @@ def run(args: argparse.Namespace) -> int:
         n = len(repeated[0].result["extra"]["repeats_samples_per_s"])
         out.write(f"samples/s of the re-measured trials ({', '.join(f'#{t.number}' for t in repeated)}): median of "
                   f"{n} measurements (the search's and {options.repeats} interleaved repeats)\n")
+    if outcome.sweep is not None and outcome.best_config is not None and outcome.best_result is not None:
+        out.write(f"optimum of the cost model over the space: {outcome.best_result.samples_per_s:,.1f} samples/s: "
+                  f"{describe(outcome.best_config.to_dict())}\n")
     for name, b in outcome.baselines.items():
         out.write(speedup_line(name, b) + "\n")
     return 0
+
+
+def sweep_line(study: str, summary: dict[str, Any], elapsed_s: float, where: str) -> str:
+    """``study S: scored every valid configuration, 42,552: 42,552 fit, 0 do not fit ...; 6.1s in all``.
+
+    ``summary``: ``Sweep.summary`` (configurations scored, counts per status, trials stored);
+    ``elapsed_s``: the whole study's time (space, scoring, store, baselines).
+    """
+    counts = summary["counts"]
+    fit = counts.get("complete", 0)
+    others = ", ".join(f"{n:,} {status}" for status, n in sorted(counts.items())
+                       if status not in ("complete", "pruned"))
+    return (f"study {study}: scored every valid configuration, {summary['scored']:,}: "
+            f"{fit:,} fit, {counts.get('pruned', 0):,} do not fit (pruned as predicted OOM)"
+            f"{', ' + others if others else ''}; stored the best {summary['stored']}; {elapsed_s:.1f}s in all "
+            f"({where})")
 
 
 def speedup_line(name: str, b: dict[str, Any]) -> str:

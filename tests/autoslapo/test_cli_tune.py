@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from autoslapo.cli import main
+from autoslapo.cluster import ClusterSpec
+from autoslapo.models.spec import ModelSpec
+from search_spaces import load_space
 
 
 def test_tune_then_best_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -18,7 +21,8 @@ def test_tune_then_best_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     rc = main(["tune", "bert", "--gpus", "64", "--trials", "20", "--storage", url, "--study", "cli"])
     out = capsys.readouterr()
     assert rc == 0, out.err
-    assert "study cli: 20 trials launched" in out.out
+    assert "study cli: scored every valid configuration" in out.out and "stored the best 20;" in out.out
+    assert "optimum of the cost model over the space: " in out.out
     assert "speedup over deepspeed-style baseline" in out.out and "speedup over megatron-style baseline" in out.out
     assert "20/20" in out.err  # the progress line reached the budget
     rc = main(["best", "bert", "--gpus", "64", "--json", "--storage", url])
@@ -35,7 +39,8 @@ def test_resume_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     base = ["tune", "bert-base", "--gpus", "8", "--gpu-type", "v100-32gb", "--storage", url, "--no-baselines"]
     assert main([*base, "--trials", "5", "--study", "s"]) == 0
     assert main([*base, "--trials", "9", "--study", "s", "--resume"]) == 0
-    assert "study s: 9 trials launched" in capsys.readouterr().out
+    assert "study s: scored every valid configuration" in (out := capsys.readouterr().out)
+    assert "stored the best 9;" in out
     assert main([*base, "--trials", "3", "--study", "nope", "--resume"]) == 2
     assert "no study named 'nope'" in capsys.readouterr().err
     assert main([*base, "--trials", "0"]) == 2
@@ -54,7 +59,11 @@ def test_user_space_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     rc = main(["tune", "bert-base", "--gpus", "8", "--space", str(space), "--trials", "50", "--storage", url,
                "--no-baselines"])
     out = capsys.readouterr().out
-    assert rc == 0 and "stopped by exhausted" in out
+    n = len(load_space(space).bind(ModelSpec.from_name("bert-base"), ClusterSpec(gpus=8, gpu_type="a100-80gb")).configs())
+    assert rc == 0 and f"scored every valid configuration, {n}: {n} fit" in out and f"stored the best {n};" in out
+    rc = main(["tune", "bert-base", "--gpus", "8", "--space", str(space), "--trials", "50", "--storage", url,
+               "--no-baselines", "--sampler", "random", "--study", "sampled"])
+    assert rc == 0 and "stopped by exhausted" in capsys.readouterr().out  # an explicit sampler samples
     space.write_text('name = "mine"\n[knobs]\ntp = [3]\n')
     assert main(["tune", "bert-base", "--gpus", "8", "--space", str(space), "--storage", url]) == 2
     assert "no value of tp" in capsys.readouterr().err

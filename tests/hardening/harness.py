@@ -23,10 +23,14 @@ def env() -> dict[str, str]:
 
 def tune_argv(url: str, study: str, trials: int, *, model: str = "bert-base", gpus: int = 16,
               gpu_type: str = "v100-32gb", backend: str = "sim", extra: tuple[str, ...] = ()) -> list[str]:
-    """``python -m autoslapo tune ...`` for one study on ``url``."""
+    """``python -m autoslapo tune ...`` for one study on ``url``.
+
+    It names the sampler: the faults land between sampled trials, one store write each (without
+    ``--sampler`` a sim study scores the whole space and stores its best in one transaction).
+    """
     return [sys.executable, "-m", "autoslapo", "tune", model, "--gpus", str(gpus), "--gpu-type", gpu_type,
             "--backend", backend, "--trials", str(trials), "--study", study, "--storage", url,
-            "--no-baselines", *extra]
+            "--no-baselines", "--sampler", "tpe", *extra]
 
 
 def start(argv: list[str], log: Path | None = None) -> subprocess.Popen[str]:

@@ -1,4 +1,8 @@
-"""End-to-end simulated studies: budget, pruning, deduplication, resume, warm start, samplers."""
+"""End-to-end simulated studies: budget, pruning, deduplication, resume, warm start, samplers.
+
+They test the sampler's path, so they ask for it (``sweep=False``): a plain sim study otherwise
+scores its whole space (tests/tuner/test_sweep.py).
+"""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ def _launched(store: Store, study: str) -> list:
 
 
 def test_sim_tune_ends_with_exactly_the_budget_of_distinct_trials(store: Store) -> None:
-    out = tune(TuneOptions(model=BERT, cluster=A100_64, trials=25, baselines=True), store)
+    out = tune(TuneOptions(model=BERT, cluster=A100_64, trials=25, baselines=True, sweep=False), store)
     launched = _launched(store, out.study)
     assert out.launched == len(launched) == 25 and out.stop_reason == "budget"
     assert len({t.config_hash for t in launched}) == 25
@@ -48,7 +52,7 @@ def test_sim_tune_ends_with_exactly_the_budget_of_distinct_trials(store: Store) 
 
 
 def test_prior_top_prediction_is_tried_first(store: Store) -> None:
-    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=5, baselines=False), store)
+    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=5, baselines=False, sweep=False), store)
     top = runner.proposer.ranking()[0]
     runner.run()
     first = store.trials(runner.name)[0]
@@ -58,7 +62,7 @@ def test_prior_top_prediction_is_tried_first(store: Store) -> None:
 def test_predicted_oom_is_pruned_and_not_counted(store: Store) -> None:
     llama = ModelSpec.from_name("gpt2-xl")
     cluster = ClusterSpec(gpus=16, gpu_type="v100-16gb")
-    out = tune(TuneOptions(model=llama, cluster=cluster, trials=15, baselines=False, seed=3), store)
+    out = tune(TuneOptions(model=llama, cluster=cluster, trials=15, baselines=False, seed=3, sweep=False), store)
     rows = store.trials(out.study)
     pruned = [t for t in rows if t.status == "pruned"]
     assert out.launched == len(rows) - len(pruned) == 15
@@ -72,7 +76,7 @@ def test_predicted_oom_is_pruned_and_not_counted(store: Store) -> None:
 def test_small_space_ends_with_every_feasible_config(store: Store) -> None:
     space = space_from_dict({"name": "small", "knobs": {"tp": [1, 2], "micro_batch": [1, 2, 4]},
                              "fixed": {"attn_kernel": "sdpa"}})
-    out = tune(TuneOptions(model=TINY, cluster=CPU4, trials=50, space=space, baselines=False), store)
+    out = tune(TuneOptions(model=TINY, cluster=CPU4, trials=50, space=space, baselines=False, sweep=False), store)
     feasible = space.bind(TINY, CPU4).configs()
     assert out.stop_reason == "exhausted"
     assert out.launched == len(feasible) == len(_launched(store, out.study))
@@ -85,7 +89,7 @@ def test_every_sampler_runs_distinct_valid_trials(store: Store, sampler: str) ->
     if sampler == "gp":
         pytest.importorskip("scipy")
     out = tune(TuneOptions(model=TINY, cluster=CPU4, trials=12, sampler=sampler, baselines=False,
-                           prior_seeds=0), store)
+                           prior_seeds=0, sweep=False), store)
     launched = _launched(store, out.study)
     assert len(launched) == len({t.config_hash for t in launched}) == 12
     for t in launched:
@@ -94,11 +98,11 @@ def test_every_sampler_runs_distinct_valid_trials(store: Store, sampler: str) ->
 
 def test_patience_and_timeout_stop_early(store: Store) -> None:
     out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=500, patience=5, baselines=False,
-                           study="p"), store)
+                           study="p", sweep=False), store)
     assert out.stop_reason == "patience" and out.launched < 500
     t0 = time.monotonic()
     out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=100000, timeout_s=1.0, baselines=False,
-                           study="t", warm_start=False), store)
+                           study="t", warm_start=False, sweep=False), store)
     assert out.stop_reason == "timeout" and time.monotonic() - t0 < 30
 
 
@@ -140,8 +144,9 @@ def test_resume_retries_interrupted_trials_and_keeps_finished_ones(store: Store)
 
 
 def test_warm_start_from_a_nearby_gpu_count(store: Store) -> None:
-    tune(TuneOptions(model=BASE, cluster=ClusterSpec(gpus=8, gpu_type="v100-32gb"), trials=10, study="w8", baselines=False), store)
-    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=5, study="w16", baselines=False), store)
+    tune(TuneOptions(model=BASE, cluster=ClusterSpec(gpus=8, gpu_type="v100-32gb"), trials=10, study="w8", baselines=False, sweep=False), store)
+    runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=5, study="w16", baselines=False, sweep=False),
+                         store)
     sources = [s for _, s in runner.proposer._queue]
     assert sources[0] == "warm" and "prior" in sources
     runner.run()
@@ -171,7 +176,7 @@ def test_a_store_failing_mid_study_is_a_runtime_failure_and_keeps_what_is_stored
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     from autoslapo.errors import StorageError, StorageLost
 
-    first = tune(TuneOptions(model=BERT, cluster=A100_64, trials=10, baselines=False), store)
+    first = tune(TuneOptions(model=BERT, cluster=A100_64, trials=10, baselines=False, sweep=False), store)
     kept = {t.number: t.config_hash for t in store.trials(first.study)}
     calls = {"n": 0}
     real = Store.claim_trial
@@ -184,7 +189,8 @@ def test_a_store_failing_mid_study_is_a_runtime_failure_and_keeps_what_is_stored
 
     monkeypatch.setattr(Store, "claim_trial", flaky)
     with pytest.raises(StorageLost, match=r"disk I/O error; the study .* stopped mid-run.*--resume") as caught:
-        tune(TuneOptions(model=BERT, cluster=A100_64, trials=400, baselines=False, study="second"), store)
+        tune(TuneOptions(model=BERT, cluster=A100_64, trials=400, baselines=False, study="second", sweep=False),
+             store)
     assert caught.value.exit_code == 1 and "\n" not in str(caught.value)
     assert {t.number: t.config_hash for t in store.trials(first.study)} == kept
     monkeypatch.setattr(Store, "claim_trial", real)
