@@ -38,7 +38,7 @@ class StudyRequest:
     gpus_per_node: int | None = None
     backend: str = "sim"
     trials: int = 100
-    sampler: str = "tpe"
+    sampler: str | None = None  # None: a sim study scores every configuration, real trials use tpe
     seed: int = 0
     global_batch: int | None = None
     timeout_s: float | None = None
@@ -102,7 +102,8 @@ class StudyRequest:
         """The ``TuneOptions`` of this request for study ``name`` (``resume``: continue it)."""
         return TuneOptions(
             model=self.model_spec(), cluster=self.cluster_spec(), backend=self.backend, trials=self.trials,
-            timeout_s=self.timeout_s, patience=self.patience, sampler=self.sampler, seed=self.seed,
+            timeout_s=self.timeout_s, patience=self.patience, sampler=self.sampler or "tpe", seed=self.seed,
+            sweep=False if self.sampler else None,  # an explicit sampler samples, on sim too (as the CLI)
             global_batch=self.global_batch, study=name, resume=resume, baselines=self.baselines,
             dispatch="ray" if self.backend == "ray" else "inline",
         )

@@ -89,7 +89,7 @@ class Worker:
             request = StudyRequest(**job.request)
             options = request.to_options(name=job.study, resume=self.store.has_study(job.study))
             outcome = tune(options, self.store, progress=progress)
-            status = "complete" if outcome.stop_reason in ("budget", "exhausted") else "stopped"
+            status = "complete" if outcome.stop_reason in ("budget", "exhausted", "swept") else "stopped"
             return self._finish(job, status, "")
         except Cancelled:
             if lost.is_set() and not cancel.is_set():
