@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -34,10 +42,12 @@ from autoslapo.redact import redact
 from autoslapo.service import pages
 from autoslapo.service.auth import Caller, TokenCheck
 from autoslapo.service.jobs import StudyRequest, check_name
-from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
+from autoslapo.service.views import LAUNCHED, all_studies, apply_snippet, study_view, trial_view
 from store import Store
 
 MAX_BODY_BYTES = 64 * 1024
+EVENTS_POLL_S = 0.5
+EVENTS_PING_S = 15.0
 COOKIE = "autoslapo_token"
 
 
@@ -57,6 +67,7 @@ class ServiceSettings:
     allow_anonymous_read: bool = False
     allow_local: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
+    events_poll_s: float = EVENTS_POLL_S
 
 
 def _one_line(err: BaseException) -> str:
@@ -180,6 +191,15 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         return {"name": name, "total": len(rows), "offset": offset,
                 "trials": [trial_view(t) for t in rows[offset:offset + limit]]}
 
+    @app.get("/v1/studies/{name}/events")
+    def events(name: str, request: Request) -> StreamingResponse:
+        """Server-sent events: ``trial`` (one per launched trial that ended, as in ``/trials``) and a
+        last ``done`` (the study as in ``GET /v1/studies/{name}``) once the study is no longer queued/running."""
+        caller(request, "read")
+        _find(name)
+        return StreamingResponse(_study_events(store, name, cfg.events_poll_s), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
     @app.post("/v1/studies/{name}/cancel", status_code=202)
     def cancel(name: str, request: Request) -> dict[str, Any]:
         who = caller(request, "submit")
@@ -269,6 +289,36 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         return "User-agent: *\nDisallow: /\n"
 
     return app
+
+
+def sse(event: str, data: Any) -> str:
+    """One server-sent event: its name and one line of JSON."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _study_events(store: Store, name: str, poll_s: float) -> Iterator[str]:
+    """Poll the store every ``poll_s``: each launched trial once it ended, then ``done`` when the study ended."""
+    sent: set[int] = set()
+    quiet_since = time.monotonic()
+    while True:
+        job = store.jobs.get(name)
+        study = store.get_study(name) if store.has_study(name) else None
+        # Read the status before the trials: a study seen ended has all its trials stored.
+        doc = study_view(store, study, job, trials=[])
+        ended = doc["status"] not in ("queued", "running")
+        trials = store.trials(name) if study is not None else []
+        for t in sorted(trials, key=lambda t: t.number):
+            if t.number not in sent and t.status in LAUNCHED:
+                sent.add(t.number)
+                quiet_since = time.monotonic()
+                yield sse("trial", trial_view(t))
+        if ended:
+            yield sse("done", study_view(store, study, job, trials=trials))
+            return
+        if time.monotonic() - quiet_since > EVENTS_PING_S:
+            quiet_since = time.monotonic()
+            yield ": ping\n\n"  # a comment: keeps proxies from closing a quiet stream
+        time.sleep(poll_s)
 
 
 def check_name_or_404(name: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -137,3 +138,31 @@ def test_estimate_and_anonymous_read(service_store: Store, tokens: dict[str, str
         assert anon.get("/v1/estimate", params={"model": "bert", "gpus": "x"}).status_code == 422
         assert anon.post("/v1/studies", json=BODY).status_code == 401
         assert anon.get("/").status_code == 200
+
+
+def parse_events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in text.split("\n\n"):
+        lines = [ln for ln in block.splitlines() if ln and not ln.startswith(":")]
+        if lines:
+            fields = dict(ln.split(": ", 1) for ln in lines)
+            out.append((fields["event"], json.loads(fields["data"])))
+    return out
+
+
+def test_events_stream_one_per_trial_then_done(service_store: Store, tokens: dict[str, str],
+                                               worker: Worker) -> None:
+    from autoslapo.service import ServiceSettings, create_app
+
+    with TestClient(create_app(service_store, ServiceSettings(events_poll_s=0.1))) as fast:
+        body = {**BODY, "name": "ev", "trials": 5}
+        assert fast.post("/v1/studies", json=body, headers=bearer(tokens["submit"])).status_code == 202
+        with fast.stream("GET", "/v1/studies/ev/events", headers=bearer(tokens["read"])) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            events = parse_events(r.read().decode())
+        assert [e for e, _ in events] == ["trial"] * 5 + ["done"], events
+        numbers = [d["number"] for _, d in events[:-1]]
+        assert len(set(numbers)) == 5 and all(d["status"] in ("complete", "oom", "failed") for _, d in events[:-1])
+        assert events[-1][1]["status"] == "complete" and events[-1][1]["launched"] == 5
+        assert fast.get("/v1/studies/nope/events", headers=bearer(tokens["read"])).status_code == 404
+        assert fast.get("/v1/studies/ev/events").status_code == 401
