@@ -7,6 +7,7 @@ store. Submitting a study only writes a queued job: workers (``autoslapo worker`
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -199,6 +200,19 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         _find(name)
         return StreamingResponse(_study_events(store, name, cfg.events_poll_s), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get("/v1/studies/{name}/report", response_class=HTMLResponse)
+    def report(name: str, request: Request) -> HTMLResponse:
+        """The study's report as ``autoslapo report`` writes it: one HTML page, figures inlined."""
+        from autoslapo.report import write_report
+
+        caller(request, "read")
+        check_name_or_404(name)
+        if not store.has_study(name):
+            raise ApiError(404, f"no trials yet for {name!r}: the study has not started or does not exist")
+        with tempfile.TemporaryDirectory(prefix="autoslapo-report-") as out:
+            page = write_report(store, name, out).html.read_text(encoding="utf-8")
+        return HTMLResponse(page)
 
     @app.post("/v1/studies/{name}/cancel", status_code=202)
     def cancel(name: str, request: Request) -> dict[str, Any]:

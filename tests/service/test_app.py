@@ -166,3 +166,15 @@ def test_events_stream_one_per_trial_then_done(service_store: Store, tokens: dic
         assert events[-1][1]["status"] == "complete" and events[-1][1]["launched"] == 5
         assert fast.get("/v1/studies/nope/events", headers=bearer(tokens["read"])).status_code == 404
         assert fast.get("/v1/studies/ev/events").status_code == 401
+
+
+def test_report_is_one_html_page(client: TestClient, tokens: dict[str, str], worker: Worker) -> None:
+    body = {**BODY, "name": "qz7-study", "trials": 5}
+    assert client.post("/v1/studies", json=body, headers=bearer(tokens["submit"])).status_code == 202
+    assert wait_status(client, "qz7-study", tokens["read"])["status"] == "complete"
+    r = client.get("/v1/studies/qz7-study/report", headers=bearer(tokens["read"]))
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/html")
+    assert "qz7-study" in r.text and "data:image/png;base64," in r.text
+    assert client.get("/v1/studies/nope/report", headers=bearer(tokens["read"])).status_code == 404
+    assert client.get("/v1/studies/qz7-study/report").status_code == 401
