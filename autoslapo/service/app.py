@@ -168,7 +168,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         study = store.get_study(name) if store.has_study(name) else None
         if study is None and job is None:
             raise ApiError(404, f"no study named {name!r}: see GET /v1/studies")
-        return study_view(store, study, job)
+        return study_view(store, study, job, baselines=True)
 
     @app.get("/v1/studies/{name}", name="get_study")
     def get_study(name: str, request: Request) -> dict[str, Any]:

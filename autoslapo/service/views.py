@@ -27,9 +27,30 @@ def apply_snippet(model: str, gpus: int, gpu_type: str) -> str:
     return f'job = autoslapo.apply_best("{model}", gpus={gpus}, gpu_type="{gpu_type}")'
 
 
+def baselines_view(store: Store, study: str) -> list[dict[str, Any]]:
+    """The out-of-the-box baselines the tuner scored for ``study`` (its ``<study>.baselines`` companion),
+    each with the tuned best's speed-up over it and, with repeats, that speed-up's 95% interval."""
+    companion = f"{study}.baselines"
+    if not store.has_study(companion):
+        return []
+    out = []
+    for t in store.trials(companion):
+        extra = t.result.get("extra") or {}
+        kind = str(extra.get("baseline") or f"baseline {t.number}")
+        out.append({"baseline": kind, "status": t.status,
+                    "samples_per_s": t.samples_per_s if t.status == "complete" else None,
+                    "tuned_samples_per_s": extra.get("tuned_samples_per_s"), "speedup": extra.get("speedup"),
+                    "speedup_ci95": (extra.get("speedup_ci95") or {}).get(kind),
+                    "config": None if "baseline" in t.config else t.config,
+                    "schedule": None if "baseline" in t.config else describe(t.config),
+                    "measured": t.measured, "reason": t.reason})
+    return out
+
+
 def study_view(store: Store, study: StudyRecord | None, job: JobRecord | None, *,
-               trials: list[TrialRecord] | None = None) -> dict[str, Any]:
-    """A study's status, progress and best trial so far (a queued job has no study yet)."""
+               trials: list[TrialRecord] | None = None, baselines: bool = False) -> dict[str, Any]:
+    """A study's status, progress and best trial so far (a queued job has no study yet); with
+    ``baselines``, also its baselines and the best's speed-ups over them."""
     name = study.name if study is not None else job.study if job is not None else ""
     if trials is None:
         trials = store.trials(name) if study is not None else []
@@ -56,6 +77,10 @@ def study_view(store: Store, study: StudyRecord | None, job: JobRecord | None, *
     }
     if study is not None:
         doc["study_status"] = study.status
+    if baselines:
+        doc["baselines"] = baselines_view(store, name) if study is not None else []
+        if best is not None:
+            doc["best"]["speedup_ci95"] = (best.result.get("extra") or {}).get("speedup_ci95")
     if best is not None and study is not None:
         doc["apply_best"] = apply_snippet(study.model_name, study.gpus, study.gpu_type)
     return doc

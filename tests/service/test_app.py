@@ -168,13 +168,23 @@ def test_events_stream_one_per_trial_then_done(service_store: Store, tokens: dic
         assert fast.get("/v1/studies/ev/events").status_code == 401
 
 
-def test_report_is_one_html_page(client: TestClient, tokens: dict[str, str], worker: Worker) -> None:
-    body = {**BODY, "name": "qz7-study", "trials": 5}
+def test_baselines_speedups_and_report(client: TestClient, tokens: dict[str, str], worker: Worker) -> None:
+    body = {**BODY, "name": "qz7-study", "trials": 5, "baselines": True}
     assert client.post("/v1/studies", json=body, headers=bearer(tokens["submit"])).status_code == 202
-    assert wait_status(client, "qz7-study", tokens["read"])["status"] == "complete"
+    doc = wait_status(client, "qz7-study", tokens["read"])
+    assert doc["status"] == "complete", doc
+    kinds = {b["baseline"]: b for b in doc["baselines"]}
+    assert set(kinds) == {"deepspeed", "megatron"}, doc["baselines"]
+    for b in kinds.values():
+        if b["status"] == "complete":
+            assert b["tuned_samples_per_s"] == pytest.approx(doc["best"]["samples_per_s"])
+            assert b["speedup"] == pytest.approx(doc["best"]["samples_per_s"] / b["samples_per_s"])
+    assert any(b["speedup"] for b in kinds.values())
+    assert "speedup_ci95" in doc["best"]  # an interval only with repeated real trials: None on sim
     r = client.get("/v1/studies/qz7-study/report", headers=bearer(tokens["read"]))
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/html")
     assert "qz7-study" in r.text and "data:image/png;base64," in r.text
+    assert "Tuned vs out-of-the-box baselines" in r.text
     assert client.get("/v1/studies/nope/report", headers=bearer(tokens["read"])).status_code == 404
     assert client.get("/v1/studies/qz7-study/report").status_code == 401
