@@ -120,14 +120,28 @@ def best(
 
 def _remote_best(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str, measured_only: bool,
                  server: str) -> ScheduleConfig:
-    from autoslapo.config import ScheduleConfig
+    return _config(_remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric=metric,
+                                      measured_only=measured_only, server=server))
+
+
+def _remote_best_trial(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str,
+                       measured_only: bool, server: str) -> TrialRecord:
+    """The best trial as the server at ``server`` answers ``GET /v1/best`` (what it sends of the record)."""
+    from autoslapo.config import config_hash
     from autoslapo.models.spec import ModelSpec
     from autoslapo.remote import Client
+    from store import TrialRecord
 
     name = model.preset if isinstance(model, ModelSpec) else model
     doc = Client(server).get("/v1/best", model=name, gpus=gpus, gpu_type=gpu_type, metric=metric,
                              measured_only=measured_only or None)
-    return ScheduleConfig.from_dict(dict(doc["config"]))
+    config = dict(doc["config"])
+    return TrialRecord(study=str(doc["study"]), number=int(doc["trial"]), config=config,
+                       config_hash=config_hash(config), status=str(doc["status"]),
+                       samples_per_s=doc.get("samples_per_s"), tokens_per_s=doc.get("tokens_per_s"),
+                       tflops_per_device=doc.get("tflops_per_device"),
+                       peak_memory_bytes=doc.get("peak_memory_bytes"), measured=bool(doc.get("measured")),
+                       reason=str(doc.get("reason") or ""))
 
 
 def _store(storage: str | Store | None) -> tuple[Store, bool]:
@@ -246,6 +260,7 @@ def apply_best(
     lr: float = 1e-4,
     seed: int = 0,
     dropout: float | None = None,
+    server: str | None = None,
 ) -> TrainingJob:
     """Build ``model`` with its best recorded schedule on this rank of a launched distributed job.
 
@@ -255,13 +270,19 @@ def apply_best(
     after the default process group is initialized (nccl on GPUs, gloo on CPU).
     Returns: a ``TrainingJob`` holding the DeepSpeed engine (pp == 1) or the pipeline runtime and
     its optimizer (pp > 1), built by the same runtime functions the tuner's trials use.
+    With ``server`` (an ``autoslapo serve`` URL, token from $AUTOSLAPO_TOKEN) the schedule is asked
+    of the service as ``best(..., server=)`` does (no store needed; the headroom filters are not sent).
     Raises: UsageError when no schedule is recorded or the job's world size is not ``gpus``;
     ConfigError/ScheduleError when the schedule does not fit the model.
     """
     import torch.distributed as dist
 
-    trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, measured_only=measured_only,
-                       min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction)
+    if server is not None:
+        trial = _remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric="samples_per_s",
+                                   measured_only=measured_only, server=server)
+    else:
+        trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, measured_only=measured_only,
+                           min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction)
     spec = _spec(model)
     config = _config(trial)
     if not dist.is_initialized():

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from autoslapo.api import best_trial
 from autoslapo.service import create_token
 from store import open_store
 
@@ -96,6 +97,22 @@ def test_remote_tune_and_best_against_a_running_server(procs: Processes) -> None
     lib = subprocess.run([sys.executable, "-c", code], env={**procs.env, "AUTOSLAPO_TOKEN": procs.read},
                          capture_output=True, text=True, timeout=120, check=False)
     assert lib.returncode == 0 and lib.stdout.strip() == "8", lib.stderr
+    # apply_best(server=) asks the server (the script has no store: a missing one would say "no store at"),
+    # then applies as from a store: outside a launched job that is the launched-job error.
+    code = ("import autoslapo\nimport autoslapo.errors\nfrom autoslapo.api import _remote_best_trial\n"
+            f"t = _remote_best_trial('bert', gpus=8, gpu_type=None, metric='samples_per_s', measured_only=False, "
+            f"server={procs.base!r})\nprint(t.study, t.number, t.config_hash)\n"
+            f"try:\n    autoslapo.apply_best('bert', gpus=8, server={procs.base!r})\n"
+            "except autoslapo.errors.UsageError as err:\n    print(err)\n")
+    nowhere = f"sqlite:///{procs.url.removeprefix('sqlite:///')}.missing"
+    lib = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                         env={**procs.env, "AUTOSLAPO_TOKEN": procs.read, "AUTOSLAPO_STORAGE": nowhere})
+    assert lib.returncode == 0, lib.stderr
+    first, second = lib.stdout.strip().splitlines()
+    with open_store(procs.url) as store:
+        stored = best_trial("bert", gpus=8, storage=store)
+    assert first == f"remote {stored.number} {stored.config_hash}"
+    assert "inside a launched job of 8 ranks" in second
     refused = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token="aslp_x_y")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "refused" in refused.stderr and "aslp_x_y" not in refused.stderr
