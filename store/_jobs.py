@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
@@ -19,6 +19,9 @@ from store._engine import Transactions
 from store._records import clean_json
 from store._schema import StudyRow, utcnow
 from store._service_schema import JOB_FINISHED, JOB_STATUSES, JobRow
+
+#: The PostgreSQL advisory lock that serializes claims under a running-jobs limit.
+CLAIM_LOCK_KEY = 0x6A6F6273  # "jobs"
 
 
 @dataclass(frozen=True)
@@ -81,15 +84,29 @@ class JobQueue:
         """Every job, oldest first."""
         return self._tx.read("list jobs", lambda s: [_record(r) for r in s.scalars(select(JobRow).order_by(JobRow.id))])
 
-    def claim(self, worker: str, lease_s: float) -> JobRecord | None:
-        """Take the oldest queued job (or running one whose lease lapsed) for ``worker``; None if none."""
+    def claim(self, worker: str, lease_s: float, *, max_running: int | None = None) -> JobRecord | None:
+        """Take the oldest queued job (or running one whose lease lapsed) for ``worker``; None if none.
+
+        ``max_running``: None when ``max_running`` jobs already run under a live lease (the rest
+        stay queued). On PostgreSQL an advisory lock makes the count and the claim one step.
+        """
+        if max_running is not None and max_running < 1:
+            raise StorageError(f"max_running must be >= 1 or None: got {max_running}")
 
         def take(session: Session) -> JobRecord | None:
             now = utcnow()
+            postgres = session.get_bind().dialect.name == "postgresql"
+            if max_running is not None:
+                if postgres:
+                    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
+                live = session.scalar(select(func.count()).select_from(JobRow).where(
+                    JobRow.status == "running", JobRow.lease_until >= now))
+                if (live or 0) >= max_running:
+                    return None
             q = (select(JobRow)
                  .where(or_(JobRow.status == "queued", (JobRow.status == "running") & (JobRow.lease_until < now)))
                  .order_by(JobRow.id).limit(1))
-            if session.get_bind().dialect.name == "postgresql":
+            if postgres:
                 q = q.with_for_update(skip_locked=True)
             row = session.scalar(q)
             if row is None:

@@ -2,6 +2,8 @@
 
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--workers N`` starts N ``autoslapo worker``
 processes on the same store and stops them when the server stops; without it, run workers apart.
+``--max-running N`` is handed to those workers (run separate workers with the same flag);
+``--max-queued-per-token N`` answers 429 to a token's submission beyond N queued/running studies.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-anonymous-read", action="store_true", help="GET endpoints and pages without a token")
     parser.add_argument("--allow-local", action="store_true",
                         help="accept studies with backend local (trials run on the server's machine)")
+    parser.add_argument("--max-running", type=int, default=None, metavar="N",
+                        help="at most N studies run at once (its --workers claim nothing more; others stay queued)")
+    parser.add_argument("--max-queued-per-token", type=int, default=None, metavar="N",
+                        help="a token with N queued or running studies gets 429 on POST /v1/studies (default none)")
     parser.add_argument("--max-body", type=int, default=64 * 1024, help="largest request body in bytes (default 64 KiB)")
 
 
@@ -34,13 +40,18 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 0 or not 0 <= args.port < 65536 or args.max_body < 1:
         raise UsageError(f"--workers must be >= 0, --port 0-65535, --max-body >= 1: got {args.workers}, "
                          f"{args.port}, {args.max_body}")
+    for flag, value in (("--max-running", args.max_running), ("--max-queued-per-token", args.max_queued_per_token)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1: got {value}; leave it out for no limit")
     store = open_store(args.storage)
     settings = ServiceSettings(allow_anonymous_read=args.allow_anonymous_read, allow_local=args.allow_local,
-                               max_body_bytes=args.max_body)
+                               max_body_bytes=args.max_body, max_queued_per_token=args.max_queued_per_token)
     workers: list[subprocess.Popen[bytes]] = []
     command = [sys.executable, "-m", "autoslapo", "worker"]
     if args.storage:
         command += ["--storage", args.storage]
+    if args.max_running is not None:
+        command += ["--max-running", str(args.max_running)]
     try:
         workers = [subprocess.Popen(command) for _ in range(args.workers)]
         sys.stderr.write(f"autoslapo serve: http://{args.host}:{args.port}/ over {store.url}, "

@@ -15,6 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a claim holds without a heartbeat; a dead worker's job is resumed after it "
                              "(default 30)")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks for work when idle (default 1)")
+    parser.add_argument("--max-running", type=int, default=None, metavar="N",
+                        help="claim nothing while N jobs of the store run (a server-wide limit; default none)")
     parser.add_argument("--once", action="store_true", help="run at most one job, then exit")
 
 
@@ -26,8 +28,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.lease <= 0 or args.poll <= 0:
         raise UsageError(f"--lease and --poll must be positive seconds: got {args.lease}, {args.poll}")
+    if args.max_running is not None and args.max_running < 1:
+        raise UsageError(f"--max-running must be at least 1: got {args.max_running}; leave it out for no limit")
     store = open_store(args.storage)
-    worker = Worker(store, lease_s=args.lease, poll_s=args.poll)
+    worker = Worker(store, lease_s=args.lease, poll_s=args.poll, max_running=args.max_running)
 
     def stop(_sig: int, _frame: FrameType | None) -> None:
         worker.stop()

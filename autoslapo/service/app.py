@@ -63,12 +63,22 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class ServiceSettings:
-    """How the server answers: anonymous reads, the local backend, the request body limit."""
+    """How the server answers: anonymous reads, the local backend, the request body limit, the
+    events' polling interval and how many unfinished studies one token may have."""
 
     allow_anonymous_read: bool = False
     allow_local: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     events_poll_s: float = EVENTS_POLL_S
+    max_queued_per_token: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_queued_per_token is not None and self.max_queued_per_token < 1:
+            raise UsageError(f"--max-queued-per-token must be at least 1: got {self.max_queued_per_token}; "
+                             "leave it out for no limit")
+        if self.max_body_bytes < 1 or self.events_poll_s <= 0:
+            raise UsageError(f"max_body_bytes must be >= 1 and events_poll_s > 0: got {self.max_body_bytes}, "
+                             f"{self.events_poll_s}")
 
 
 def _one_line(err: BaseException) -> str:
@@ -149,6 +159,12 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             name = study.name or _free_name(store, study.default_name())
         except AutoslapoError as err:
             raise ApiError(400, _one_line(err)) from None
+        limit = cfg.max_queued_per_token
+        if limit is not None:
+            mine = sum(1 for j in store.jobs.list() if j.owner == who.name and j.status in ("queued", "running"))
+            if mine >= limit:
+                raise ApiError(429, f"token {who.name!r} has {mine} queued or running studies, the limit on this "
+                                    f"server is {limit}: wait for one to finish or cancel one")
         try:
             store.jobs.submit(name, {**study.to_dict(), "name": name}, owner=who.name)
         except StorageError as err:

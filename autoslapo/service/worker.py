@@ -28,12 +28,19 @@ class Cancelled(Exception):
 
 
 class Worker:
-    """Runs jobs from one store until ``stop()`` (or, with ``once``, after one job)."""
+    """Runs jobs from one store until ``stop()`` (or, with ``once``, after one job).
+
+    ``max_running``: claim nothing while that many jobs of the store run (a server-wide limit,
+    given to every worker of the server).
+    """
 
     def __init__(self, store: Store, *, lease_s: float = LEASE_S, poll_s: float = POLL_S,
-                 name: str | None = None) -> None:
+                 name: str | None = None, max_running: int | None = None) -> None:
         if lease_s <= 0 or poll_s <= 0:
             raise UsageError(f"--lease and --poll must be positive seconds: got {lease_s}, {poll_s}")
+        if max_running is not None and max_running < 1:
+            raise UsageError(f"--max-running must be at least 1: got {max_running}; leave it out for no limit")
+        self.max_running = max_running
         self.store = store
         self.lease_s = lease_s
         self.poll_s = poll_s
@@ -48,7 +55,7 @@ class Worker:
         """Claim and run jobs; returns how many ran."""
         ran = 0
         while not self._stop.is_set():
-            job = self.store.jobs.claim(self.name, self.lease_s)
+            job = self.store.jobs.claim(self.name, self.lease_s, max_running=self.max_running)
             if job is None:
                 if once:
                     return ran

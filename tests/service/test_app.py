@@ -8,6 +8,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from autoslapo.errors import UsageError
 from autoslapo.service import Worker
 from store import Store
 from tests.service.conftest import bearer
@@ -188,3 +189,23 @@ def test_baselines_speedups_and_report(client: TestClient, tokens: dict[str, str
     assert "Tuned vs out-of-the-box baselines" in r.text
     assert client.get("/v1/studies/nope/report", headers=bearer(tokens["read"])).status_code == 404
     assert client.get("/v1/studies/qz7-study/report").status_code == 401
+
+
+def test_queued_studies_per_token_are_limited(service_store: Store, tokens: dict[str, str]) -> None:
+    from autoslapo.service import ServiceSettings, create_app
+
+    with TestClient(create_app(service_store, ServiceSettings(max_queued_per_token=2))) as limited:
+        for name in ("q1", "q2"):
+            assert limited.post("/v1/studies", json={**BODY, "name": name},
+                                headers=bearer(tokens["submit"])).status_code == 202
+        r = limited.post("/v1/studies", json={**BODY, "name": "q3"}, headers=bearer(tokens["submit"]))
+        assert r.status_code == 429, r.text
+        assert "2 queued or running" in r.json()["error"] and "\n" not in r.json()["error"]
+        assert [j.study for j in service_store.jobs.list()] == ["q1", "q2"]
+        other = limited.post("/v1/studies", json={**BODY, "name": "q3"}, headers=bearer(tokens["admin"]))
+        assert other.status_code == 202  # the limit is per token
+        assert limited.post("/v1/studies/q1/cancel", headers=bearer(tokens["submit"])).status_code == 202
+        again = limited.post("/v1/studies", json={**BODY, "name": "q4"}, headers=bearer(tokens["submit"]))
+        assert again.status_code == 202, again.text
+    with pytest.raises(UsageError, match="--max-queued-per-token must be at least 1"):
+        ServiceSettings(max_queued_per_token=0)

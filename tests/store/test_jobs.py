@@ -59,3 +59,23 @@ def test_tokens_keep_hashes_and_revoke(store_url: str) -> None:
         assert db.tokens.revoke("ci").active is False
         assert db.tokens.by_key("k1").active is False
         assert [t.name for t in db.tokens.list()] == ["ci"]
+
+
+def test_claim_respects_a_running_limit(store_url: str) -> None:
+    with open_store(store_url) as db:
+        for name in ("a", "b", "c"):
+            db.jobs.submit(name, {"model": "bert", "gpus": 8})
+        first = db.jobs.claim("w1", 0.3, max_running=2)
+        second = db.jobs.claim("w2", 30, max_running=2)
+        assert first is not None and second is not None
+        assert db.jobs.claim("w3", 30, max_running=2) is None  # two run: c stays queued
+        assert db.jobs.get("c").status == "queued"
+        time.sleep(0.6)  # w1's lease lapses: its job no longer counts, and is the one resumed
+        taken = db.jobs.claim("w3", 30, max_running=2)
+        assert taken is not None and taken.study == "a"
+        assert db.jobs.claim("w4", 30, max_running=2) is None
+        assert db.jobs.finish(second.id, "w2", "complete") is True
+        third = db.jobs.claim("w4", 30, max_running=2)
+        assert third is not None and third.study == "c"
+        with pytest.raises(StorageError, match="max_running"):
+            db.jobs.claim("w5", 30, max_running=0)
