@@ -12,7 +12,7 @@ are prefixed ``autoslapo_`` and migrate independently of Optuna's.
 
 from __future__ import annotations
 
-from store._jobs import JobQueue, JobRecord
+from store._jobs import JobLimitError, JobQueue, JobRecord
 from store._records import (
     FINISHED_STATUSES,
     RANK_METRICS,
@@ -42,6 +42,7 @@ __all__ = [
     "TRIAL_STATUSES",
     "DuplicateTrial",
     "HistoryPoint",
+    "JobLimitError",
     "JobQueue",
     "JobRecord",
     "Store",

@@ -20,8 +20,14 @@ from store._records import clean_json
 from store._schema import StudyRow, utcnow
 from store._service_schema import JOB_FINISHED, JOB_STATUSES, JobRow
 
-#: The PostgreSQL advisory lock that serializes claims under a running-jobs limit.
+#: The PostgreSQL advisory locks that serialize claims under a running-jobs limit and
+#: submissions under a per-owner limit.
 CLAIM_LOCK_KEY = 0x6A6F6273  # "jobs"
+SUBMIT_LOCK_KEY = CLAIM_LOCK_KEY + 1
+
+
+class JobLimitError(StorageError):
+    """A submission refused because its owner already has the allowed number of unfinished jobs."""
 
 
 @dataclass(frozen=True)
@@ -58,12 +64,25 @@ class JobQueue:
     def __init__(self, tx: Transactions) -> None:
         self._tx = tx
 
-    def submit(self, study: str, request: dict[str, Any], *, owner: str = "") -> JobRecord:
-        """Queue a job for a new study; raises StorageError when a study or job of that name exists."""
+    def submit(self, study: str, request: dict[str, Any], *, owner: str = "",
+               max_unfinished: int | None = None) -> JobRecord:
+        """Queue a job for a new study; raises StorageError when a study or job of that name exists.
+
+        ``max_unfinished``: raise JobLimitError (nothing written) when ``owner`` already has that
+        many queued or running jobs; the count and the insert are one transaction.
+        """
 
         def insert(session: Session) -> JobRecord | None:
             if session.scalar(select(StudyRow.id).where(StudyRow.name == study)) is not None:
                 return None
+            if max_unfinished is not None:
+                if session.get_bind().dialect.name == "postgresql":
+                    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
+                unfinished = session.scalar(select(func.count()).select_from(JobRow).where(
+                    JobRow.owner == owner, JobRow.status.in_(("queued", "running")))) or 0
+                if unfinished >= max_unfinished:
+                    raise JobLimitError(f"{owner!r} has {unfinished} queued or running studies, the limit is "
+                                        f"{max_unfinished}: wait for one to finish or cancel one")
             row = JobRow(study=study, owner=owner, request=clean_json(request), status="queued",
                          cancel_requested=False, worker="", attempts=0, error="")
             session.add(row)

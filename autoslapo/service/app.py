@@ -44,7 +44,7 @@ from autoslapo.service import pages
 from autoslapo.service.auth import Caller, TokenCheck
 from autoslapo.service.jobs import StudyRequest, check_name
 from autoslapo.service.views import LAUNCHED, all_studies, apply_snippet, study_view, trial_view
-from store import Store
+from store import JobLimitError, Store
 
 MAX_BODY_BYTES = 64 * 1024
 EVENTS_POLL_S = 0.5
@@ -159,14 +159,11 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             name = study.name or _free_name(store, study.default_name())
         except AutoslapoError as err:
             raise ApiError(400, _one_line(err)) from None
-        limit = cfg.max_queued_per_token
-        if limit is not None:
-            mine = sum(1 for j in store.jobs.list() if j.owner == who.name and j.status in ("queued", "running"))
-            if mine >= limit:
-                raise ApiError(429, f"token {who.name!r} has {mine} queued or running studies, the limit on this "
-                                    f"server is {limit}: wait for one to finish or cancel one")
         try:
-            store.jobs.submit(name, {**study.to_dict(), "name": name}, owner=who.name)
+            store.jobs.submit(name, {**study.to_dict(), "name": name}, owner=who.name,
+                              max_unfinished=cfg.max_queued_per_token)
+        except JobLimitError as err:
+            raise ApiError(429, f"token {_one_line(err)}") from None
         except StorageError as err:
             raise ApiError(409, _one_line(err)) from None
         url = str(request.url_for("get_study", name=name))

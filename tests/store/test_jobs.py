@@ -7,7 +7,7 @@ import time
 import pytest
 
 from autoslapo.errors import StorageError
-from store import open_store
+from store import JobLimitError, open_store
 from tests.store.conftest import study_kwargs
 
 
@@ -79,3 +79,15 @@ def test_claim_respects_a_running_limit(store_url: str) -> None:
         assert third is not None and third.study == "c"
         with pytest.raises(StorageError, match="max_running"):
             db.jobs.claim("w5", 30, max_running=0)
+
+
+def test_submit_respects_an_unfinished_limit_per_owner(store_url: str) -> None:
+    with open_store(store_url) as db:
+        db.jobs.submit("a", {}, owner="me", max_unfinished=2)
+        db.jobs.submit("b", {}, owner="me", max_unfinished=2)
+        with pytest.raises(JobLimitError, match="'me' has 2 queued or running studies, the limit is 2"):
+            db.jobs.submit("c", {}, owner="me", max_unfinished=2)
+        db.jobs.submit("c", {}, owner="you", max_unfinished=2)
+        db.jobs.cancel("a")
+        db.jobs.submit("d", {}, owner="me", max_unfinished=2)
+        assert [j.study for j in db.jobs.list()] == ["a", "b", "c", "d"]
