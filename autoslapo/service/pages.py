@@ -71,7 +71,7 @@ def submit_form() -> str:
     """The form for a new study (model, cluster, backend, budget, name), posted by ``SUBMIT_SCRIPT``."""
     gpu_types = [name for name in DEVICES if name != "cpu"]
     return ("<h2>Submit a study</h2><form id=submit>"
-            f"<label>model <select name=model>{_options(list_presets(), 'bert')}</select></label>"
+            f"<label>model <select name=model>{_options(list_presets(), 'bert-large')}</select></label>"
             "<label>gpus <input name=gpus type=number min=1 value=8 required></label>"
             f"<label>gpu type <select name=gpu_type>{_options(gpu_types, 'a100-80gb')}</select></label>"
             "<label>backend <select name=backend><option selected>sim</option><option>ray</option></select></label>"
