@@ -21,7 +21,6 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -190,9 +189,8 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
     bad = [n for n, doc in ends.items() if doc is None or doc["status"] != "complete"
            or doc["launched"] != tally.submitted[n]]
     if bad:
-        lines.append("not at budget: " + ", ".join(f"{n} ({'still running' if ends[n] is None else ends[n]['status']}"
-                                                   f", {0 if ends[n] is None else ends[n]['launched']})"
-                                                   for n in bad[:10]))
+        shown = [(n, ends[n] or {"status": "still running", "launched": "?"}) for n in bad[:10]]
+        lines.append("not at budget: " + ", ".join(f"{n} ({doc['status']}, {doc['launched']})" for n, doc in shown))
     return lines
 
 
