@@ -1,5 +1,7 @@
 """The web page: plain server-rendered HTML over the same views as the JSON API, no build step.
 
+The studies page carries a submit form for tokens that may submit: a few lines of JavaScript
+post it as JSON to ``POST /v1/studies`` (the same checks as any client) and go to the study page.
 The study page refreshes itself from ``GET /v1/studies/{name}`` every two seconds while the
 study runs (a few lines of JavaScript; the session cookie set by ``/login`` authenticates it).
 """
@@ -9,6 +11,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from autoslapo.cluster import DEVICES
+from autoslapo.models.spec import list_presets
 from autoslapo.service.auth import Caller
 
 STYLE = """
@@ -17,6 +21,8 @@ table { border-collapse: collapse; } td, th { padding: .25rem .6rem; border-bott
 th { background: #f4f4f4; } code, pre { background: #f4f4f4; padding: .2rem .4rem; }
 .bar { width: 16rem; height: .8rem; background: #eee; display: inline-block; }
 .bar > span { display: block; height: 100%; background: #3a7; }
+form#submit label { margin-right: .8rem; } form#submit input[type=number] { width: 5rem; }
+#submit-error { color: #b00; }
 """
 
 
@@ -52,7 +58,47 @@ def studies_page(studies: list[dict[str, Any]], who: Caller) -> str:
             f"<th>backend</th><th>progress</th><th>best</th><th>status</th></tr>{rows}</table>")
     if not studies:
         body += "<p>No studies yet: <code>autoslapo tune bert --gpus 8 --server URL</code>.</p>"
+    if who.may("submit"):
+        return _page("autoslapo studies", body + submit_form(), SUBMIT_SCRIPT)
     return _page("autoslapo studies", body)
+
+
+def _options(values: list[str], chosen: str) -> str:
+    return "".join(f"<option{' selected' if v == chosen else ''}>{escape(v)}</option>" for v in values)
+
+
+def submit_form() -> str:
+    """The form for a new study (model, cluster, backend, budget, name), posted by ``SUBMIT_SCRIPT``."""
+    gpu_types = [name for name in DEVICES if name != "cpu"]
+    return ("<h2>Submit a study</h2><form id=submit>"
+            f"<label>model <select name=model>{_options(list_presets(), 'bert-large')}</select></label>"
+            "<label>gpus <input name=gpus type=number min=1 value=8 required></label>"
+            f"<label>gpu type <select name=gpu_type>{_options(gpu_types, 'a100-80gb')}</select></label>"
+            "<label>backend <select name=backend><option selected>sim</option><option>ray</option></select></label>"
+            "<label>trials <input name=trials type=number min=1 max=100000 value=20 required></label>"
+            "<label>name <input name=name pattern='[A-Za-z0-9._-]{1,100}' placeholder='(default)'></label>"
+            "<button>Submit</button></form><p id=submit-error role=alert></p>")
+
+
+# Posts the form as JSON with the session cookie; on 202 goes to the study page, else shows the error line.
+SUBMIT_SCRIPT = """<script>
+document.getElementById('submit').addEventListener('submit', function (ev) {
+  ev.preventDefault();
+  var f = ev.target.elements, out = document.getElementById('submit-error');
+  var body = {model: f.model.value, gpus: parseInt(f.gpus.value, 10), gpu_type: f.gpu_type.value,
+              backend: f.backend.value, trials: parseInt(f.trials.value, 10)};
+  if (f['name'].value.trim()) { body.name = f['name'].value.trim(); }
+  out.textContent = 'submitting...';
+  fetch('/v1/studies', {method: 'POST', credentials: 'same-origin',
+                        headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body)})
+    .then(function (r) { return r.json().then(function (doc) { return [r.status, doc]; }); })
+    .then(function (res) {
+      if (res[0] === 202) { location.href = '/studies/' + encodeURIComponent(res[1].name); }
+      else { out.textContent = res[1].error || ('HTTP ' + res[0]); }
+    })
+    .catch(function (err) { out.textContent = 'could not reach the server: ' + err; });
+});
+</script>"""
 
 
 def study_page(doc: dict[str, Any], trials: list[dict[str, Any]]) -> str:

@@ -1,0 +1,230 @@
+"""A bounded load test of ``autoslapo serve`` on loopback: readers and submitters against one server.
+
+    .venv/bin/python experiments/load_service.py [--readers 50] [--submitters 8] [--seconds 60]
+                                                [--trials 5] [--no-postgres] [--output FILE]
+
+One server with ``--workers 2`` on a fresh SQLite file (then on a private PostgreSQL started with
+tests/pgserver.py, when the binaries are installed). ``--readers`` clients loop over
+``GET /v1/best`` and ``GET /v1/studies``; ``--submitters`` clients each submit a small sim study
+(``--trials``), wait for it to end, and submit the next, for ``--seconds``. Then the submitted
+studies are drained (at most ``--drain`` s) and each one is checked: complete, with exactly its
+budget of launched trials. Reports the count of 5xx, p50/p99 latency per endpoint (measured by the
+clients, which share the machine with the server), and the budget check. Bounded: everything
+listens on 127.0.0.1 and stops at the end. Committed output: experiments/results/load_service.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autoslapo.service import create_token  # noqa: E402
+from store import open_store  # noqa: E402
+
+BEST = "/v1/best?model=bert&gpus=8&gpu_type=a100-80gb"
+P99_TARGET_MS = 50.0
+
+
+@dataclass
+class Tally:
+    """What the clients saw: latencies per endpoint, status codes, submitted studies."""
+
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {"best": [], "studies": [], "submit": []})
+    codes: Counter[int] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    submitted: dict[str, int] = field(default_factory=dict)
+
+    async def call(self, client: httpx.AsyncClient, kind: str, method: str, path: str,
+                   **kw: object) -> httpx.Response | None:
+        started = time.perf_counter()
+        try:
+            r = await client.request(method, path, **kw)  # type: ignore[arg-type]
+        except httpx.HTTPError as err:
+            self.errors[type(err).__name__] += 1
+            return None
+        self.latencies[kind].append((time.perf_counter() - started) * 1000)
+        self.codes[r.status_code] += 1
+        return r
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOSLAPO_STORAGE": url}
+    p = subprocess.Popen([sys.executable, "-m", "autoslapo", "serve", "--port", str(port), "--workers", "2"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return p
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    stop_server(p)
+    raise SystemExit("autoslapo serve did not answer /healthz within 60 s")
+
+
+def stop_server(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.terminate()  # the server stops its workers on the way out
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+
+
+async def wait_done(client: httpx.AsyncClient, name: str, deadline: float) -> dict | None:
+    while time.monotonic() < deadline:
+        try:
+            r = await client.get(f"/v1/studies/{name}")
+            if r.status_code == 200 and r.json()["status"] not in ("queued", "running"):
+                return dict(r.json())
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.25)
+    return None
+
+
+async def reader(client: httpx.AsyncClient, tally: Tally, stop: float) -> None:
+    while time.monotonic() < stop:
+        await tally.call(client, "best", "GET", BEST)
+        await tally.call(client, "studies", "GET", "/v1/studies")
+
+
+async def submitter(client: httpx.AsyncClient, tally: Tally, stop: float, index: int, trials: int) -> None:
+    j = 0
+    while time.monotonic() < stop:
+        name = f"load-{index}-{j}"
+        body = {"model": "bert", "gpus": 8, "trials": trials, "backend": "sim", "name": name, "baselines": False}
+        r = await tally.call(client, "submit", "POST", "/v1/studies", json=body)
+        if r is not None and r.status_code == 202:
+            tally.submitted[name] = trials
+            await wait_done(client, name, stop)
+        else:
+            await asyncio.sleep(0.5)
+        j += 1
+
+
+async def load(base: str, tokens: dict[str, str], args: argparse.Namespace) -> tuple[Tally, dict[str, dict | None]]:
+    tally = Tally()
+    limits = httpx.Limits(max_connections=args.readers + args.submitters + 4)
+    auth = {"read": {"Authorization": f"Bearer {tokens['read']}"},
+            "submit": {"Authorization": f"Bearer {tokens['submit']}"}}
+    async with httpx.AsyncClient(base_url=base, headers=auth["read"], limits=limits, timeout=30) as rc, \
+            httpx.AsyncClient(base_url=base, headers=auth["submit"], limits=limits, timeout=30) as sc:
+        stop = time.monotonic() + args.seconds
+        await asyncio.gather(*(reader(rc, tally, stop) for _ in range(args.readers)),
+                             *(submitter(sc, tally, stop, i, args.trials) for i in range(args.submitters)))
+        deadline = time.monotonic() + args.drain
+        ends = await asyncio.gather(*(wait_done(rc, n, deadline) for n in tally.submitted))
+    return tally, dict(zip(tally.submitted, ends, strict=True))
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
+    with open_store(url) as store:
+        tokens = {role: create_token(store, f"load-{role}", role) for role in ("read", "submit")}
+    port = free_port()
+    server = start_server(url, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        seed = httpx.post(f"{base}/v1/studies", headers={"Authorization": f"Bearer {tokens['submit']}"},
+                          json={"model": "bert", "gpus": 8, "trials": args.trials, "backend": "sim",
+                                "name": "seed", "baselines": False}, timeout=30)
+        seed.raise_for_status()
+        end = time.monotonic() + 120
+        while time.monotonic() < end and httpx.get(f"{base}{BEST}", timeout=30,
+                                                   headers={"Authorization": f"Bearer {tokens['read']}"}
+                                                   ).status_code != 200:
+            time.sleep(0.5)
+        started = time.monotonic()
+        tally, ends = asyncio.run(load(base, tokens, args))
+        elapsed = time.monotonic() - started
+    finally:
+        stop_server(server)
+    five = sum(n for code, n in tally.codes.items() if code >= 500)
+    other = {code: n for code, n in sorted(tally.codes.items()) if code >= 400 and code < 500}
+    at_budget = sum(1 for name, doc in ends.items() if doc is not None and doc["status"] == "complete"
+                    and doc["launched"] == tally.submitted[name])
+    lines = [f"== {label}: {args.readers} readers, {args.submitters} submitters, {args.seconds:.0f} s "
+             f"(+ drain {elapsed - args.seconds:.1f} s), 2 workers, studies of {args.trials} sim trials"]
+    total = sum(tally.codes.values())
+    lines.append(f"requests answered: {total} ({total / elapsed:.0f}/s); 5xx: {five}; 4xx: {other or 0}; "
+                 f"transport errors: {dict(tally.errors) or 0}")
+    for kind in ("best", "studies", "submit"):
+        values = tally.latencies[kind]
+        lines.append(f"{kind:8s} n={len(values):6d}  p50 {pct(values, 0.5):8.1f} ms  p99 {pct(values, 0.99):8.1f} ms"
+                     f"  max {max(values, default=float('nan')):8.1f} ms")
+    p99 = pct(tally.latencies["best"], 0.99)
+    lines.append(f"GET /v1/best p99 {p99:.1f} ms: {'meets' if p99 < P99_TARGET_MS else 'misses'} the "
+                 f"{P99_TARGET_MS:.0f} ms target")
+    lines.append(f"submitted studies: {len(ends)}; ended complete at exactly their budget: {at_budget}/{len(ends)}")
+    bad = [n for n, doc in ends.items() if doc is None or doc["status"] != "complete"
+           or doc["launched"] != tally.submitted[n]]
+    if bad:
+        shown = [(n, ends[n] or {"status": "still running", "launched": "?"}) for n in bad[:10]]
+        lines.append("not at budget: " + ", ".join(f"{n} ({doc['status']}, {doc['launched']})" for n, doc in shown))
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--readers", type=int, default=50)
+    parser.add_argument("--submitters", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--trials", type=int, default=5, help="budget of each submitted sim study")
+    parser.add_argument("--drain", type=float, default=180.0, help="longest wait for submitted studies to end")
+    parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--output", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args()
+    out = [f"# autoslapo serve under load on loopback ({platform.node()}, {os.cpu_count()} cores, "
+           f"Python {platform.python_version()}); client and server share the machine"]
+    with tempfile.TemporaryDirectory(prefix="autoslapo-load-") as tmp:
+        out += run(f"sqlite:///{Path(tmp) / 'load.db'}", "sqlite", args)
+        print("\n".join(out), flush=True)
+    if args.no_postgres:
+        out.append("== postgresql: skipped (--no-postgres)")
+    else:
+        from tests.pgserver import PgServer, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            out.append(f"== postgresql: skipped ({reason})")
+        else:
+            with PgServer() as pg:
+                lines = run(pg.create_database("load"), "postgresql (private server, fsync off)", args)
+            out += lines
+            print("\n".join(lines), flush=True)
+    if args.output:
+        args.output.write_text("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
