@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -208,8 +209,16 @@ def _rank(rank: int, world: int, init: str, threads: int, out_dir: str, quick: b
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(res, f)
         dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # The results are on disk and every rank is past the last barrier: leave without the
+    # interpreter's teardown, where background threads of gloo (and of DeepSpeed, imported above)
+    # can abort a finished rank ("terminate called without an active exception", SIGABRT), which
+    # failed a measurement that had completed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _free_port() -> int:
