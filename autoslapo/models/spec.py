@@ -78,7 +78,10 @@ class ModelSpec:
     kv_heads: int = 0  # 0 -> same as heads
     preset: str = "custom"
     max_positions: int = 0  # 0 -> seq_len (position-table rows for learned-position families)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # Family-specific shape (ALBERT's embedding width, T5's decoder depth, a Hugging Face config's
+    # extras ...): JSON-safe, part of equality and of ``signature`` (so ``best`` finds a study again by
+    # shape), left out of the hash. Each family documents its keys where it is described.
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
