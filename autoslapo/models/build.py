@@ -108,12 +108,39 @@ def _llama(spec: ModelSpec, dropout: float | None) -> Any:
     )
 
 
+def _t5(spec: ModelSpec, dropout: float | None) -> Any:
+    from transformers import T5Config
+
+    kw: dict[str, Any] = {}
+    if dropout is not None:
+        kw["dropout_rate"] = dropout
+    return T5Config(
+        vocab_size=spec.vocab,
+        d_model=spec.hidden,
+        d_kv=spec.head_dim,
+        d_ff=spec.ffn,
+        num_layers=spec.layers,
+        num_decoder_layers=spec.decoder_layers,
+        num_heads=spec.heads,
+        relative_attention_num_buckets=spec.t5("buckets"),
+        feed_forward_proj="gated-gelu" if spec.t5("gated") else "relu",
+        # transformers 5 always ties T5's head and reads ``tie_word_embeddings=False`` as "do not scale
+        # the decoder output by d_model**-0.5" (T5 v1.1); ``build_model`` then unties the head itself.
+        tie_word_embeddings=spec.t5("tied"),
+        pad_token_id=0,
+        eos_token_id=min(1, spec.vocab - 1),
+        decoder_start_token_id=0,
+        **kw,
+    )
+
+
 _CONFIGS: dict[str, Callable[[ModelSpec, float | None], Any]] = {
     "bert": lambda s, d: _bert_like(s, d, roberta=False),
     "roberta": lambda s, d: _bert_like(s, d, roberta=True),
     "gpt2": _gpt2,
     "opt": _opt,
     "llama": _llama,
+    "t5": _t5,
 }
 
 # family -> name of the transformers LM class (imported lazily).
@@ -123,6 +150,7 @@ _MODEL_CLASSES: dict[str, str] = {
     "gpt2": "GPT2LMHeadModel",
     "opt": "OPTForCausalLM",
     "llama": "LlamaForCausalLM",
+    "t5": "T5ForConditionalGeneration",
 }
 
 
@@ -162,7 +190,7 @@ def build_model(
     the device to build on (``None``: the ambient default, so ``with torch.device("meta")`` works);
     the parameter dtype (``None``: float32); dropout (``None``: the family's default; 0 turns it off).
     Returns: ``BertForMaskedLM`` / ``RobertaForMaskedLM`` / ``GPT2LMHeadModel`` / ``OPTForCausalLM`` /
-    ``LlamaForCausalLM``, in train mode. Raises: ConfigError for an unknown kernel or family.
+    ``LlamaForCausalLM`` / ``T5ForConditionalGeneration``, in train mode. Raises: ConfigError for an unknown kernel or family.
     """
     import torch
     import transformers
@@ -177,6 +205,8 @@ def build_model(
                 model = cls(config)
         else:
             model = cls(config)
+        if spec.encoder_decoder and not spec.t5("tied"):
+            _untie_head(model)
     if dtype is not None:
         model.to(dtype=dtype)
     model.train()
@@ -196,7 +226,10 @@ def example_batch(
     Returns: ``{"input_ids", "labels"}`` (int64, shape ``(batch, seq_len)``). Token ids avoid the
     special ids 0-2 so no position is treated as padding (RoBERTa and OPT derive positions from it).
     For causal families the labels equal the inputs (the model shifts them); for masked LM families
-    labels are -100 except on about 15% of positions. Raises: ConfigError for bad sizes.
+    labels are -100 except on about 15% of positions. An encoder-decoder (T5) batch has the source
+    ``input_ids`` (``seq_len``), target ``labels`` (``spec.decoder_seq_len``, every position) and
+    ``decoder_input_ids``: the labels shifted right behind the start id 0, given explicitly so a call
+    whose labels a vocab-parallel loss takes away still decodes. Raises: ConfigError for bad sizes.
     """
     import torch
 
@@ -210,6 +243,8 @@ def example_batch(
         raise ConfigError(f"example batch needs vocab > 3 to avoid special ids: got vocab={spec.vocab}")
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(3, spec.vocab, (batch, seq), generator=gen)
+    if spec.encoder_decoder:
+        return _seq2seq_batch(spec, input_ids, gen, device)
     if spec.causal:
         labels = input_ids.clone()
     else:
@@ -217,6 +252,32 @@ def example_batch(
         mask[:, 0] = True  # at least one labelled position per row, so the loss is never empty
         labels = torch.where(mask, input_ids, torch.full_like(input_ids, -100))
     out = {"input_ids": input_ids, "labels": labels}
+    if device is not None:
+        out = {k: v.to(device) for k, v in out.items()}
+    return out
+
+
+def _untie_head(model: nn.Module) -> None:
+    import torch
+    from torch import nn
+
+    # T5 v1.1's own head: a separate [vocab, hidden] weight, initialised as T5 initialises it (std 1).
+    head: Any = model.lm_head
+    weight = torch.empty_like(head.weight)
+    with torch.no_grad():
+        weight.normal_(0.0, 1.0)
+    head.weight = nn.Parameter(weight)
+    model.config.tie_word_embeddings = False
+
+
+def _seq2seq_batch(spec: ModelSpec, input_ids: torch.Tensor, gen: torch.Generator,
+                   device: torch.device | str | None) -> dict[str, torch.Tensor]:
+    import torch
+
+    labels = torch.randint(3, spec.vocab, (input_ids.shape[0], spec.decoder_seq_len), generator=gen)
+    decoder_input_ids = torch.zeros_like(labels)  # T5's _shift_right with decoder_start_token_id 0
+    decoder_input_ids[:, 1:] = labels[:, :-1]
+    out = {"input_ids": input_ids, "decoder_input_ids": decoder_input_ids, "labels": labels}
     if device is not None:
         out = {k: v.to(device) for k, v in out.items()}
     return out

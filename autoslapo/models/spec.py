@@ -18,13 +18,25 @@ from autoslapo.errors import ConfigError, UsageError
 # Families autoslapo can build and schedule. ``causal``: decoder-only LM (causal mask, next-token
 # loss); ``gated_mlp``: SwiGLU-style MLP with three matrices (LLaMA); ``learned_pos``: learned
 # position embeddings of ``seq_len`` rows (BERT/GPT-2/OPT) rather than rotary (LLaMA); ``gqa``:
-# grouped-query attention, fewer key/value heads than query heads (LLaMA).
+# grouped-query attention, fewer key/value heads than query heads (LLaMA); ``encoder_decoder``
+# (absent: False): an encoder stack of ``layers`` blocks and a decoder stack (T5; see ``T5_EXTRA``).
 FAMILIES: dict[str, dict[str, bool]] = {
     "bert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "roberta": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "gpt2": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "opt": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True},
+    "t5": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "encoder_decoder": True},
+}
+
+# T5's keys in ``ModelSpec.extra`` and their defaults (None: derived from the spec). ``layers`` and
+# ``seq_len`` are the encoder's; ``decoder_layers`` / ``decoder_seq_len`` the decoder's (default: the
+# same); ``d_kv`` the width of one head (default hidden // heads; t5-3b has 32 heads of 128 on a
+# 1024-wide model, so heads * d_kv need not equal hidden); ``gated``: T5 v1.1's gated-GeLU MLP
+# (wi_0, wi_1, wo) instead of ReLU (wi, wo); ``tied``: the LM head shares the embedding (T5 v1.0)
+# and the decoder output is scaled by hidden**-0.5 before it; ``buckets``: relative-position buckets.
+T5_EXTRA: dict[str, Any] = {
+    "decoder_layers": None, "decoder_seq_len": None, "d_kv": None, "gated": False, "tied": True, "buckets": 32,
 }
 
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
@@ -45,16 +57,18 @@ SHAPE_LIMITS: dict[str, int] = {
 # preset (32, 1.0). A preset not listed here follows the family default.
 GATED_MLP_RULE = (256, 1.0)
 GATED_MLP_RULES: dict[str, tuple[int, float]] = {"llama-tiny": (32, 1.0), "llama-70b": (4096, 1.3)}
+# Non-gated presets whose MLP is not 4 x hidden: T5-3B's is 16 x 1024.
+MLP_MULTIPLES: dict[str, int] = {"t5-3b": 16}
 
 
 def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
     """The MLP's inner width that ``family`` (and ``preset``'s own rounding) gives a ``hidden`` width.
 
-    4 x hidden for BERT/RoBERTa/GPT-2/OPT; LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs.
+    4 x hidden for BERT/RoBERTa/GPT-2/OPT/T5 (T5-3B: 16 x, ``MLP_MULTIPLES``); LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs.
     Every preset's ``ffn`` is what this returns for its ``hidden`` (a test checks it).
     """
     if not FAMILIES[family]["gated_mlp"]:
-        return 4 * hidden
+        return MLP_MULTIPLES.get(preset, 4) * hidden
     multiple_of, multiplier = GATED_MLP_RULES.get(preset, GATED_MLP_RULE)
     width = int(multiplier * int(8 * hidden / 3))
     return multiple_of * math.ceil(width / multiple_of)
@@ -126,11 +140,43 @@ class ModelSpec:
                 f"seq_len must not exceed max_positions: got seq_len={self.seq_len}, "
                 f"max_positions={self.max_positions} for {self.preset}; lower --seq-len"
             )
+        if self.encoder_decoder:
+            _check_t5_extra(self)
 
     # --- derived shape -------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
+        if self.encoder_decoder:
+            return int(self.t5("d_kv"))
         return self.hidden // self.heads
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """An encoder stack of ``layers`` blocks and a decoder stack of ``decoder_layers`` (T5)."""
+        return FAMILIES[self.family].get("encoder_decoder", False)
+
+    def t5(self, key: str) -> Any:
+        """The T5 ``extra`` value ``key`` with its default filled in (see ``T5_EXTRA``)."""
+        value = self.extra.get(key, T5_EXTRA[key])
+        if value is None:
+            value = {"decoder_layers": self.layers, "decoder_seq_len": self.seq_len,
+                     "d_kv": self.hidden // self.heads}[key]
+        return value
+
+    @property
+    def decoder_layers(self) -> int:
+        """Blocks of the decoder stack (0 for a family without one)."""
+        return int(self.t5("decoder_layers")) if self.encoder_decoder else 0
+
+    @property
+    def decoder_seq_len(self) -> int:
+        """Target (decoder) tokens per sample (0 for a family without a decoder stack)."""
+        return int(self.t5("decoder_seq_len")) if self.encoder_decoder else 0
+
+    @property
+    def blocks(self) -> int:
+        """Every transformer block of the model: ``layers`` plus the decoder's."""
+        return self.layers + self.decoder_layers
 
     @property
     def causal(self) -> bool:
@@ -147,6 +193,8 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights and biases, norms included)."""
+        if self.encoder_decoder:
+            return self.t5_block_params()[0]
         h, f, kvd = self.hidden, self.ffn, self.kv_heads * self.head_dim
         attn = h * h + 2 * h * kvd + h * h  # q, k, v, out
         if self.gated_mlp:
@@ -159,12 +207,31 @@ class ModelSpec:
     def embedding_params(self) -> int:
         """Token (and learned position) embeddings; the LM head is tied where the family ties it."""
         n = self.vocab * self.hidden
+        if self.encoder_decoder:  # one shared table; each stack's relative-position table
+            n += 2 * int(self.t5("buckets")) * self.heads
         if FAMILIES[self.family]["learned_pos"]:
             n += self.max_positions * self.hidden
         return n
 
+    def t5_block_params(self) -> tuple[int, int]:
+        """Parameters of one T5 encoder block and one decoder block (no biases; RMS norms of ``hidden``).
+
+        Encoder: self-attention (q, k, v of ``hidden x heads*d_kv``, o back) + MLP + 2 norms; decoder:
+        the same plus cross-attention and a third norm. The relative-position tables (``buckets x
+        heads`` in each stack's first block) are counted in ``embedding_params``.
+        """
+        h, f, inner = self.hidden, self.ffn, self.heads * self.head_dim
+        attn = 4 * h * inner
+        mlp = (3 if self.t5("gated") else 2) * h * f
+        return attn + mlp + 2 * h, 2 * attn + mlp + 3 * h
+
     def num_params(self) -> int:
         """Total parameters (approximate to within the small heads/norms that differ per family)."""
+        if self.encoder_decoder:
+            enc, dec = self.t5_block_params()
+            head = 0 if self.t5("tied") else self.vocab * self.hidden
+            return (self.layers * enc + self.decoder_layers * dec + self.embedding_params() + head
+                    + 2 * self.hidden)
         head = self.vocab * self.hidden if self.family == "llama" else 0  # LLaMA's head is untied
         return self.layers * self.layer_params() + self.embedding_params() + head + 2 * self.hidden
 
@@ -215,6 +282,9 @@ class ModelSpec:
         if "seq_len" in given and given["seq_len"] > self.max_positions and "max_positions" not in given:
             given["max_positions"] = given["seq_len"]
         changes: dict[str, Any] = dict(given)
+        if self.encoder_decoder and "layers" in given and "decoder_layers" in self.extra:
+            # T5 presets name both depths; --layers sets both (the published models have equal stacks)
+            changes["extra"] = {**self.extra, "decoder_layers": given["layers"]}
         return replace(self, **changes)
 
     @classmethod
@@ -235,10 +305,26 @@ class ModelSpec:
         return PRESETS[key].with_overrides(**overrides)
 
 
+def _check_t5_extra(spec: ModelSpec) -> None:
+    unknown = sorted(set(spec.extra) - set(T5_EXTRA))
+    if unknown:
+        raise ConfigError(f"unknown {spec.family} extra keys {unknown} for {spec.preset}; valid keys are "
+                          f"{sorted(T5_EXTRA)}")
+    for key in ("decoder_layers", "decoder_seq_len", "d_kv", "buckets"):
+        v = spec.extra.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_SEQ_LEN):
+            raise ConfigError(f"{spec.family} extra {key} must be a positive integer: got {v!r} for "
+                              f"{spec.preset}; give a positive {key} in ModelSpec.extra")
+    for key in ("gated", "tied"):
+        if not isinstance(spec.extra.get(key, T5_EXTRA[key]), bool):
+            raise ConfigError(f"{spec.family} extra {key} must be true or false: got {spec.extra[key]!r} "
+                              f"for {spec.preset}")
+
+
 def _p(preset: str, family: str, hidden: int, layers: int, heads: int, ffn: int, seq: int, vocab: int,
-       kv: int = 0, max_pos: int = 0) -> ModelSpec:
+       kv: int = 0, max_pos: int = 0, **extra: Any) -> ModelSpec:
     return ModelSpec(family=family, hidden=hidden, layers=layers, heads=heads, ffn=ffn, seq_len=seq,
-                     vocab=vocab, kv_heads=kv, preset=preset, max_positions=max_pos)
+                     vocab=vocab, kv_heads=kv, preset=preset, max_positions=max_pos, extra=extra)
 
 
 # Shapes from the published configs (bert-*-uncased, roberta-*, gpt2*, facebook/opt-*, Llama-2-*).
@@ -267,6 +353,13 @@ PRESETS: dict[str, ModelSpec] = {
         _p("llama-7b", "llama", 4096, 32, 32, 11008, 4096, 32000),
         _p("llama-13b", "llama", 5120, 40, 40, 13824, 4096, 32000),
         _p("llama-70b", "llama", 8192, 80, 64, 28672, 4096, 32000, kv=8),
+        # T5 (Raffel et al.; google-t5/t5-*): encoder source 512 tokens, decoder target 128 here. The
+        # tiny one has heads * d_kv != hidden (as t5-3b) and a target shorter than the source.
+        _p("t5-tiny", "t5", 128, 2, 4, 512, 64, 1024, decoder_layers=2, decoder_seq_len=32, d_kv=64),
+        _p("t5-small", "t5", 512, 6, 8, 2048, 512, 32128, decoder_layers=6, decoder_seq_len=128, d_kv=64),
+        _p("t5-base", "t5", 768, 12, 12, 3072, 512, 32128, decoder_layers=12, decoder_seq_len=128, d_kv=64),
+        _p("t5-large", "t5", 1024, 24, 16, 4096, 512, 32128, decoder_layers=24, decoder_seq_len=128, d_kv=64),
+        _p("t5-3b", "t5", 1024, 24, 32, 16384, 512, 32128, decoder_layers=24, decoder_seq_len=128, d_kv=128),
     ]
 }
 
@@ -276,6 +369,7 @@ ALIASES: dict[str, str] = {
     "gpt2-small": "gpt2",
     "opt": "opt-1.3b",
     "llama": "llama-7b",
+    "t5": "t5-large",
 }
 
 
