@@ -70,6 +70,9 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
 def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, virtual_stages: int = 1) -> str:
     """Why ``pp`` (x ``virtual_stages`` chunks) cannot split ``model`` (on ``cluster``), or ""."""
     chunks = pp * virtual_stages
+    if model.encoder_decoder and chunks > 1:
+        return (f"pipeline stages are not supported for {model.family} (an encoder-decoder) yet: got pp={pp} x "
+                f"virtual_stages={virtual_stages} for {model.preset}; use pp=1 with tp and dp")
     if model.layers % chunks:
         return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
@@ -126,6 +129,14 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
     problem = tp_problem(config.tp, model, cluster) or pp_problem(config.pp, model, cluster, config.virtual_stages)
     if problem:
         raise ConfigError(problem)
+    if config.sequence_parallel and model.encoder_decoder and config.tp > 1:
+        raise ConfigError(
+            f"sequence_parallel is not supported for {model.family} (its cross-attention reads the whole "
+            f"encoder output): got tp={config.tp} for {model.preset}; turn sequence_parallel off"
+        )
+    if config.attn_kernel == "flash" and model.encoder_decoder:
+        raise ConfigError(f"attn_kernel flash is not supported for {model.family} (transformers has no "
+                          f"FlashAttention path with T5's position bias): use sdpa or eager")
     if config.sequence_parallel and model.seq_len % config.tp:
         raise ConfigError(
             f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={config.tp}"

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from autoslapo.errors import ScheduleError
-from autoslapo.models.families import FamilyDescription, get_family
+from autoslapo.models.families import FamilyDescription, family_description
 from autoslapo.schedule import Schedule, create_schedule
 
 if TYPE_CHECKING:
@@ -65,8 +65,11 @@ def checkpointed_layers(spec: ModelSpec, config: ScheduleConfig) -> list[int]:
     """The layer indices ``apply_schedule`` checkpoints.
 
     With one pipeline chunk: ``config.checkpointed_layers(spec.layers)``. With several, the ratio and
-    placement apply within each chunk (every stage then holds about the same activations).
+    placement apply within each chunk (every stage then holds about the same activations). An
+    encoder-decoder's blocks are numbered encoder first, then decoder (``spec.blocks`` in all).
     """
+    if spec.encoder_decoder:
+        return list(config.checkpointed_layers(spec.blocks))
     chunks = config.pp * config.virtual_stages
     out: list[int] = []
     for start, stop in chunk_bounds(spec.layers, chunks):
@@ -106,12 +109,23 @@ def _shard_row(node: Schedule) -> None:
         node.mod.in_features //= node.group_size
 
 
-def _shard_layer(layer: Schedule, desc: FamilyDescription) -> None:
+def _shard_layer(layer: Schedule, desc: FamilyDescription, first: bool = False) -> None:
     for path in desc.qkv:
         _shard_column(layer[path], desc.qkv_chunks)
     if desc.attention_attrs:
         layer[desc.attention].shrink_attr(*desc.attention_attrs)
     _shard_row(layer[desc.attn_out])
+    if first and desc.position_bias is not None:
+        # T5's relative-position table [buckets, heads]: each rank keeps its heads' columns
+        table = layer[desc.position_bias]
+        table.shard("weight", 1)
+        table.shrink_attr("embedding_dim")
+    if desc.cross_attention is not None and desc.cross_attn_out is not None:
+        for path in desc.cross_qkv:
+            _shard_column(layer[path])
+        if desc.attention_attrs:
+            layer[desc.cross_attention].shrink_attr(*desc.attention_attrs)
+        _shard_row(layer[desc.cross_attn_out])
     for path in desc.mlp_in:
         _shard_column(layer[path])
     _shard_row(layer[desc.mlp_out])
@@ -131,6 +145,12 @@ def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) ->
             # all-reduce of the partial sums at the exit.
             layer[entry].sync("bwd_post", "all_reduce", index=index)
             layer[exit_].sync("fwd_post", "all_reduce")
+    if desc.cross_attention is not None and desc.cross_attn_out is not None:
+        # q reads the decoder's hidden states, k and v the encoder's output: both inputs' gradients
+        # are partial sums over the heads' shards (sequence parallelism is refused for T5)
+        layer[desc.cross_attention].sync("bwd_post", "all_reduce", index=0)
+        layer[desc.cross_attention].sync("bwd_post", "all_reduce", index=desc.cross_kv_input)
+        layer[desc.cross_attn_out].sync("fwd_post", "all_reduce")
     if seq_parallel:
         for path in desc.norms:
             layer[path].allreduce_grads()
@@ -140,7 +160,8 @@ def _vocab_parallel(sch: Schedule, desc: FamilyDescription, causal: bool, kernel
     # A vocabulary tp does not divide (BERT's 30522 on tp=8) is padded to the next multiple, as
     # Megatron does. A call with labels computes the loss from the logits' vocabulary shards
     # (Megatron's vocab-parallel cross-entropy); one without gathers whole logits and drops the pad.
-    sch[desc.embed_tokens].vocab_parallel()
+    for stack in desc.stacks():  # an encoder-decoder's two stacks share one table (T5)
+        sch[stack.embed_tokens].vocab_parallel()
     sch[desc.lm_head].vocab_parallel_head()
     sch.vocab_parallel_loss(desc.lm_head, causal=causal, kernel=kernel)
 
@@ -206,32 +227,36 @@ def apply_schedule(
     when the model does not match the spec or the schedule's group size differs from ``config.tp``.
     """
     config.validate(spec)
-    desc = get_family(spec.family)
+    desc = family_description(spec)
     sch = _root(sch_or_model, groups)
     if sch.group_size != config.tp:
         raise ScheduleError(
             f"the schedule's tensor-parallel group has {sch.group_size} ranks but config.tp={config.tp}; "
             "pass groups=build_groups(tp, pp, dp) or create_schedule(model, group=<tp group>)"
         )
-    if desc.layers not in sch:
-        raise ScheduleError(
-            f"a {spec.family} model keeps its layers at {desc.layers!r}, which this model lacks; "
-            f"build it with autoslapo.models.build_model({spec.preset!r})"
-        )
-    layer_list = sch[desc.layers]
-    if len(layer_list.children) != spec.layers:
-        raise ScheduleError(
-            f"the model has {len(layer_list.children)} layers but the spec says {spec.layers}; "
-            "build the model from the same spec"
-        )
-    layers = [layer_list[str(i)] for i in range(spec.layers)]
+    # every block with the description of its stack (an encoder-decoder: encoder blocks, then decoder's)
+    blocks: list[tuple[Schedule, FamilyDescription]] = []
+    for stack, count in zip(desc.stacks(), (spec.layers, spec.decoder_layers), strict=False):
+        if stack.layers not in sch:
+            raise ScheduleError(
+                f"a {spec.family} model keeps its layers at {stack.layers!r}, which this model lacks; "
+                f"build it with autoslapo.models.build_model({spec.preset!r})"
+            )
+        layer_list = sch[stack.layers]
+        if len(layer_list.children) != count:
+            raise ScheduleError(
+                f"the model has {len(layer_list.children)} layers at {stack.layers!r} but the spec says "
+                f"{count}; build the model from the same spec"
+            )
+        blocks.extend((layer_list[str(i)], stack) for i in range(count))
+    layers = [layer for layer, _ in blocks]
     tp = config.tp
     plan: dict[str, Any] = {"family": desc.name, "config": config.to_dict(), "skipped": []}
 
     # 1. shard parameters (before any hook, so fusion below sees the final parameter objects)
     if tp > 1:
-        for layer in layers:
-            _shard_layer(layer, desc)
+        for n, (layer, stack) in enumerate(blocks):
+            _shard_layer(layer, stack, first=n in (0, spec.layers))
     vocab_parallel = tp > 1
 
     # 2. fusion
@@ -239,14 +264,14 @@ def apply_schedule(
         if desc.bias_gelu is None:
             plan["skipped"].append(f"fuse_bias_gelu: the {desc.name} MLP has no bias + GeLU")
         else:
-            for layer in layers:
-                _fuse_bias_gelu(layer, desc, compiler)
+            for layer, stack in blocks:
+                _fuse_bias_gelu(layer, stack, compiler)
 
     # 3. collectives
-    chunks = chunk_bounds(spec.layers, config.pp * config.virtual_stages)
+    chunks = chunk_bounds(len(layers), config.pp * config.virtual_stages)
     if tp > 1:
-        for layer in layers:
-            _sync_layer(layer, desc, config.sequence_parallel)
+        for layer, stack in blocks:
+            _sync_layer(layer, stack, config.sequence_parallel)
         if vocab_parallel:
             _vocab_parallel(sch, desc, spec.causal, config.loss_kernel)
         if config.sequence_parallel:
@@ -264,14 +289,14 @@ def apply_schedule(
     for i in ckpt:
         if config.ckpt_granularity == "selective":
             # Korthikanti et al.'s selective recomputation: only the attention core is recomputed.
-            layers[i][desc.attention].checkpoint(keep="linear")
+            layers[i][blocks[i][1].attention].checkpoint(keep="linear")
         else:
             layers[i].checkpoint()
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
         for layer in layers:
             layer.fuse(compiler=backend)
-    cuts = cut_points(spec.layers, config.pp * config.virtual_stages)
+    cuts = cut_points(len(layers), config.pp * config.virtual_stages)
     for i in cuts:
         layers[i].cut_pipeline_stage()
 

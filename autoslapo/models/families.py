@@ -13,6 +13,7 @@ Pure data. How a family runs as pipeline stages is read from these descriptions 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,11 +21,12 @@ from typing import TYPE_CHECKING
 from autoslapo.errors import ConfigError
 
 if TYPE_CHECKING:
-    pass
+    from autoslapo.models.spec import ModelSpec
 
 __all__ = [
     "FAMILY_DESCRIPTIONS",
     "FamilyDescription",
+    "family_description",
     "get_family",
     "list_families",
     "register_family",
@@ -71,6 +73,18 @@ class FamilyDescription:
     norms: tuple[str, ...]
     mlp_seq_dim: int = 1
     bias_gelu: str | None = None
+    # An encoder-decoder (T5): ``decoder`` describes the second stack (its ``layers``, ``embed_tokens``
+    # and paths inside a layer are read); ``cross_attention`` (its input is the decoder's hidden
+    # states at position 0 and the encoder's output at keyword ``cross_kv_input``), ``cross_qkv``
+    # (column-parallel) and ``cross_attn_out`` (row-parallel) are a decoder layer's attention over the
+    # encoder output; ``position_bias`` is the relative-position table (rows: buckets, columns: heads)
+    # in a stack's first layer, which tensor parallelism shards by heads like q/k/v.
+    decoder: FamilyDescription | None = None
+    cross_attention: str | None = None
+    cross_qkv: tuple[str, ...] = ()
+    cross_attn_out: str | None = None
+    cross_kv_input: str = "key_value_states"
+    position_bias: str | None = None
 
     def __post_init__(self) -> None:
         if self.qkv_chunks not in (1, 3):
@@ -81,11 +95,22 @@ class FamilyDescription:
             raise ConfigError(f"separate projections need three paths (q, k, v): got qkv={self.qkv}")
         if not self.mlp_in:
             raise ConfigError(f"family {self.name!r} needs at least one MLP input projection")
+        if (self.cross_attention is None) != (self.cross_attn_out is None) or (
+                self.cross_attention is not None and len(self.cross_qkv) != 3):
+            raise ConfigError(
+                f"a cross-attention needs its module, three projections (q, k, v) and an output: got "
+                f"cross_attention={self.cross_attention}, cross_qkv={self.cross_qkv}, "
+                f"cross_attn_out={self.cross_attn_out} for family {self.name!r}"
+            )
 
     @property
     def mlp_input(self) -> str:
         """The module whose input is the MLP's input (where the tensor-parallel region begins)."""
         return self.mlp if self.mlp is not None else self.mlp_in[0]
+
+    def stacks(self) -> tuple[FamilyDescription, ...]:
+        """The descriptions of the model's layer stacks in forward order: itself, then its decoder."""
+        return (self,) if self.decoder is None else (self, self.decoder)
 
     def layer_path(self, i: int) -> str:
         """The path of layer ``i``."""
@@ -226,3 +251,56 @@ LLAMA = register_family(
         bias_gelu=None,  # SwiGLU, no biases
     )
 )
+
+
+def _t5_stack(stack: str, decoder: bool, mlp_in: tuple[str, ...]) -> FamilyDescription:
+    # T5Block: layer.0 self-attention, (decoder) layer.1 cross-attention, then the feed-forward layer.
+    ff = f"layer.{2 if decoder else 1}"
+    attn = ("n_heads", "inner_dim")  # n_heads shapes the zero bias of a block without a table
+    return FamilyDescription(
+        name="t5",
+        model_type="t5",
+        layers=f"{stack}.block",
+        embed_tokens=f"{stack}.embed_tokens",
+        lm_head="lm_head",
+        head_tied=True,
+        embeddings=("shared",),
+        final=("decoder.final_layer_norm", "lm_head"),
+        attention="layer.0.SelfAttention",
+        attention_input=0,
+        qkv=("layer.0.SelfAttention.q", "layer.0.SelfAttention.k", "layer.0.SelfAttention.v"),
+        qkv_chunks=1,
+        attn_out="layer.0.SelfAttention.o",
+        attention_attrs=attn,
+        mlp=f"{ff}.DenseReluDense",
+        mlp_in=tuple(f"{ff}.DenseReluDense.{m}" for m in mlp_in),
+        mlp_out=f"{ff}.DenseReluDense.wo",
+        norms=tuple(f"layer.{i}.layer_norm" for i in range(3 if decoder else 2)),
+        bias_gelu=None,  # no biases
+        cross_attention="layer.1.EncDecAttention" if decoder else None,
+        cross_qkv=tuple(f"layer.1.EncDecAttention.{m}" for m in "qkv") if decoder else (),
+        cross_attn_out="layer.1.EncDecAttention.o" if decoder else None,
+        position_bias="layer.0.SelfAttention.relative_attention_bias",
+    )
+
+
+def _t5(mlp_in: tuple[str, ...]) -> FamilyDescription:
+    enc = _t5_stack("encoder", False, mlp_in)
+    return dataclasses.replace(enc, decoder=_t5_stack("decoder", True, mlp_in))
+
+
+# T5 (T5ForConditionalGeneration): encoder.block and decoder.block; q/k/v/o and wi/wo without biases;
+# the encoder's and decoder's relative-position tables in block 0 of each stack. T5 v1.1's gated MLP
+# (wi_0, wi_1) is the same family with other MLP paths: ``family_description`` picks it.
+T5 = register_family(_t5(("wi",)))
+T5_GATED = _t5(("wi_0", "wi_1"))
+
+
+def family_description(spec: ModelSpec) -> FamilyDescription:
+    """The description of ``spec``'s model: its family's, or a variant its ``extra`` selects (T5 v1.1).
+
+    Raises: ConfigError for an unknown family (as ``get_family``).
+    """
+    if spec.encoder_decoder and spec.t5("gated"):
+        return T5_GATED
+    return get_family(spec.family)

@@ -32,9 +32,17 @@ def vocab_parallel(sch: Schedule, param_name: str = "weight", *, pad: bool = Tru
     output layer drops their logits (:func:`vocab_parallel_head`). ``pad=False`` makes such a
     vocabulary an error instead. The module must look rows up by its first input
     (``nn.Embedding``); a ``padding_idx`` is moved to local numbering.
-    Returns: the ShardSpec. Raises: ScheduleError as ``shard`` does.
+    A table tied to one already made vocab-parallel (T5's encoder and decoder share one) keeps that
+    shard and gets the lookup hooks. Returns: the ShardSpec. Raises: ScheduleError as ``shard`` does,
+    or for a tied table sharded along another axis.
     """
-    spec = shard(sch, param_name, 0, pad=pad)
+    param = sch.mod._parameters.get(param_name)
+    spec = (shard_spec(param) if param is not None else None) or shard(sch, param_name, 0, pad=pad)
+    if spec.axis != 0:
+        raise ScheduleError(
+            f"vocab_parallel needs the table sharded along the vocabulary (axis 0): {sch.path!r} is "
+            f"sharded along axis {spec.axis}"
+        )
     mod, group, world = sch.mod, sch.group, sch.group_size
     part = (spec.full_shape[0] + spec.pad) // world
     start = sch.rank * part
