@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoslapo.cost.encdec import encdec_flops_per_sample, encdec_hw_flops_per_sample
+
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
     from autoslapo.models.spec import ModelSpec
@@ -50,12 +52,16 @@ def head_flops_per_token(model: ModelSpec) -> float:
 
 def model_flops_per_sample(model: ModelSpec) -> float:
     """FLOPs of forward + backward for one sequence, no recomputation (Megatron's model FLOPs)."""
+    if model.encoder_decoder:  # T5: encoder over the source, decoder and head over the target
+        return encdec_flops_per_sample(model)
     fwd = model.layers * layer_flops_per_token(model) + head_flops_per_token(model)
     return 3.0 * fwd * model.seq_len
 
 
 def hw_flops_per_sample(model: ModelSpec, config: ScheduleConfig) -> float:
     """FLOPs actually executed per sequence: model FLOPs plus the recomputed forward passes."""
+    if model.encoder_decoder:
+        return encdec_hw_flops_per_sample(model, config)
     recomputed = len(config.checkpointed_layers(model.layers))
     return model_flops_per_sample(model) + recomputed * layer_flops_per_token(model) * model.seq_len
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.config import LOSS_CHUNK_TOKENS
+from autoslapo.cost.encdec import encdec_activation_bytes, encdec_stage_params
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -83,6 +84,8 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     Embeddings are vocab-parallel over TP (Megatron); with pp > 1 the last stage keeps its own copy
     of tied word embeddings for the logits; LLaMA's untied head is always on the last stage.
     """
+    if model.encoder_decoder:  # T5: two unequal stacks (``autoslapo.cost.encdec``)
+        return encdec_stage_params(model, config)
     layers = model.layers / config.pp
     body = layers * model.layer_params() / config.tp
     emb = model.embedding_params() / config.tp
@@ -243,6 +246,8 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     layer it is in (about that layer's activations again) and, at the loss, the fp32 gradient of
     the logits.
     """
+    if model.encoder_decoder:  # T5: source and target tokens, two kinds of block
+        return encdec_activation_bytes(model, config, dropout, runtime, transients)
     tokens = config.micro_batch * model.seq_len
     full = layer_activation_bytes_per_token(model, config, dropout, runtime) * tokens
     kept = checkpointed_layer_bytes_per_token(model, config, dropout, runtime) * tokens

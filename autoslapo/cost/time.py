@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost.memory import element_bytes, has_dropout, stage_params
@@ -235,6 +235,50 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
     return fwd, bwd_total, fwd_attn
 
 
+def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates, dropout: bool | None,
+                             tp_bw: float) -> tuple[float, float, float, float]:
+    """(forward, backward, recompute, TP collectives) seconds of one T5 micro-batch on one device.
+
+    An encoder block is ``_layer_times`` over the source tokens, a decoder block over the target
+    tokens plus its cross-attention (q and o over target tokens, k and v over source tokens, scores
+    target x source); the q and o GEMMs are ``heads x d_kv`` wide. TP: 4 all-reduces an encoder block
+    (source tokens), 6 a decoder block (target tokens) and one for the k/v input's gradient (source).
+    """
+    t, b, e = config.tp, config.micro_batch, r.e
+    s, u, h, d = model.seq_len, model.decoder_seq_len, model.hidden, model.head_dim
+    inner, heads = model.heads * d, model.heads / t
+    Ts, Tu = b * s, b * u
+    enc = model
+    dec = replace(model, seq_len=u, max_positions=max(u, model.max_positions))
+
+    def wide(T: float) -> float:  # q and o are heads x d_kv wide, not hidden
+        return (r.gemm(T, inner / t, h) + r.gemm(T, h, inner / t)) - (r.gemm(T, h / t, h) + r.gemm(T, h, h / t))
+
+    ef, eb, ec = _layer_times(enc, config, r, dropout)
+    ef, eb = ef + wide(Ts), eb + 2 * wide(Ts)
+    df, db, dc = _layer_times(dec, config, r, dropout)
+    proj = r.gemm(Tu, inner / t, h) + r.gemm(Ts, 2 * inner / t, h) + r.gemm(Tu, h, inner / t)
+    core = r.gemm(u, s, d, b * heads) + r.gemm(u, d, s, b * heads) + r.mem(b * heads * u * s * e * 6, 3)
+    df, db, dc = df + wide(Tu) + proj + core, db + 2 * wide(Tu) + 2 * proj + 2 * core, dc + core
+    tp_s = _ring("allreduce", Ts * h * e, t, tp_bw, r.perf)
+    tp_u = _ring("allreduce", Tu * h * e, t, tp_bw, r.perf)
+    head_f = r.gemm(Tu, model.vocab / t, h) + r.mem(Tu * model.vocab / t * (e + 3 * 4), 3)
+    head_b = 2 * head_f + (r.gemm(Tu, model.vocab / t, h) if config.loss_kernel == "chunked" else 0.0)
+    emb = r.mem((Ts + Tu) * h * (2 * e + 1), 3)
+    le, ld = model.layers, model.decoder_layers
+    fwd = le * ef + ld * df + head_f + emb
+    bwd = le * eb + ld * db + head_b + 2 * emb
+    selective = config.ckpt_granularity == "selective"
+    rec = 0.0
+    for i in config.checkpointed_layers(model.blocks):
+        if i < le:
+            rec += ec if selective else ef + 2 * tp_s
+        else:
+            rec += dc if selective else df + 3 * tp_u
+    tp = le * 4 * tp_s + ld * (6 * tp_u + tp_s)
+    return fwd, bwd, rec, tp
+
+
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
                   perf: DevicePerf, dropout: bool | None = None) -> TimeBreakdown:
     """Seconds of one optimizer step of ``config`` on ``cluster``, split by cause."""
@@ -266,6 +310,8 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     # its attention core (Korthikanti et al. 2022), the projections' outputs being kept
     rec_mb = n_ckpt * (core_l if config.ckpt_granularity == "selective" else fwd_l + 2 * tp_one)
     tp_mb = per_stage * 4 * tp_one
+    if model.encoder_decoder:  # T5: two stacks of unequal blocks over source and target tokens
+        fwd_mb, bwd_mb, rec_mb, tp_mb = _encdec_microbatch_times(model, config, r, dropout, tp_bw)
 
     # autograd accumulates each micro-batch's weight gradients into .grad (read + write)
     n_params = max(stage_params(model, config))

@@ -184,7 +184,7 @@ class ModelSpec:
 
     @property
     def gated_mlp(self) -> bool:
-        return FAMILIES[self.family]["gated_mlp"]
+        return FAMILIES[self.family]["gated_mlp"] or (self.encoder_decoder and bool(self.t5("gated")))
 
     @property
     def name(self) -> str:
