@@ -91,7 +91,7 @@ def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bo
 
     Per token of its stack: the norms' inputs (fp32 and 16-bit under autoslapo's autocast), the
     residual dropouts' masks, q/k/v and the attention output (``heads x d_kv`` wide), the MLP's inner
-    tensors (ReLU: its output; with dropout also the mask and dropout's output; gated-GeLU: four),
+    tensors (ReLU: its output; with dropout also the mask and dropout's output; gated-GeLU: seven),
     the attention probabilities (eager) or a log-sum-exp per row (SDPA). A decoder block adds the
     cross-attention: q and its output per target token, k and v per source token, scores over the
     source.
@@ -103,7 +103,9 @@ def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bo
     tokens = config.micro_batch * (u if decoder else s)
     norms = 3 if decoder else 2
     replicated = norms * h * ((4 + e) if ours else 2 * e) + (norms * h if dropout else 0)
-    mlp = 4 * f * e if model.gated_mlp else (2 * f * e + f if dropout else f * e)
+    # gated-GeLU: wi_0's output, three intermediates of transformers' tanh-GeLU chain (as GPT-2's),
+    # the GeLU's and wi_1's outputs (the product's inputs) and the product (wo's input): 7
+    mlp = 7 * f * e if model.gated_mlp else (2 * f * e + f if dropout else f * e)
 
     def core(keys: int) -> float:
         if config.attn_kernel == "eager":

@@ -207,6 +207,8 @@ def build_model(
             model = cls(config)
         if spec.encoder_decoder and not spec.t5("tied"):
             _untie_head(model)
+        if spec.encoder_decoder:
+            _keep_t5_init(model, spec)
     if dtype is not None:
         model.to(dtype=dtype)
     model.train()
@@ -255,6 +257,34 @@ def example_batch(
     if device is not None:
         out = {k: v.to(device) for k, v in out.items()}
     return out
+
+
+def _keep_t5_init(model: nn.Module, spec: ModelSpec) -> None:
+    import torch
+
+    # T5's ``_init_weights`` scales q/k/v/o and wi/wo only when called on their parent (T5Attention,
+    # T5DenseActDense); ``autoslapo.build.materialize`` calls it on the module holding each parameter,
+    # whose generic branch draws them with std 1: activations then grow large enough that the
+    # softmaxes saturate and a TP layout's different order of sums shows in the losses. Each
+    # projection carries its T5 std, and the model's ``_init_weights`` reads it.
+    h, d, f = spec.hidden, spec.head_dim, spec.ffn
+    stds = {"q": (h * d) ** -0.5, "k": h**-0.5, "v": h**-0.5, "o": (spec.heads * d) ** -0.5,
+            "wi": h**-0.5, "wi_0": h**-0.5, "wi_1": h**-0.5, "wo": f**-0.5, "relative_attention_bias": h**-0.5}
+    for name, mod in model.named_modules():
+        std = stds.get(name.rsplit(".", 1)[-1])
+        if std is not None:
+            mod._autoslapo_init_std = std  # type: ignore[assignment]
+    hf_init = model._init_weights  # type: ignore[operator]
+
+    def init(module: nn.Module) -> None:
+        std = getattr(module, "_autoslapo_init_std", None)
+        if std is None:
+            hf_init(module)
+            return
+        with torch.no_grad():
+            module.weight.normal_(0.0, float(std))  # type: ignore[operator]
+
+    model._init_weights = init  # type: ignore[method-assign, assignment]
 
 
 def _untie_head(model: nn.Module) -> None:

@@ -56,7 +56,7 @@ def test_paths_exist_in_the_built_model(family: str) -> None:
         assert desc.bias_gelu in layer
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(f for f, d in FAMILIES.items() if not d.get("encoder_decoder")))
 def test_pipeline_adapter_reproduces_the_model(family: str) -> None:
     """embed -> every layer with the rebuilt context -> final modules == the model's own logits."""
     spec = ModelSpec.from_name(f"{family}-tiny")

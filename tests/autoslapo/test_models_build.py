@@ -16,6 +16,7 @@ CLASSES = {
     "gpt2": "GPT2LMHeadModel",
     "opt": "OPTForCausalLM",
     "llama": "LlamaForCausalLM",
+    "t5": "T5ForConditionalGeneration",
 }
 
 
@@ -27,7 +28,8 @@ def test_tiny_preset_builds_and_runs(name: str) -> None:
     assert model.config.hidden_size == spec.hidden and model.config.num_hidden_layers == spec.layers
     batch = example_batch(spec, 2, 16)
     out = model(**batch)
-    assert out.logits.shape == (2, 16, spec.vocab)
+    target = spec.decoder_seq_len if spec.encoder_decoder else 16  # T5 predicts the target sequence
+    assert out.logits.shape == (2, target, spec.vocab)
     assert torch.isfinite(out.loss)
     out.loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

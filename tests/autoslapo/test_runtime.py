@@ -37,6 +37,17 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
     ("bert-tiny", {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "pipeline_schedule": "gpipe"}),
     ("opt-tiny", {"dp": 4, "zero_stage": 2, "grad_accum": 2}),
     ("roberta-tiny", {"tp": 2, "dp": 2, "sequence_parallel": True, "ckpt_ratio": 1.0}),
+    # encoder-decoder: TP over self- and cross-attention, checkpoints across both stacks
+    ("t5-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),
+]
+
+# An encoder-decoder (T5) has no pipeline stages or sequence parallelism (``autoslapo.layout``
+# refuses them): its matrix keeps the rest and adds TP over all 4 heads, selective recomputation
+# and checkpointing of every block of both stacks.
+ENCDEC_MATRIX: list[dict[str, Any]] = [
+    *(kw for kw in MATRIX if kw.get("pp", 1) == 1 and not kw.get("sequence_parallel")),
+    {"tp": 4, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
+    {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
 ]
 
 
@@ -68,7 +79,8 @@ def test_scheduled_losses_match_the_unscheduled_model_for_every_family() -> None
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_full_matrix_per_family(family: str) -> None:
-    _check([(f"{family}-tiny", kw) for kw in MATRIX])
+    matrix = ENCDEC_MATRIX if FAMILIES[family].get("encoder_decoder") else MATRIX
+    _check([(f"{family}-tiny", kw) for kw in matrix])
 
 
 def test_deepspeed_config_and_mpu_follow_the_knobs() -> None:
