@@ -31,6 +31,9 @@ TP_CASES: dict[str, tuple[str, dict[str, Any]]] = {
         {"tp": 2, "fuse_bias_gelu": True, "ckpt_ratio": 1.0, "attn_kernel": "eager"},
     ),
     "tp2-fuse-gpt2": ("gpt2-tiny", {"tp": 2, "fuse_bias_gelu": True}),
+    # T5: both stacks, cross-attention and relative-position tables sharded; every block recomputed
+    "tp2-selective-t5": ("t5-tiny", {"tp": 2, "ckpt_ratio": 1.0, "ckpt_granularity": "selective",
+                                     "attn_kernel": "eager"}),
 }
 PP_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "pp2-ckpt-bert": ("bert-tiny", {"pp": 2, "grad_accum": 2, "ckpt_ratio": 1.0}),
