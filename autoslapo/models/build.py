@@ -114,7 +114,8 @@ def _t5(spec: ModelSpec, dropout: float | None) -> Any:
     kw: dict[str, Any] = {}
     if dropout is not None:
         kw["dropout_rate"] = dropout
-    return T5Config(
+    # tie_word_embeddings and decoder_start_token_id are PretrainedConfig keywords T5Config passes on
+    return T5Config(  # type: ignore[call-arg]
         vocab_size=spec.vocab,
         d_model=spec.hidden,
         d_kv=spec.head_dim,
@@ -274,7 +275,7 @@ def _keep_t5_init(model: nn.Module, spec: ModelSpec) -> None:
         std = stds.get(name.rsplit(".", 1)[-1])
         if std is not None:
             mod._autoslapo_init_std = std  # type: ignore[assignment]
-    hf_init = model._init_weights  # type: ignore[operator]
+    hf_init: Any = model._init_weights
 
     def init(module: nn.Module) -> None:
         std = getattr(module, "_autoslapo_init_std", None)
@@ -282,9 +283,10 @@ def _keep_t5_init(model: nn.Module, spec: ModelSpec) -> None:
             hf_init(module)
             return
         with torch.no_grad():
-            module.weight.normal_(0.0, float(std))  # type: ignore[operator]
+            weight: Any = module.weight
+            weight.normal_(0.0, float(std))
 
-    model._init_weights = init  # type: ignore[method-assign, assignment]
+    model._init_weights = init  # type: ignore[assignment]
 
 
 def _untie_head(model: nn.Module) -> None:
@@ -297,7 +299,8 @@ def _untie_head(model: nn.Module) -> None:
     with torch.no_grad():
         weight.normal_(0.0, 1.0)
     head.weight = nn.Parameter(weight)
-    model.config.tie_word_embeddings = False
+    config: Any = model.config
+    config.tie_word_embeddings = False
 
 
 def _seq2seq_batch(spec: ModelSpec, input_ids: torch.Tensor, gen: torch.Generator,
