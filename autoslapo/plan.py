@@ -245,8 +245,8 @@ def apply_schedule(
         layer_list = sch[stack.layers]
         if len(layer_list.children) != count:
             raise ScheduleError(
-                f"the model has {len(layer_list.children)} layers at {stack.layers!r} but the spec says "
-                f"{count}; build the model from the same spec"
+                f"the model has {len(layer_list.children)} layers but the spec says {count} (at "
+                f"{stack.layers!r}); build the model from the same spec"
             )
         blocks.extend((layer_list[str(i)], stack) for i in range(count))
     layers = [layer for layer, _ in blocks]
