@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
              searched=est.breakdown.get("searched"),
              calibration=None if calibration is None else {"study": args.cluster_from, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})
+    d["num_params"] = model.num_params()  # the model's parameter count, to check against the published one
     if args.json:
         sys.stdout.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
         return 0

@@ -4,10 +4,14 @@ the cost model's FLOPs and activations against what the model computes and keeps
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from autoslapo.cli import main
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
@@ -169,3 +173,15 @@ def test_estimate_of_the_published_sizes() -> None:
     # tensor parallelism shards both stacks
     big = ModelSpec.from_name("t5-3b")
     assert stage_params(big, ScheduleConfig(tp=8))[0] == pytest.approx(big.num_params() / 8)
+
+
+@pytest.mark.parametrize(("name", "published"), [("t5-large", 737_668_096), ("t5-3b", 2_851_598_336)])
+def test_cli_estimate_of_a_published_size_reports_its_parameter_count(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str,
+        published: int) -> None:
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)  # no local profile: the A100 preset
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["estimate", name, "--gpus", "8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["num_params"] == published and d["fits"] and d["samples_per_s"] > 0
+    assert d["config"]["pp"] == 1 and not d["config"]["sequence_parallel"]
