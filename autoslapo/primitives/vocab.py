@@ -34,8 +34,10 @@ def vocab_parallel(sch: Schedule, param_name: str = "weight", *, pad: bool = Tru
     (``nn.Embedding``); a ``padding_idx`` is moved to local numbering.
     A table tied to one already made vocab-parallel (T5's encoder and decoder share one) keeps that
     shard and gets the lookup hooks. Returns: the ShardSpec. Raises: ScheduleError as ``shard`` does,
-    or for a tied table sharded along another axis.
+    for a tied table sharded along another axis, or for a module already made vocab-parallel.
     """
+    if "vocab_parallel" in sch.meta:
+        raise ScheduleError(f"{sch.path or '<root>'!r} is already vocab-parallel; call vocab_parallel once a module")
     param = sch.mod._parameters.get(param_name)
     spec = (shard_spec(param) if param is not None else None) or shard(sch, param_name, 0, pad=pad)
     if spec.axis != 0:

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from autoslapo import Verify, create_schedule
 from autoslapo.dist import build_groups, spawn
 from autoslapo.errors import ScheduleError, VerifyError
+from autoslapo.models.build import build_model
+from autoslapo.models.spec import ModelSpec
 from autoslapo.schedule import Schedule
 from tests.conftest import bert_config, tiny_bert, tiny_gpt2, tiny_mlp, token_ids
 
@@ -316,3 +318,14 @@ def test_misuse_errors() -> None:
         sch["1"].shrink_attr("weight")
     with pytest.raises(ScheduleError, match=r"shrink_attr needs in_features % tp == 0.*in_features=16, tp=3"):
         sch["1"].shrink_attr("in_features", by=3)
+
+
+def test_vocab_parallel_on_tables_tied_to_one_already_sharded() -> None:
+    # T5's encoder and decoder embeddings share one table: the second call keeps the shard
+    model = build_model(ModelSpec.from_name("t5-tiny"))
+    sch = create_schedule(model)
+    first = sch["encoder.embed_tokens"].vocab_parallel()
+    assert sch["decoder.embed_tokens"].vocab_parallel() == first
+    assert model.decoder.embed_tokens.weight is model.encoder.embed_tokens.weight is model.lm_head.weight
+    with pytest.raises(ScheduleError, match="already vocab-parallel"):
+        sch["decoder.embed_tokens"].vocab_parallel()
