@@ -78,6 +78,8 @@ class DevicePerf:
     zero_overhead_bytes: int = 0
     gemm_curve: tuple[tuple[float, float], ...] = ()
     mem_curve: tuple[tuple[float, float], ...] = ()
+    gemm_fixed_s: float = 0.0
+    host_op_s: float = 0.0
 
     @classmethod
     def from_profile(cls, base: DevicePerf, profile: dict[str, Any]) -> DevicePerf:

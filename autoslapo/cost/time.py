@@ -27,6 +27,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cost.kernels import flash_softmax_s, flash_traffic_bytes, gemm_size_efficiency, host_floor_s
 from autoslapo.cost.memory import element_bytes, has_dropout, stage_params
 
 if TYPE_CHECKING:
@@ -71,7 +72,11 @@ class _Rates:
         self.lat = perf.op_latency_s
         self.e = element_bytes(config)
         self.curve = perf.gemm_curve
-        self.flash = cluster.device.flash_attention
+        self.has_flash = cluster.device.flash_attention
+        self.fp32_tflops = cluster.peak_tflops_fp32
+        # a GPU's fused attention kernels keep the scores on chip (``autoslapo.cost.kernels``); a CPU's
+        # sdpa is timed as its two products (its profile measures them)
+        self.on_chip_attention = perf.name != "cpu" and not self.curve
 
     def _finish(self, t: float) -> float:
         return t + self.lat if self.perf.op_latency_additive else max(t, self.lat)
@@ -86,8 +91,30 @@ class _Rates:
             tiles = math.ceil(m / p.tile) * math.ceil(n / p.tile) * batch
             waves = math.ceil(tiles / p.sms)
             rate = self.flops_s * eff * (tiles / (waves * p.sms)) * (k / (k + p.k_half))
+            rate *= gemm_size_efficiency(flops, rate, p.gemm_fixed_s)
         traffic = self.e * (m * k + k * n + m * n) * batch
         return self._finish(max(flops / rate, traffic / self.bw))
+
+    def flash(self, s: float, d: float, batch: float, frac: float, eff: float, backward: bool = False) -> float:
+        """Seconds of a fused attention kernel over ``batch`` problems of ``s`` tokens and head width ``d``.
+
+        ``frac`` of the ``s x s`` scores is computed (0.5 causal). The products run on tensor cores at
+        ``eff`` of a GEMM's rate, one thread block per 128-query tile and head (wave quantization over
+        the SMs; the head width as a GEMM's inner dimension); backward does 2.5x the forward's FLOPs at
+        ``FLASH_BWD_REL`` of its rate. HBM moves Q, K, V, O (and gradients), not the scores; the online
+        softmax adds its exposed FP32 time (``autoslapo.cost.kernels``).
+        """
+        p = self.perf
+        scores = s * s * frac * batch
+        flops = 4.0 * scores * d * (2.5 if backward else 1.0)
+        tiles = math.ceil(s / p.tile) * batch
+        waves = math.ceil(tiles / p.sms)
+        rate = self.flops_s * eff * (tiles / (waves * p.sms)) * (d / (d + p.k_half))
+        if backward:
+            rate *= FLASH_BWD_REL
+        traffic = flash_traffic_bytes(s, s, d, batch, self.e, backward)
+        t = max(flops / rate, traffic / self.bw) + flash_softmax_s(scores, self.fp32_tflops, backward)
+        return self._finish(t)
 
     def mem(self, nbytes: float, kernels: int = 1) -> float:
         """Seconds of ``kernels`` memory-bound kernels moving ``nbytes`` in all."""
@@ -199,11 +226,16 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
         # sdpa dispatches to PyTorch's own flash kernel where the device has one (~60%: its
         # FlashAttention-2 port, a [b, heads, s, d] layout the model must transpose into), else to
         # the memory-efficient kernel (~55% of a GEMM's rate).
-        has_flash = r.perf.name != "cpu" and r.flash
+        has_flash = r.perf.name != "cpu" and r.has_flash
         flash_eff = 0.7 if config.attn_kernel == "flash" else (0.6 if has_flash else 0.55)
         frac = 0.5 if model.causal else 1.0
-        fwd_attn = r.gemm(s * frac, s, d, b * heads, eff=flash_eff) + r.gemm(s * frac, d, s, b * heads, eff=flash_eff)
-        bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
+        if r.on_chip_attention:
+            fwd_attn = r.flash(s, d, b * heads, frac, flash_eff)
+            bwd_attn = r.flash(s, d, b * heads, frac, flash_eff, backward=True)
+        else:
+            fwd_attn = (r.gemm(s * frac, s, d, b * heads, eff=flash_eff)
+                        + r.gemm(s * frac, d, s, b * heads, eff=flash_eff))
+            bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
     # elementwise traffic per token: norms, dropout + residual, activation, q/k/v layout copies
     rep: float = 2 * (2 * h * e)  # two norms: read + write
     per_res = (3 * e + 1) * h if fused else (5 * e + 1) * h
