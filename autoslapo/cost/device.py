@@ -105,7 +105,7 @@ class DevicePerf:
 # (H100: see H100_GEMM_EFF below). Elementwise
 # kernels reach ~80% of HBM bandwidth (STREAM-like copies). NCCL ring allreduce reaches ~80% of the
 # NVLink/InfiniBand line rate as bus bandwidth (nccl-tests). Kernel launch ~5 us.
-_GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_additive=False,
+_GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_additive=False, gemm_fixed_s=3e-6, host_op_s=8e-6,
             coll_latency_s=8e-6, comm_eff=0.8, overlap=1.0, fixed_overhead_bytes=int(1.25 * GiB))
 # Hopper (H100/H200 SXM, the same GH100 die): a training step reaches a lower fraction of the
 # datasheet's dense peak than an A100 on the same software stack. The 989 TFLOP/s peak is quoted at

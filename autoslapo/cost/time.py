@@ -193,9 +193,10 @@ def _submodules(model: ModelSpec) -> int:
 
 
 def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
-                 dropout: bool | None) -> tuple[float, float, float]:
+                 dropout: bool | None) -> tuple[float, float, float, int]:
     """(forward, backward, attention-core forward) compute seconds of one layer for one micro-batch
-    on one device; the last is what selective recomputation runs again."""
+    on one device, the third being what selective recomputation runs again; and the number of
+    kernels the layer's forward launches (for the host's issue rate)."""
     t, b, s = config.tp, config.micro_batch, model.seq_len
     h, f, e = model.hidden, model.ffn, r.e
     kvd = model.kv_heads * model.head_dim
@@ -219,6 +220,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
             ew_attn += r.mem(scores * (2 * e + 1), 1)
         fwd_attn = attn + ew_attn
         bwd_attn = 2 * attn + 2 * ew_attn
+        attn_kernels = 2 + passes + (1 if dropout else 0)
     else:
         # memory-efficient / flash kernel: the score products run at lower efficiency inside one
         # kernel (FlashAttention-2 reaches ~70% of a GEMM's rate, Dao 2023); causal halves the
@@ -236,6 +238,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
             fwd_attn = (r.gemm(s * frac, s, d, b * heads, eff=flash_eff)
                         + r.gemm(s * frac, d, s, b * heads, eff=flash_eff))
             bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
+        attn_kernels = 1
     # elementwise traffic per token: norms, dropout + residual, activation, q/k/v layout copies
     rep: float = 2 * (2 * h * e)  # two norms: read + write
     per_res = (3 * e + 1) * h if fused else (5 * e + 1) * h
@@ -264,7 +267,12 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
     ew = r.mem(T * (rep + shard / t), kernels)
     fwd = g + fwd_attn + ew
     bwd_total = bwd + bwd_attn + 2 * ew
-    return fwd, bwd_total, fwd_attn
+    # four weight GEMMs (five gated), the attention kernels, the elementwise ones, the layout copies
+    # (none for flash_attn) and the two tensor-parallel allreduces
+    n_kernels = (5 if model.gated_mlp else 4) + attn_kernels + kernels
+    n_kernels += 0 if config.attn_kernel == "flash" else 4
+    n_kernels += 2 if t > 1 else 0
+    return fwd, bwd_total, fwd_attn, n_kernels
 
 
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
@@ -275,7 +283,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     b, s, h, e = config.micro_batch, model.seq_len, model.hidden, r.e
     T = b * s
     per_stage = model.layers // pp
-    fwd_l, bwd_l, core_l = _layer_times(model, config, r, dropout)
+    fwd_l, bwd_l, core_l, kernels_l = _layer_times(model, config, r, dropout)
 
     # tensor-parallel collectives per layer: 2 in forward, 2 in backward (same volume with SP)
     tp_bw = group_bandwidth(cluster, 1, t)
@@ -352,6 +360,12 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
 
     # the runtime's fixed costs (Python, the engine's bookkeeping, barriers): measured on a CPU
     overhead = perf.step_overhead_s + m * perf.microbatch_overhead_s
+    # the host issues every kernel (``autoslapo.cost.kernels``): forward, backward (about twice the
+    # forward's kernels) and recomputation; a micro-batch whose kernels run for less than the host
+    # takes to issue them waits on the host, in every slot of the pipeline
+    if perf.host_op_s > 0:
+        issued = per_stage * kernels_l * 3 + n_ckpt * (kernels_l if config.ckpt_granularity == "full" else 1)
+        overhead += (m + bubble_slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 
     return TimeBreakdown(
         compute=m * (fwd_mb + bwd_mb),
