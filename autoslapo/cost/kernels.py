@@ -16,18 +16,20 @@ Three effects that a per-FLOP and per-byte roofline misses, each with its basis:
   overlaps only part of it with the products (``FLASH_SOFTMAX_EXPOSED``), which is why its
   backward and short head dimensions reach a lower fraction of peak (Dao 2023, figures 4-6). With
   a 64-wide head the softmax costs as much as a third of the products; with a 128-wide one a sixth.
-- **GEMM size.** A GEMM's rate saturates with its size: every launch pays a ramp (the first wave
-  of thread blocks filling the SMs, the prologue loading the first tiles) and a drain (the last
-  wave's epilogue), a fixed time ``DevicePerf.gemm_fixed_s`` whatever the GEMM's FLOPs; cuBLAS
-  fp16 GEMMs on an A100 reach about half of their large-size rate at ~1 GFLOP (1024^3-class
-  problems run at ~60 % of peak against ~80 % at 8192^3 in NVIDIA's "Matrix Multiplication
-  Background" guide, figure 3), i.e. a few microseconds at 250 TFLOP/s. Efficiency therefore
-  saturates as ``F / (F + R t0)``: small micro-batches at high tensor parallelism (tokens x
-  hidden / tp) pay it on every GEMM.
+- **GEMM size.** A GEMM's rate saturates with its size. Wave quantization (tiles that leave SMs
+  idle in the last wave) is modelled in ``autoslapo.cost.time``; beyond it every launch pays a
+  ramp (the first wave of thread blocks filling the SMs, the prologue loading the first tiles)
+  and a drain (the last wave's epilogue): a fixed time ``DevicePerf.gemm_fixed_s`` whatever the
+  GEMM's FLOPs, of the order of a kernel launch (a few microseconds; NVIDIA's "Matrix
+  Multiplication Background" guide shows cuBLAS throughput rising with the problem size until
+  the GPU is filled). Efficiency therefore saturates as ``F / (F + R t0)`` (``R`` the large-GEMM
+  rate): small micro-batches at high tensor parallelism (tokens x hidden / tp) pay it on every
+  GEMM. 3 us at an A100's ~255 TFLOP/s puts half efficiency at ~0.8 GFLOP (a 740^3 GEMM); not
+  fitted to any row.
 - **Host issue rate.** Eager PyTorch issues every kernel from the host: Python, the dispatcher
-  and ``cudaLaunchKernel`` take ~5-10 us a kernel on a server CPU ("Accelerating PyTorch with
-  CUDA Graphs", PyTorch blog 2021: launch overheads dominate once kernels run for less than tens
-  of microseconds). The GPU runs ahead of the host only while the host issues faster than the GPU
+  and ``cudaLaunchKernel`` take several microseconds a kernel on a server CPU, which is why
+  short kernels leave the GPU idle ("Accelerating PyTorch with CUDA Graphs", PyTorch blog 2021,
+  the motivation for CUDA graphs; ``DevicePerf.host_op_s`` = 8 us, not fitted). The GPU runs ahead of the host only while the host issues faster than the GPU
   retires: a micro-batch takes at least its kernel count times ``DevicePerf.host_op_s``. Megatron's
   pipeline synchronizes the host at every point-to-point exchange, so the floor applies per
   micro-batch, not per step.

@@ -4,8 +4,10 @@ Compute is counted per kernel. A GEMM takes the longer of its FLOPs over the ach
 its bytes over memory bandwidth (the roofline), where the achievable rate shrinks with wave
 quantization (a GEMM whose ``ceil(m/tile) ceil(n/tile)`` tiles leave SMs idle in its last wave)
 and with a short inner dimension (``k / (k + k_half)``: the attention products over a 64- or
-128-wide head dimension). Elementwise kernels (norms, softmax, dropout, residuals, activations)
-are memory-bound: bytes over achievable HBM bandwidth. Backward costs two GEMMs per forward GEMM
+128-wide head dimension) and with the GEMM's size (a fixed ramp-and-drain time a launch). A fused
+(flash / memory-efficient) attention kernel moves only Q, K, V and O through HBM and pays its
+online softmax on the FP32 units (``autoslapo.cost.kernels``). Elementwise kernels (norms,
+softmax, dropout, residuals, activations) are memory-bound: bytes over achievable HBM bandwidth. Backward costs two GEMMs per forward GEMM
 and about twice the elementwise traffic.
 
 Collectives use the ring cost (Patarasuk and Yuan, 2009; Thakur et al., 2005): an allreduce of
@@ -17,7 +19,8 @@ et al., 2022). The 1F1B and GPipe pipelines idle ``(p-1)`` micro-batch slots, th
 ``(p-1)/v`` (Narayanan et al., 2021, section 2.2). ZeRO-3 gathers weights before every forward
 and backward and reduce-scatters gradients every micro-batch (1.5x the allreduce volume), with
 imperfect prefetch and per-module hooks (see ``ZERO3_*``). The runtime's own fixed costs a step and
-a micro-batch (``DevicePerf.step_overhead_s``, measured on a CPU) are a term of their own.
+a micro-batch (``DevicePerf.step_overhead_s``, measured on a CPU) are a term of their own, and on
+a GPU a micro-batch takes at least the host's time to issue its kernels (``DevicePerf.host_op_s``).
 """
 
 from __future__ import annotations
