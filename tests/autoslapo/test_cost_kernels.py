@@ -114,3 +114,20 @@ def test_host_issue_rate_floors_tiny_layers_only() -> None:
     cfg = ScheduleConfig(dp=8, micro_batch=4, precision="bf16", attn_kernel="flash")
     assert estimate_time(big, cfg, A100, replace(PERF["a100-80gb"], host_op_s=20e-6)).total == pytest.approx(
         estimate_time(big, cfg, A100, replace(PERF["a100-80gb"], host_op_s=0.0)).total)
+
+
+def test_pipeline_sends_cross_nodes_and_scale_with_micro_batches() -> None:
+    """What the model charges a pipeline: per micro-batch p2p in every slot (m + p - 1 of them), at
+    the network's bandwidth once the stages sit on different nodes (Megatron places stages tp x dp
+    ranks apart)."""
+    model = _gpt(2048, hidden=8192, heads=64)
+    perf = PERF["a100-80gb"]
+    one_node = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    many = ClusterSpec(gpus=32, gpu_type="a100-80gb")
+    within = ScheduleConfig(tp=2, pp=4, micro_batch=1, grad_accum=8, precision="fp16", attn_kernel="eager")
+    across = ScheduleConfig(tp=2, pp=4, dp=4, micro_batch=1, grad_accum=8, precision="fp16", attn_kernel="eager")
+    assert estimate_time(model, across, many, perf).pp_comm > 5 * estimate_time(model, within, one_node, perf).pp_comm
+    fewer = replace(across, grad_accum=4)
+    t8, t4 = estimate_time(model, across, many, perf), estimate_time(model, fewer, many, perf)
+    assert t8.pp_comm / t4.pp_comm == pytest.approx((8 + 3) / (4 + 3))
+    assert t8.bubble == pytest.approx(t4.bubble)
