@@ -148,8 +148,10 @@ def spec_from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -
     entry = HF_MODEL_TYPES[str(model_type)]
     shape: dict[str, Any] = {}
     for fname, key in entry.keys.items():
-        if config.get(key) is None and fname in ("kv_heads", "ffn"):
-            continue  # no GQA / the family's MLP width
+        # transformers' own defaults: no GQA; GPT-2's n_inner=None is 4 x hidden (a gated MLP has no
+        # such rule in transformers, so its width must be given)
+        if config.get(key) is None and (fname == "kv_heads" or (fname == "ffn" and not FAMILIES[entry.family]["gated_mlp"])):
+            continue
         shape[fname] = _int(config, key, entry.model_type)
     shape["max_positions"] -= entry.position_offset
     if "ffn" not in shape:
