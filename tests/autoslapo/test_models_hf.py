@@ -9,9 +9,13 @@ from typing import Any
 
 import pytest
 import transformers
+from torch.utils.flop_counter import FlopCounterMode
 
+from autoslapo.config import ScheduleConfig
+from autoslapo.cost.flops import model_flops_per_sample
+from autoslapo.cost.memory import stage_params
 from autoslapo.errors import ConfigError, UsageError
-from autoslapo.models.build import build_model
+from autoslapo.models.build import build_config, build_model, example_batch
 from autoslapo.models.families import get_family
 from autoslapo.models.hf import DEFAULT_SEQ_LEN, HF_CONFIG_KEY, HF_MODEL_TYPES, spec_from_hf_config
 from autoslapo.models.resolve import resolve_model
@@ -84,6 +88,20 @@ def test_the_parameter_count_counts_biases_and_the_tied_head(model_type: str, tm
     assert spec.tied_head == bool(TINY[model_type].get("tie_word_embeddings", False))
 
 
+@pytest.mark.parametrize("name", ["mistral-tiny", "qwen2-tiny"])
+def test_the_cost_model_counts_what_the_model_computes_and_holds(name: str) -> None:
+    """FLOPs of one training step counted on CPU (eager attention, so the attention products are
+    matmuls the counter sees) equal the cost model's; its parameter term holds the model's."""
+    spec = resolve_model(str(DATA / f"{name}.json"), seq_len=64)
+    model = build_model(spec, dropout=0.0, attn_kernel="eager")
+    batch = example_batch(spec, 2)
+    with FlopCounterMode(display=False) as counter:
+        model(**batch).loss.backward()
+    assert counter.get_total_flops() == pytest.approx(2 * model_flops_per_sample(spec), rel=1e-9)
+    first, last = stage_params(spec, ScheduleConfig(precision="fp32"))
+    assert first == last and 0 <= _count(model) - first <= spec.hidden  # the final norm
+
+
 def test_mistral_7b_reports_its_shape_and_published_size() -> None:
     spec = resolve_model(str(DATA / "mistral-7b.json"))
     assert (spec.family, spec.hidden, spec.layers, spec.heads, spec.kv_heads, spec.ffn, spec.vocab) == (
@@ -118,8 +136,6 @@ def test_shape_flags_override_the_config_and_reach_the_model(tmp_path: Path) -> 
 
 
 def test_dropout_reaches_the_config_keys(tmp_path: Path) -> None:
-    from autoslapo.models.build import build_config
-
     spec = resolve_model(_write(tmp_path, TINY["gpt2"]))
     config = build_config(spec, dropout=0.0)
     assert (config.resid_pdrop, config.embd_pdrop, config.attn_pdrop) == (0.0, 0.0, 0.0)
