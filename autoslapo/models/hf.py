@@ -78,7 +78,8 @@ class HFModelType:
     """How to read one ``model_type``'s config.json into a family's ``ModelSpec``.
 
     ``keys`` maps ModelSpec fields to the config's keys (a missing ``kv_heads`` means no GQA, a
-    missing ``ffn`` the family's width rule); ``lm_class`` is the transformers class built (the
+    missing ``ffn`` the family's width rule; a family without a position table, e.g. relative
+    positions, names no ``max_positions`` and gives ``positions`` instead); ``lm_class`` is the transformers class built (the
     family's LM head: causal or masked); ``position_offset`` is how many rows the position table has
     beyond the positions (RoBERTa: 2); ``dropout_keys`` are the config's dropout probabilities;
     ``derived`` gives config keys that follow from the shape (OPT's ``word_embed_proj_dim``);
@@ -92,6 +93,7 @@ class HFModelType:
     keys: Mapping[str, str]
     dropout_keys: tuple[str, ...]
     position_offset: int = 0
+    positions: int = 0
     tied_default: bool = True
     derived: Callable[[ModelSpec], dict[str, Any]] = field(default=lambda spec: {})
     check: Callable[[Mapping[str, Any], ModelSpec], None] = field(default=lambda config, spec: None)
@@ -101,9 +103,12 @@ class HFModelType:
         if self.family not in FAMILIES:
             raise ConfigError(f"model_type {self.model_type!r} maps to unknown family {self.family!r}; "
                               f"valid families: {', '.join(sorted(FAMILIES))}")
-        missing = sorted({"hidden", "layers", "heads", "vocab", "max_positions"} - set(self.keys))
+        missing = sorted({"hidden", "layers", "heads", "vocab"} - set(self.keys))
         if missing:
             raise ConfigError(f"model_type {self.model_type!r} must name the config keys of {missing}")
+        if ("max_positions" in self.keys) == (self.positions > 0):
+            raise ConfigError(f"model_type {self.model_type!r} must give either a max_positions config key or "
+                              f"positions > 0: got keys={dict(self.keys)}, positions={self.positions}")
 
 
 HF_MODEL_TYPES: dict[str, HFModelType] = {}
@@ -153,7 +158,7 @@ def spec_from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -
         if config.get(key) is None and (fname == "kv_heads" or (fname == "ffn" and not FAMILIES[entry.family]["gated_mlp"])):
             continue
         shape[fname] = _int(config, key, entry.model_type)
-    shape["max_positions"] -= entry.position_offset
+    shape["max_positions"] = shape.get("max_positions", entry.positions) - entry.position_offset
     if "ffn" not in shape:
         shape["ffn"] = mlp_width(entry.family, shape["hidden"])
     shape["seq_len"] = min(shape["max_positions"], DEFAULT_SEQ_LEN)
@@ -206,7 +211,8 @@ def hf_config_kwargs(spec: ModelSpec, dropout: float | None = None) -> tuple[HFM
     entry = HF_MODEL_TYPES[str(model_type)]
     check_hf_spec(spec)
     kw = {**rest, **{key: getattr(spec, fname) for fname, key in entry.keys.items()}}
-    kw[entry.keys["max_positions"]] = spec.max_positions + entry.position_offset
+    if "max_positions" in entry.keys:
+        kw[entry.keys["max_positions"]] = spec.max_positions + entry.position_offset
     kw["tie_word_embeddings"] = bool(spec.extra.get("tie_word_embeddings", entry.tied_default))
     kw.update(entry.derived(spec))
     if dropout is not None:

@@ -17,7 +17,14 @@ from autoslapo.cost.memory import stage_params
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.build import build_config, build_model, example_batch
 from autoslapo.models.families import get_family
-from autoslapo.models.hf import DEFAULT_SEQ_LEN, HF_CONFIG_KEY, HF_MODEL_TYPES, spec_from_hf_config
+from autoslapo.models.hf import (
+    DEFAULT_SEQ_LEN,
+    HF_CONFIG_KEY,
+    HF_MODEL_TYPES,
+    HFModelType,
+    register_hf_model_type,
+    spec_from_hf_config,
+)
 from autoslapo.models.resolve import resolve_model
 from autoslapo.models.spec import ModelSpec
 
@@ -193,3 +200,19 @@ def test_bad_files_are_usage_errors(text: str | None, message: str, tmp_path: Pa
 
 def test_a_preset_name_still_resolves_to_the_preset() -> None:
     assert resolve_model("llama-tiny", layers=4) == ModelSpec.from_name("llama-tiny", layers=4)
+
+
+def test_the_registry_takes_one_reader_per_model_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = {"hidden": "d_model", "layers": "num_layers", "heads": "num_heads", "ffn": "d_ff", "vocab": "vocab_size"}
+    entry = HFModelType("relpos", "gpt2", "GPT2LMHeadModel", keys, ("dropout_rate",), positions=512)
+    monkeypatch.setitem(HF_MODEL_TYPES, "relpos", entry)
+    assert register_hf_model_type(entry) is entry  # the same reader again is fine
+    spec = spec_from_hf_config({"model_type": "relpos", "d_model": 64, "num_layers": 2, "num_heads": 4,
+                                "d_ff": 128, "vocab_size": 512})
+    assert (spec.max_positions, spec.seq_len, spec.ffn) == (512, 512, 128)
+    with pytest.raises(ConfigError, match="already has a config reader"):
+        register_hf_model_type(HFModelType("relpos", "gpt2", "GPT2Model", keys, (), positions=512))
+    with pytest.raises(ConfigError, match="either a max_positions config key or positions > 0"):
+        HFModelType("relpos", "gpt2", "GPT2LMHeadModel", keys, ())
+    with pytest.raises(ConfigError, match="unknown family 'mamba'"):
+        HFModelType("relpos", "mamba", "X", keys, (), positions=512)
