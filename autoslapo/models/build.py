@@ -171,7 +171,8 @@ def build_model(
     the parameter dtype (``None``: float32); dropout (``None``: the family's default; 0 turns it off).
     Returns: ``BertForMaskedLM`` / ``RobertaForMaskedLM`` / ``GPT2LMHeadModel`` / ``OPTForCausalLM`` /
     ``LlamaForCausalLM``, in train mode; for a spec read from a config.json (``autoslapo.models.hf``),
-    transformers' own class of its ``model_type`` (``MistralForCausalLM`` ...). Raises: ConfigError for an unknown kernel or family.
+    transformers' own class of its ``model_type`` (``MistralForCausalLM`` ...).
+    Raises: ConfigError for an unknown kernel or family.
     """
     import torch
     import transformers

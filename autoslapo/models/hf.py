@@ -53,21 +53,43 @@ DEFAULT_SEQ_LEN = 4096
 
 # Bookkeeping keys of a config.json that do not change the model: dropped from the record so two
 # copies of a config saved by different transformers versions are the same study.
-_BOOKKEEPING = frozenset({
-    "_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
-    "use_cache", "_attn_implementation", "attn_implementation", "output_attentions",
-    "output_hidden_states", "return_dict", "id2label", "label2id", "quantization_config",
-})
+_BOOKKEEPING = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "auto_map",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "use_cache",
+        "_attn_implementation",
+        "attn_implementation",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "id2label",
+        "label2id",
+        "quantization_config",
+    }
+)
 
 # ModelSpec field -> the config key most configs of a family name it.
 _DECODER_KEYS: dict[str, str] = {
-    "hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
-    "kv_heads": "num_key_value_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
+    "hidden": "hidden_size",
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "ffn": "intermediate_size",
+    "vocab": "vocab_size",
     "max_positions": "max_position_embeddings",
 }
 _BERT_KEYS = {k: v for k, v in _DECODER_KEYS.items() if k != "kv_heads"}
 _GPT2_KEYS: dict[str, str] = {
-    "hidden": "n_embd", "layers": "n_layer", "heads": "n_head", "ffn": "n_inner", "vocab": "vocab_size",
+    "hidden": "n_embd",
+    "layers": "n_layer",
+    "heads": "n_head",
+    "ffn": "n_inner",
+    "vocab": "vocab_size",
     "max_positions": "n_positions",
 }
 _OPT_KEYS = {**_BERT_KEYS, "ffn": "ffn_dim"}
@@ -79,8 +101,8 @@ class HFModelType:
 
     ``keys`` maps ModelSpec fields to the config's keys (a missing ``kv_heads`` means no GQA, a
     missing ``ffn`` the family's width rule; a family without a position table, e.g. relative
-    positions, names no ``max_positions`` and gives ``positions`` instead); ``lm_class`` is the transformers class built (the
-    family's LM head: causal or masked); ``position_offset`` is how many rows the position table has
+    positions, names no ``max_positions`` and gives ``positions`` instead); ``lm_class`` is the
+    transformers class built (the family's LM head: causal or masked); ``position_offset`` is how many rows the position table has
     beyond the positions (RoBERTa: 2); ``dropout_keys`` are the config's dropout probabilities;
     ``derived`` gives config keys that follow from the shape (OPT's ``word_embed_proj_dim``);
     ``check`` refuses a config whose structure the family's schedule or cost model does not
@@ -101,14 +123,18 @@ class HFModelType:
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
-            raise ConfigError(f"model_type {self.model_type!r} maps to unknown family {self.family!r}; "
-                              f"valid families: {', '.join(sorted(FAMILIES))}")
+            raise ConfigError(
+                f"model_type {self.model_type!r} maps to unknown family {self.family!r}; "
+                f"valid families: {', '.join(sorted(FAMILIES))}"
+            )
         missing = sorted({"hidden", "layers", "heads", "vocab"} - set(self.keys))
         if missing:
             raise ConfigError(f"model_type {self.model_type!r} must name the config keys of {missing}")
         if ("max_positions" in self.keys) == (self.positions > 0):
-            raise ConfigError(f"model_type {self.model_type!r} must give either a max_positions config key or "
-                              f"positions > 0: got keys={dict(self.keys)}, positions={self.positions}")
+            raise ConfigError(
+                f"model_type {self.model_type!r} must give either a max_positions config key or "
+                f"positions > 0: got keys={dict(self.keys)}, positions={self.positions}"
+            )
 
 
 HF_MODEL_TYPES: dict[str, HFModelType] = {}
@@ -155,7 +181,9 @@ def spec_from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -
     for fname, key in entry.keys.items():
         # transformers' own defaults: no GQA; GPT-2's n_inner=None is 4 x hidden (a gated MLP has no
         # such rule in transformers, so its width must be given)
-        if config.get(key) is None and (fname == "kv_heads" or (fname == "ffn" and not FAMILIES[entry.family]["gated_mlp"])):
+        if config.get(key) is None and (
+            fname == "kv_heads" or (fname == "ffn" and not FAMILIES[entry.family]["gated_mlp"])
+        ):
             continue
         shape[fname] = _int(config, key, entry.model_type)
     shape["max_positions"] = shape.get("max_positions", entry.positions) - entry.position_offset
@@ -177,8 +205,9 @@ def _check_head_dim(config: Mapping[str, Any], spec: ModelSpec) -> None:
     head_dim = config.get("head_dim")
     if head_dim is not None and head_dim != spec.head_dim:
         raise ConfigError(
-            f"head_dim must equal hidden / heads for autoslapo's {spec.family} family: got head_dim={head_dim}, "
-            f"hidden={spec.hidden}, heads={spec.heads} ({spec.head_dim}); use a config whose heads span the width"
+            f"head_dim must equal hidden / heads for autoslapo's {spec.family} family: got "
+            f"head_dim={head_dim}, hidden={spec.hidden}, heads={spec.heads} ({spec.head_dim}); use a config "
+            "whose heads span the width"
         )
 
 
@@ -192,8 +221,10 @@ def check_hf_spec(spec: ModelSpec) -> None:
         return
     entry = HF_MODEL_TYPES.get(str(rest.get("model_type")))
     if entry is None:
-        raise ConfigError(f"the spec's config has model_type {rest.get('model_type')!r}, which no reader "
-                          f"knows; supported: {', '.join(sorted(HF_MODEL_TYPES))}")
+        raise ConfigError(
+            f"the spec's config has model_type {rest.get('model_type')!r}, which no reader "
+            f"knows; supported: {', '.join(sorted(HF_MODEL_TYPES))}"
+        )
     entry.check(rest, spec)
 
 
@@ -206,8 +237,10 @@ def hf_config_kwargs(spec: ModelSpec, dropout: float | None = None) -> tuple[HFM
     rest = dict(spec.extra.get(HF_CONFIG_KEY) or {})
     model_type = rest.pop("model_type", None)
     if model_type not in HF_MODEL_TYPES:
-        raise ConfigError(f"spec {spec.preset!r} does not come from a supported config.json (model_type "
-                          f"{model_type!r}); supported: {', '.join(sorted(HF_MODEL_TYPES))}")
+        raise ConfigError(
+            f"spec {spec.preset!r} does not come from a supported config.json (model_type "
+            f"{model_type!r}); supported: {', '.join(sorted(HF_MODEL_TYPES))}"
+        )
     entry = HF_MODEL_TYPES[str(model_type)]
     check_hf_spec(spec)
     kw = {**rest, **{key: getattr(spec, fname) for fname, key in entry.keys.items()}}
@@ -239,8 +272,12 @@ def _check_window(config: Mapping[str, Any], spec: ModelSpec) -> None:
 def _decoder_extra(qkv_key: str | None, out_key: str | None) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     def extra(config: Mapping[str, Any]) -> dict[str, Any]:
         qkv = True if qkv_key == "always" else bool(config.get(qkv_key or "", False))
-        return {"qkv_bias": qkv, "out_bias": bool(config.get(out_key or "", False)),
-                "mlp_bias": bool(config.get("mlp_bias", False))}
+        return {
+            "qkv_bias": qkv,
+            "out_bias": bool(config.get(out_key or "", False)),
+            "mlp_bias": bool(config.get("mlp_bias", False)),
+        }
+
     return extra
 
 
@@ -251,9 +288,9 @@ def _check_decoder(config: Mapping[str, Any], spec: ModelSpec) -> None:
 def _check_not_decoder_of(config: Mapping[str, Any], spec: ModelSpec) -> None:
     if config.get("is_decoder") or config.get("add_cross_attention"):
         raise ConfigError(
-            f"a {config.get('model_type')} config with is_decoder or add_cross_attention is not the LM autoslapo "
-            "schedules (no cross-attention): got is_decoder={!r}, add_cross_attention={!r}; set both to false".format(
-                config.get("is_decoder"), config.get("add_cross_attention"))
+            f"a {config.get('model_type')} config with is_decoder or add_cross_attention is not the LM "
+            f"autoslapo schedules (no cross-attention): got is_decoder={config.get('is_decoder')!r}, "
+            f"add_cross_attention={config.get('add_cross_attention')!r}; set both to false"
         )
 
 
@@ -267,32 +304,83 @@ def _check_opt(config: Mapping[str, Any], spec: ModelSpec) -> None:
 
 
 _LLAMA_DROPOUT = ("attention_dropout",)
-register_hf_model_type(HFModelType(
-    "llama", "llama", "LlamaForCausalLM", _DECODER_KEYS, _LLAMA_DROPOUT, tied_default=False,
-    derived=lambda s: {"head_dim": s.head_dim}, check=_check_decoder,
-    extra=_decoder_extra("attention_bias", "attention_bias"),
-))
-register_hf_model_type(HFModelType(
-    "mistral", "llama", "MistralForCausalLM", _DECODER_KEYS, _LLAMA_DROPOUT, tied_default=False,
-    derived=lambda s: {"head_dim": s.head_dim}, check=_check_decoder, extra=_decoder_extra(None, None),
-))
-register_hf_model_type(HFModelType(
-    "qwen2", "llama", "Qwen2ForCausalLM", _DECODER_KEYS, _LLAMA_DROPOUT, tied_default=False,
-    check=_check_decoder, extra=_decoder_extra("always", None),  # Qwen2: biases on q, k, v only
-))
-register_hf_model_type(HFModelType(
-    "gpt2", "gpt2", "GPT2LMHeadModel", _GPT2_KEYS, ("resid_pdrop", "embd_pdrop", "attn_pdrop"),
-    check=_check_not_decoder_of,
-))
-register_hf_model_type(HFModelType(
-    "opt", "opt", "OPTForCausalLM", _OPT_KEYS, ("dropout", "attention_dropout"),
-    derived=lambda s: {"word_embed_proj_dim": s.hidden}, check=_check_opt,
-))
-register_hf_model_type(HFModelType(
-    "bert", "bert", "BertForMaskedLM", _BERT_KEYS, ("hidden_dropout_prob", "attention_probs_dropout_prob"),
-    check=_check_not_decoder_of,
-))
-register_hf_model_type(HFModelType(
-    "roberta", "roberta", "RobertaForMaskedLM", _BERT_KEYS, ("hidden_dropout_prob", "attention_probs_dropout_prob"),
-    position_offset=2, check=_check_not_decoder_of,
-))
+register_hf_model_type(
+    HFModelType(
+        "llama",
+        "llama",
+        "LlamaForCausalLM",
+        _DECODER_KEYS,
+        _LLAMA_DROPOUT,
+        tied_default=False,
+        derived=lambda s: {"head_dim": s.head_dim},
+        check=_check_decoder,
+        extra=_decoder_extra("attention_bias", "attention_bias"),
+    )
+)
+register_hf_model_type(
+    HFModelType(
+        "mistral",
+        "llama",
+        "MistralForCausalLM",
+        _DECODER_KEYS,
+        _LLAMA_DROPOUT,
+        tied_default=False,
+        derived=lambda s: {"head_dim": s.head_dim},
+        check=_check_decoder,
+        extra=_decoder_extra(None, None),
+    )
+)
+register_hf_model_type(
+    HFModelType(
+        "qwen2",
+        "llama",
+        "Qwen2ForCausalLM",
+        _DECODER_KEYS,
+        _LLAMA_DROPOUT,
+        tied_default=False,
+        check=_check_decoder,
+        extra=_decoder_extra("always", None),  # Qwen2: biases on q, k, v only
+    )
+)
+register_hf_model_type(
+    HFModelType(
+        "gpt2",
+        "gpt2",
+        "GPT2LMHeadModel",
+        _GPT2_KEYS,
+        ("resid_pdrop", "embd_pdrop", "attn_pdrop"),
+        check=_check_not_decoder_of,
+    )
+)
+register_hf_model_type(
+    HFModelType(
+        "opt",
+        "opt",
+        "OPTForCausalLM",
+        _OPT_KEYS,
+        ("dropout", "attention_dropout"),
+        derived=lambda s: {"word_embed_proj_dim": s.hidden},
+        check=_check_opt,
+    )
+)
+register_hf_model_type(
+    HFModelType(
+        "bert",
+        "bert",
+        "BertForMaskedLM",
+        _BERT_KEYS,
+        ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        check=_check_not_decoder_of,
+    )
+)
+register_hf_model_type(
+    HFModelType(
+        "roberta",
+        "roberta",
+        "RobertaForMaskedLM",
+        _BERT_KEYS,
+        ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        position_offset=2,
+        check=_check_not_decoder_of,
+    )
+)

@@ -29,18 +29,26 @@ def _read_config(path: Path) -> dict[str, object]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UsageError(f"model file {str(path)!r} does not exist; give the path of a config.json or a preset "
-                         "name (`autoslapo models`)") from None
+        raise UsageError(
+            f"model file {str(path)!r} does not exist; give the path of a config.json or a preset "
+            "name (`autoslapo models`)"
+        ) from None
     except OSError as exc:
-        raise UsageError(f"cannot read model file {str(path)!r}: {exc.strerror}; check its permissions") from None
+        raise UsageError(
+            f"cannot read model file {str(path)!r}: {exc.strerror}; check its permissions"
+        ) from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"model file {str(path)!r} is not JSON (line {exc.lineno}: {exc.msg}); give a "
-                         "Hugging Face config.json") from None
+        raise UsageError(
+            f"model file {str(path)!r} is not JSON (line {exc.lineno}: {exc.msg}); give a "
+            "Hugging Face config.json"
+        ) from None
     if not isinstance(config, dict):
-        raise UsageError(f"model file {str(path)!r} must hold a JSON object (a Hugging Face config): got "
-                         f"{type(config).__name__}")
+        raise UsageError(
+            f"model file {str(path)!r} must hold a JSON object (a Hugging Face config): got "
+            f"{type(config).__name__}"
+        )
     return config
 
 

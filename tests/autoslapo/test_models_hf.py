@@ -30,25 +30,68 @@ from autoslapo.models.spec import ModelSpec
 
 DATA = Path(__file__).parent / "data" / "hf"
 
-_DECODER = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 96, "vocab_size": 512, "max_position_embeddings": 64}
-_ENCODER = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-            "vocab_size": 512}
+_DECODER = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 96,
+    "vocab_size": 512,
+    "max_position_embeddings": 64,
+}
+_ENCODER = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+}
 # One small config per supported model_type, each with what makes it differ from its family's preset.
 TINY: dict[str, dict[str, Any]] = {
-    "llama": {**_DECODER, "model_type": "llama", "tie_word_embeddings": True, "attention_bias": True,
-              "mlp_bias": True},
+    "llama": {
+        **_DECODER,
+        "model_type": "llama",
+        "tie_word_embeddings": True,
+        "attention_bias": True,
+        "mlp_bias": True,
+    },
     "mistral": {**_DECODER, "model_type": "mistral", "sliding_window": 64, "head_dim": 16},
-    "qwen2": {**_DECODER, "model_type": "qwen2", "tie_word_embeddings": True, "use_sliding_window": False,
-              "sliding_window": 8},
-    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": None, "vocab_size": 512,
-             "n_positions": 64, "n_ctx": 64},
-    "opt": {"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "ffn_dim": 256, "vocab_size": 512, "max_position_embeddings": 64, "word_embed_proj_dim": 64,
-            "do_layer_norm_before": True},
+    "qwen2": {
+        **_DECODER,
+        "model_type": "qwen2",
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": 8,
+    },
+    "gpt2": {
+        "model_type": "gpt2",
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_inner": None,
+        "vocab_size": 512,
+        "n_positions": 64,
+        "n_ctx": 64,
+    },
+    "opt": {
+        "model_type": "opt",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "ffn_dim": 256,
+        "vocab_size": 512,
+        "max_position_embeddings": 64,
+        "word_embed_proj_dim": 64,
+        "do_layer_norm_before": True,
+    },
     "bert": {**_ENCODER, "model_type": "bert", "max_position_embeddings": 64, "type_vocab_size": 2},
-    "roberta": {**_ENCODER, "model_type": "roberta", "max_position_embeddings": 66, "pad_token_id": 1,
-                "type_vocab_size": 1},
+    "roberta": {
+        **_ENCODER,
+        "model_type": "roberta",
+        "max_position_embeddings": 66,
+        "pad_token_id": 1,
+        "type_vocab_size": 1,
+    },
 }
 
 
@@ -77,7 +120,8 @@ def test_the_built_model_is_transformers_own_model_of_the_config(model_type: str
     assert type(model).__name__ == entry.lm_class
     assert _count(model) == _count(reference)
     assert {k: v.shape for k, v in model.state_dict().items()} == {
-        k: v.shape for k, v in reference.state_dict().items()}
+        k: v.shape for k, v in reference.state_dict().items()
+    }
     # the family's description finds every part it schedules
     desc = get_family(spec.family)
     layer = model.get_submodule(desc.layer_path(0))
@@ -112,7 +156,14 @@ def test_the_cost_model_counts_what_the_model_computes_and_holds(name: str) -> N
 def test_mistral_7b_reports_its_shape_and_published_size() -> None:
     spec = resolve_model(str(DATA / "mistral-7b.json"))
     assert (spec.family, spec.hidden, spec.layers, spec.heads, spec.kv_heads, spec.ffn, spec.vocab) == (
-        "llama", 4096, 32, 32, 8, 14336, 32000)
+        "llama",
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        32000,
+    )
     assert spec.max_positions == 32768 and spec.seq_len == DEFAULT_SEQ_LEN
     # Mistral-7B-v0.1 has 7,241,732,096 parameters
     assert spec.num_params() - 7_241_732_096 == spec.hidden
@@ -127,7 +178,10 @@ def test_the_study_records_the_contents_not_the_path(tmp_path: Path) -> None:
     b = resolve_model(_write(tmp_path, copy, "b.json"))
     assert a == b and a.signature() == b.signature()
     assert str(tmp_path) not in json.dumps(a.to_dict())
-    assert a.extra[HF_CONFIG_KEY]["sliding_window"] == 64 and "transformers_version" not in a.extra[HF_CONFIG_KEY]
+    assert (
+        a.extra[HF_CONFIG_KEY]["sliding_window"] == 64
+        and "transformers_version" not in a.extra[HF_CONFIG_KEY]
+    )
     assert ModelSpec.from_dict(json.loads(json.dumps(a.to_dict()))) == a
     other = resolve_model(_write(tmp_path, {**raw, "rope_theta": 5e5}, "c.json"))
     assert other.signature() != a.signature()
@@ -166,7 +220,11 @@ def test_an_unsupported_model_type_is_one_line_naming_the_supported_ones(tmp_pat
         ({**TINY["mistral"], "head_dim": 32}, {}, "head_dim must equal hidden / heads"),
         ({**TINY["opt"], "word_embed_proj_dim": 32}, {}, "word_embed_proj_dim must equal hidden_size"),
         ({**TINY["bert"], "add_cross_attention": True}, {}, "no cross-attention"),
-        ({k: v for k, v in TINY["llama"].items() if k != "hidden_size"}, {}, "needs an integer 'hidden_size'"),
+        (
+            {k: v for k, v in TINY["llama"].items() if k != "hidden_size"},
+            {},
+            "needs an integer 'hidden_size'",
+        ),
         ({k: v for k, v in TINY["qwen2"].items() if k != "intermediate_size"}, {}, "'intermediate_size'"),
     ],
 )
@@ -203,12 +261,26 @@ def test_a_preset_name_still_resolves_to_the_preset() -> None:
 
 
 def test_the_registry_takes_one_reader_per_model_type(monkeypatch: pytest.MonkeyPatch) -> None:
-    keys = {"hidden": "d_model", "layers": "num_layers", "heads": "num_heads", "ffn": "d_ff", "vocab": "vocab_size"}
+    keys = {
+        "hidden": "d_model",
+        "layers": "num_layers",
+        "heads": "num_heads",
+        "ffn": "d_ff",
+        "vocab": "vocab_size",
+    }
     entry = HFModelType("relpos", "gpt2", "GPT2LMHeadModel", keys, ("dropout_rate",), positions=512)
     monkeypatch.setitem(HF_MODEL_TYPES, "relpos", entry)
     assert register_hf_model_type(entry) is entry  # the same reader again is fine
-    spec = spec_from_hf_config({"model_type": "relpos", "d_model": 64, "num_layers": 2, "num_heads": 4,
-                                "d_ff": 128, "vocab_size": 512})
+    spec = spec_from_hf_config(
+        {
+            "model_type": "relpos",
+            "d_model": 64,
+            "num_layers": 2,
+            "num_heads": 4,
+            "d_ff": 128,
+            "vocab_size": 512,
+        }
+    )
     assert (spec.max_positions, spec.seq_len, spec.ffn) == (512, 512, 128)
     with pytest.raises(ConfigError, match="already has a config reader"):
         register_hf_model_type(HFModelType("relpos", "gpt2", "GPT2Model", keys, (), positions=512))
