@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import autoslapo
 from autoslapo.cli import main
 from autoslapo.result import TrialResult
 
@@ -73,6 +74,7 @@ def test_tune_then_best_finds_the_study_by_the_config_contents(
     shutil.copy(MISTRAL_7B, moved)
     doc = _json(capsys, ["best", str(moved), "--gpus", "64", "--json", "--storage", url])
     assert doc["model"] == "mistral" and doc["samples_per_s"] > 0
+    assert autoslapo.best(str(moved), gpus=64, storage=url).to_dict() == doc["config"]  # the library too
     # another shape is another study
     assert main(["best", str(moved), "--gpus", "64", "--storage", url, "--ffn", "11008"]) == 1
 
