@@ -12,6 +12,7 @@ from autoslapo.cli._knobs import knob_values
 from autoslapo.cli._shape import shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import AutoslapoError, UsageError
+from autoslapo.models.resolve import is_model_file
 
 POLL_S = 1.0
 # Flags that change what runs locally only; the service would silently ignore them, so refuse them.
@@ -25,6 +26,8 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
     given = [f"--{k.replace('_', '-')}" for k in _LOCAL_ONLY if getattr(args, k, None)]
     if knob_values(args, "tune") or shape_overrides(args):
         given.append("knob or shape flags")
+    if is_model_file(args.model):
+        given.append("a config.json model (the service takes preset names)")
     if given:
         raise UsageError(f"--server submits a plain study: {', '.join(given)} cannot be sent; drop them or tune locally")
     body: dict[str, Any] = {"model": args.model, "gpus": args.gpus, "backend": args.backend or "sim",

@@ -29,7 +29,7 @@ DTYPES = ("float32", "float64")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the verify command's arguments."""
-    parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see `autoslapo models`)")
+    parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see `autoslapo models`), or a Hugging Face config.json path")
     # The test batch is --batch sequences: with pp > 1, grad_accum (default 2) pipeline micro-batches of it.
     add_knob_arguments(parser, "verify", defaults={"grad_accum": None})
     parser.add_argument("--device", choices=("cpu",), default="cpu", help="where the ranks run (cpu: gloo)")
@@ -52,10 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
     """Validate the input before any process starts; returns (spec, config, full depth)."""
     from autoslapo.config import ScheduleConfig
-    from autoslapo.models.spec import ModelSpec
+    from autoslapo.models.resolve import resolve_model
 
     widths = {k: v for k, v in shape_overrides(args).items() if k not in ("layers", "seq_len")}
-    spec = ModelSpec.from_name(args.model, **widths)
+    spec = resolve_model(args.model, **widths)
     full_layers = spec.layers
     knobs = knob_values(args, "verify")
     grad_accum = knobs.pop("grad_accum", 2) if knobs["pp"] > 1 else knobs.pop("grad_accum", 1)

@@ -87,7 +87,7 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     body = layers * model.layer_params() / config.tp
     emb = model.embedding_params() / config.tp
     word = model.vocab * model.hidden / config.tp
-    head = word if (model.family == "llama" or config.pp > 1) else 0.0
+    head = word if (not model.tied_head or config.pp > 1) else 0.0
     if config.pp == 1:
         return body + emb + head, body + emb + head
     return body + emb, body + head

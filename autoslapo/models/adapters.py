@@ -21,6 +21,7 @@ from torch import nn
 
 from autoslapo.errors import ConfigError, ScheduleError
 from autoslapo.models.families import FAMILY_DESCRIPTIONS, FamilyDescription, get_family
+from autoslapo.models.hf import HF_MODEL_TYPES
 
 __all__ = [
     "PathAdapter",
@@ -277,9 +278,12 @@ def adapter_for(model: nn.Module, layers_path: str) -> PipelineAdapter:
             return pipeline_adapter(model, desc.name)
     if model_type in _ADAPTERS:
         return _ADAPTERS[str(model_type)](model, layers_path)
+    if model_type in HF_MODEL_TYPES:
+        # a family's close relative from a config.json (Mistral, Qwen2: LLaMA's layout)
+        return pipeline_adapter(model, HF_MODEL_TYPES[str(model_type)].family)
     if isinstance(model, nn.Sequential) and layers_path == "":
         return PathAdapter(layers_path="")
-    known = sorted({d.model_type for d in FAMILY_DESCRIPTIONS.values()} | set(_ADAPTERS))
+    known = sorted({d.model_type for d in FAMILY_DESCRIPTIONS.values()} | set(_ADAPTERS) | set(HF_MODEL_TYPES))
     raise ScheduleError(
         f"no pipeline adapter for {type(model).__name__} (model_type={model_type!r}); known: "
         f"{', '.join(known)} and nn.Sequential; pass adapter=PathAdapter(...) or "

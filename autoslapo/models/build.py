@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError
+from autoslapo.models.hf import HF_CONFIG_KEY, hf_config_kwargs
 from autoslapo.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -137,9 +138,16 @@ def build_config(spec: ModelSpec, *, attn_kernel: str = "sdpa", dropout: float |
         raise ConfigError(
             f"attn_kernel must be one of {', '.join(ATTN_IMPLEMENTATIONS)}: got {attn_kernel!r}"
         )
-    if spec.family not in _CONFIGS:
+    if HF_CONFIG_KEY in spec.extra:
+        # a config.json's model: transformers' own config of its model_type, with the spec's shape
+        from transformers import AutoConfig
+
+        entry, kw = hf_config_kwargs(spec, dropout)
+        config = AutoConfig.for_model(entry.model_type, **kw)
+    elif spec.family not in _CONFIGS:
         raise ConfigError(f"no transformers config for family {spec.family!r}; valid: {', '.join(_CONFIGS)}")
-    config = _CONFIGS[spec.family](spec, dropout)
+    else:
+        config = _CONFIGS[spec.family](spec, dropout)
     # Training never reads a KV cache, and a cache written during the forward would be written
     # again when activation checkpointing replays a layer (doubling its length).
     config.use_cache = False
@@ -162,13 +170,18 @@ def build_model(
     the device to build on (``None``: the ambient default, so ``with torch.device("meta")`` works);
     the parameter dtype (``None``: float32); dropout (``None``: the family's default; 0 turns it off).
     Returns: ``BertForMaskedLM`` / ``RobertaForMaskedLM`` / ``GPT2LMHeadModel`` / ``OPTForCausalLM`` /
-    ``LlamaForCausalLM``, in train mode. Raises: ConfigError for an unknown kernel or family.
+    ``LlamaForCausalLM``, in train mode; for a spec read from a config.json (``autoslapo.models.hf``),
+    transformers' own class of its ``model_type`` (``MistralForCausalLM`` ...).
+    Raises: ConfigError for an unknown kernel or family.
     """
     import torch
     import transformers
 
     config = build_config(spec, attn_kernel=attn_kernel, dropout=dropout)
-    cls = getattr(transformers, _MODEL_CLASSES[spec.family])
+    if HF_CONFIG_KEY in spec.extra:
+        cls = getattr(transformers, hf_config_kwargs(spec)[0].lm_class)
+    else:
+        cls = getattr(transformers, _MODEL_CLASSES[spec.family])
     # Fork the RNG so that building a model does not move the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -145,13 +145,22 @@ class ModelSpec:
         """The preset name, or ``custom`` for hand-given shapes."""
         return self.preset
 
+    @property
+    def tied_head(self) -> bool:
+        """Whether the LM head shares the token embedding's weight (``extra["tie_word_embeddings"]``
+        from a config.json; otherwise the family's: tied except LLaMA)."""
+        return bool(self.extra.get("tie_word_embeddings", self.family != "llama"))
+
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights and biases, norms included)."""
         h, f, kvd = self.hidden, self.ffn, self.kv_heads * self.head_dim
         attn = h * h + 2 * h * kvd + h * h  # q, k, v, out
         if self.gated_mlp:
             mlp = 3 * h * f  # gate, up, down; LLaMA has no biases
-            return attn + mlp + 2 * h  # two RMSNorm weights
+            # a config.json's relatives may carry some (Qwen2: q, k, v; see autoslapo.models.hf)
+            biases = ((h + 2 * kvd) * self.extra.get("qkv_bias", False) + h * self.extra.get("out_bias", False)
+                      + (2 * f + h) * self.extra.get("mlp_bias", False))
+            return attn + mlp + biases + 2 * h  # two RMSNorm weights
         mlp = 2 * h * f
         biases = h + 2 * kvd + h + f + h
         return attn + mlp + biases + 4 * h  # two LayerNorms (weight + bias)
@@ -165,7 +174,7 @@ class ModelSpec:
 
     def num_params(self) -> int:
         """Total parameters (approximate to within the small heads/norms that differ per family)."""
-        head = self.vocab * self.hidden if self.family == "llama" else 0  # LLaMA's head is untied
+        head = 0 if self.tied_head else self.vocab * self.hidden  # LLaMA's head is untied
         return self.layers * self.layer_params() + self.embedding_params() + head + 2 * self.hidden
 
     # --- (de)serialization ---------------------------------------------------------------

@@ -4,11 +4,13 @@ sequence parallelism and checkpointing. Several configurations share one spawned
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autoslapo.config import ScheduleConfig
+from autoslapo.models.resolve import resolve_model
 from autoslapo.models.spec import FAMILIES, ModelSpec
 from autoslapo.runtime.engine import DeepSpeedMPU, deepspeed_config
 from autoslapo.runtime.launcher import launch
@@ -39,9 +41,13 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
     ("roberta-tiny", {"tp": 2, "dp": 2, "sequence_parallel": True, "ckpt_ratio": 1.0}),
 ]
 
+# LLaMA's relatives from a Hugging Face config.json (Mistral; Qwen2 with q/k/v biases and a tied head).
+HF_CONFIGS = [str(Path(__file__).parent / "data" / "hf" / f"{name}-tiny.json") for name in ("mistral", "qwen2")]
+MIXED.append((HF_CONFIGS[1], {"tp": 2, "pp": 2, "zero_stage": 1, "grad_accum": 2}))
+
 
 def _spec(name: str) -> ModelSpec:
-    return ModelSpec.from_name(name, seq_len=SEQ)
+    return resolve_model(name, seq_len=SEQ)
 
 
 def _check(runs: list[tuple[str, dict[str, Any]]]) -> None:
@@ -69,6 +75,12 @@ def test_scheduled_losses_match_the_unscheduled_model_for_every_family() -> None
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_full_matrix_per_family(family: str) -> None:
     _check([(f"{family}-tiny", kw) for kw in MATRIX])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", HF_CONFIGS, ids=lambda p: Path(p).stem)
+def test_full_matrix_per_hf_config(path: str) -> None:
+    _check([(path, kw) for kw in MATRIX])
 
 
 def test_deepspeed_config_and_mpu_follow_the_knobs() -> None:
