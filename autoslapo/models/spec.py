@@ -25,6 +25,8 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "gpt2": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "opt": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True},
+    # The user's own module (``autoslapo.models.user``): its shape is measured, kept in ``extra``.
+    "user": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False},
 }
 
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
@@ -147,6 +149,8 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights and biases, norms included)."""
+        if self.family == "user":
+            return int(self.extra["layer_params"])
         h, f, kvd = self.hidden, self.ffn, self.kv_heads * self.head_dim
         attn = h * h + 2 * h * kvd + h * h  # q, k, v, out
         if self.gated_mlp:
@@ -157,7 +161,12 @@ class ModelSpec:
         return attn + mlp + biases + 4 * h  # two LayerNorms (weight + bias)
 
     def embedding_params(self) -> int:
-        """Token (and learned position) embeddings; the LM head is tied where the family ties it."""
+        """Token (and learned position) embeddings; the LM head is tied where the family ties it.
+
+        A user's module: every parameter outside its repeated blocks.
+        """
+        if self.family == "user":
+            return int(self.extra["params"]) - self.layers * self.layer_params()
         n = self.vocab * self.hidden
         if FAMILIES[self.family]["learned_pos"]:
             n += self.max_positions * self.hidden
@@ -165,6 +174,8 @@ class ModelSpec:
 
     def num_params(self) -> int:
         """Total parameters (approximate to within the small heads/norms that differ per family)."""
+        if self.family == "user":
+            return int(self.extra["params"])
         head = self.vocab * self.hidden if self.family == "llama" else 0  # LLaMA's head is untied
         return self.layers * self.layer_params() + self.embedding_params() + head + 2 * self.hidden
 
