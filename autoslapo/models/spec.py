@@ -197,9 +197,12 @@ class ModelSpec:
         return cls(**d)
 
     def signature(self) -> str:
-        """Stable hash of the shape (family and dimensions, not the preset's name)."""
+        """Stable hash of the shape (family and dimensions, not the preset's name; a model file's digest,
+        not its name)."""
         d = self.to_dict()
         d.pop("preset", None)
+        if self.family == "user":  # a model file is found by its content, whatever the file is called
+            d["extra"] = {k: v for k, v in d["extra"].items() if k != "module"}
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

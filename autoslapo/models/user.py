@@ -13,8 +13,9 @@ None), ``tp`` (whether a family description is given), and the shape measured on
 the meta device (cached by digest): ``params``, ``layer_params`` (one block's), ``fwd_flops`` and
 ``layer_fwd_flops`` (forward FLOPs per sample of the whole model / of one block, from
 ``torch.utils.flop_counter``), ``act_bytes`` and ``layer_act_bytes`` (fp32 bytes saved for backward
-per sample outside the blocks / by one block) and ``layer_input_bytes`` (one block's input per
-sample: what a checkpointed block keeps). The transformer fields say what the generic rules need:
+per sample outside the blocks / by one block), ``layer_input_bytes`` (one block's input per
+sample: what a checkpointed block keeps), ``ops`` and ``layer_ops`` (aten ops of one forward / of
+one block: kernel launches). The transformer fields say what the generic rules need:
 ``layers`` the block count (1 without ``layers``); ``heads`` = ``kv_heads`` = ``hidden`` = ``ffn`` the
 largest tensor-parallel degree every sharded size divides (1 without ``family``); ``seq_len`` the
 batch's ``input_ids`` length (1 without it); ``vocab`` 1.
@@ -271,6 +272,7 @@ def _numel(mod: nn.Module) -> int:
 def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
     """Build on meta, run one forward of ``micro_batch`` samples: parameters, FLOPs, saved activations."""
     import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.device("meta"):
@@ -306,6 +308,14 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
             current[0] = -1
         handles += [block.register_forward_pre_hook(pre), block.register_forward_hook(post)]
 
+    ops = [0] * (len(blocks) + 1)
+
+    class OpCount(TorchDispatchMode):
+        # aten ops run per block: the kernel launches the cost model charges a fixed latency each
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            ops[current[0]] += 1
+            return func(*args, **(kwargs or {}))
+
     def pack(t: torch.Tensor) -> torch.Tensor:
         base = t._base if t._base is not None else t
         if not (base.is_leaf and base.requires_grad):  # a parameter (or a view of one) is not an activation
@@ -314,7 +324,7 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
 
     counter = FlopCounterMode(display=False)
     try:
-        with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with counter, OpCount(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             user_loss(model(**meta_batch))
     except Exception as exc:
         raise UsageError(f"tracing {um.module}.py on the meta device failed: {type(exc).__name__}: {exc}; build() "
@@ -339,6 +349,7 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
         "fwd_flops": total // micro_batch, "layer_fwd_flops": block_flops // n // micro_batch,
         "act_bytes": saved[-1] // micro_batch, "layer_act_bytes": sum(saved[:-1]) // n // micro_batch,
         "layer_input_bytes": sum(inputs) // n // micro_batch,
+        "ops": sum(ops), "layer_ops": sum(ops[:-1]) // n,
     }
 
 
@@ -369,7 +380,7 @@ def user_spec(path: str | os.PathLike[str]) -> ModelSpec:
     extra = {
         "module": um.module, "digest": um.digest, "layers": um.layers, "tp": um.family is not None,
         **{k: int(shape[k]) for k in ("params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
-                                      "layer_act_bytes", "layer_input_bytes")},
+                                      "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops")},
     }
     return ModelSpec(family=USER_FAMILY, hidden=unit, layers=int(shape["layers"]), heads=unit, ffn=unit,
                      seq_len=int(shape["seq_len"]), vocab=1, preset=um.module, extra=extra)
