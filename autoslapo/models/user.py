@@ -89,7 +89,7 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-_LOADED: dict[str, UserModel] = {}
+_LOADED: dict[str, UserModel] = {}  # "digest/module" -> the loaded file (each is executed once a process)
 
 
 def _check_file(path: Path) -> None:
@@ -155,17 +155,16 @@ def load_user_file(path: str | os.PathLike[str]) -> UserModel:
     p = Path(path).expanduser().resolve()
     _check_file(p)
     digest = file_digest(p)
-    if digest in _LOADED:
-        return _LOADED[digest]
     cached = model_cache_dir() / digest / p.name
-    if not cached.is_file():
+    if not cached.is_file():  # what the ranks load: the bytes whose digest the spec records
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         shutil.copyfile(p, tmp)
         tmp.replace(cached)
-    um = _read(p, digest)
-    _LOADED[digest] = um
-    return um
+    key = f"{digest}/{p.stem}"
+    if key not in _LOADED:
+        _LOADED[key] = _read(p, digest)
+    return _LOADED[key]
 
 
 def load_user_model(spec: ModelSpec) -> UserModel:
@@ -176,8 +175,9 @@ def load_user_model(spec: ModelSpec) -> UserModel:
     if spec.family != USER_FAMILY:
         raise ConfigError(f"load_user_model needs a spec of family {USER_FAMILY!r}: got {spec.family!r}")
     digest, module = spec.extra.get("digest"), spec.extra.get("module")
-    if digest in _LOADED:
-        return _LOADED[digest]
+    key = f"{digest}/{module}"
+    if key in _LOADED:
+        return _LOADED[key]
     path = model_cache_dir() / str(digest) / f"{module}.py"
     if not path.is_file():
         raise ConfigError(f"the model file {module}.py with digest {str(digest)[:12]} is not in the model cache "
@@ -185,9 +185,8 @@ def load_user_model(spec: ModelSpec) -> UserModel:
     if file_digest(path) != digest:
         raise ConfigError(f"the cached model file {str(path)!r} does not match its digest {str(digest)[:12]}; "
                           "delete it and run the command with the .py path again")
-    um = _read(path, str(digest))
-    _LOADED[str(digest)] = um
-    return um
+    _LOADED[key] = _read(path, str(digest))
+    return _LOADED[key]
 
 
 def user_loss(out: Any) -> torch.Tensor:
