@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.families import FamilyDescription
-from autoslapo.models.spec import ModelSpec
+from autoslapo.models.spec import USER_FAMILY, ModelSpec
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +60,6 @@ __all__ = [
     "user_spec",
 ]
 
-USER_FAMILY = "user"
 CACHE_ENV = "AUTOSLAPO_MODEL_CACHE"
 TRACE_VERSION = 1  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
