@@ -139,10 +139,11 @@ def run(args: argparse.Namespace) -> int:
         f"{spec.layers} of {full_layers} layers" if spec.layers != full_layers else f"{spec.layers} layers"
     )
     pipe = f", pipeline {results[0]['pipeline']}" if config.pp > 1 else ""
+    shape = f"{spec.num_params():,} parameters" if spec.family == "user" else f"hidden {spec.hidden}"
     print(
         f"verify {args.model}: ok - tp={config.tp} pp={config.pp} ckpt_ratio={config.ckpt_ratio:g} "
         f"attn={config.attn_kernel}{' sp' if config.sequence_parallel else ''}"
-        f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}; hidden {spec.hidden}, {depth}, "
+        f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}; {shape}, {depth}, "
         f"batch {args.batch}x{spec.seq_len} {args.dtype}, dropout off; {checked} checks of outputs and "
         f"parameter values/gradients on {config.world_size} ranks{pipe}; max abs diff "
         f"{max_diff:.2g}; {elapsed:.1f} s"
