@@ -55,7 +55,7 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
     """Why ``tp`` cannot shard ``model`` (on ``cluster``), or "" when it can."""
     if model.family == "user" and tp > 1 and not model.extra.get("tp"):
         return (f"tensor parallelism needs the model file to declare family: got tp={tp} for {model.preset}.py; "
-                "add family = autoslapo.FamilyDescription(...) to it or use tp=1")
+                "add family = autoslapo.FamilyDescription(...) (or shard_block) to it or use tp=1")
     if model.family == "user" and model.heads % tp:
         return (f"tp must divide every size the schedule shards (heads, projection widths): got tp={tp} for "
                 f"{model.preset}.py, whose sizes share the divisor {model.heads}; use a tp that divides {model.heads}")

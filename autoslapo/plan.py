@@ -302,7 +302,7 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
     """The schedule of a user's module (``autoslapo.models.user``): what its file declares allows.
 
     Its ``family`` (paths inside one block) brings tensor parallelism of the blocks (the embeddings
-    and head stay whole on every rank, the loss is the module's own), the attention kernel (the
+    and head stay whole on every rank, the loss is the module's own; or its own ``shard_block``), the attention kernel (the
     block's attention core rewritten) and bias + GeLU fusion; its ``layers`` brings checkpointing.
     Sequence parallelism, the chunked loss and pipeline cuts are not offered for a user's module.
     """
@@ -317,10 +317,10 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
     if unsupported:
         raise ScheduleError(f"a user's module ({um.module}.py) cannot take {', '.join(unsupported)}; "
                             "leave those knobs at their defaults")
-    needs = [(config.tp > 1, "family", f"tp={config.tp}"), (config.ckpt_ratio > 0, "layers",
-                                                             f"ckpt_ratio={config.ckpt_ratio:g}")]
+    needs = [(config.tp > 1 and not um.tensor_parallel, "family", f"tp={config.tp}"),
+             (config.ckpt_ratio > 0 and um.layers is None, "layers", f"ckpt_ratio={config.ckpt_ratio:g}")]
     for on, name, what in needs:
-        if on and getattr(um, name) is None:
+        if on:
             raise ScheduleError(f"{what} needs the model file to declare {name}: {um.module}.py has none; "
                                 f"add {name} = ... to it (see README, 'Your own model')")
     layers: list[Schedule] = []
@@ -334,6 +334,9 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
     if desc is not None and config.tp > 1:
         for layer in layers:
             _shard_layer(layer, desc)
+    if um.shard_block is not None and config.tp > 1:
+        for layer in layers:  # the file's own tensor parallelism: shards and collectives of one block
+            um.shard_block(layer)
     fused = False
     if config.fuse_bias_gelu:
         if desc is None or desc.bias_gelu is None:

@@ -5,7 +5,8 @@ so ``with torch.device("meta"): build()`` allocates nothing), ``batch(micro_batc
 (the forward's keyword inputs, labels included; the forward returns a loss or an object with
 ``.loss``), optionally ``layers = "blocks"`` (dotted path of the ModuleList of repeated blocks:
 checkpointing) and ``family = autoslapo.FamilyDescription(...)`` (paths inside one block:
-tensor parallelism and kernels).
+tensor parallelism and kernels), or instead of a family ``shard_block`` (a function applying tensor
+parallelism to one block's Schedule node) with ``tp_divisor`` (the width every tp must divide).
 
 A spec of family ``user`` names the file by content, not path: ``extra`` holds (keys of this
 family) ``module`` (the file's stem), ``digest`` (sha256 of its bytes), ``layers`` (the path or
@@ -17,7 +18,7 @@ per sample outside the blocks / by one block), ``layer_input_bytes`` (one block'
 sample: what a checkpointed block keeps), ``ops`` and ``layer_ops`` (aten ops of one forward / of
 one block: kernel launches). The transformer fields say what the generic rules need:
 ``layers`` the block count (1 without ``layers``); ``heads`` = ``kv_heads`` = ``hidden`` = ``ffn`` the
-largest tensor-parallel degree every sharded size divides (1 without ``family``); ``seq_len`` the
+largest tensor-parallel degree every sharded size divides (``tp_divisor`` with ``shard_block``; 1 without either); ``seq_len`` the
 batch's ``input_ids`` length (1 without it); ``vocab`` 1.
 
 The file is copied into a content-addressed cache (``$AUTOSLAPO_MODEL_CACHE``, default
@@ -76,6 +77,13 @@ class UserModel:
     batch: Callable[[int, int], dict[str, Any]]
     layers: str | None
     family: FamilyDescription | None
+    shard_block: Callable[[Any], None] | None = None
+    tp_divisor: int = 1
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether the file says how to shard its blocks (a ``family`` or a ``shard_block``)."""
+        return self.family is not None or self.shard_block is not None
 
 
 def model_cache_dir() -> Path:
@@ -141,8 +149,18 @@ def _read(path: Path, digest: str) -> UserModel:
     if family is not None and layers is None:
         raise UsageError(f"family needs layers (its paths are inside one block): {str(path)!r} has no layers; "
                          "add layers = \"<path of the ModuleList>\"")
+    shard_block = getattr(mod, "shard_block", None)
+    tp_divisor = getattr(mod, "tp_divisor", None)
+    if shard_block is not None:
+        if not callable(shard_block) or family is not None or layers is None:
+            raise UsageError(f"shard_block must be a function of one block's Schedule node, given with layers and "
+                             f"without family: got shard_block={type(shard_block).__name__}, family="
+                             f"{type(family).__name__}, layers={layers!r} in {str(path)!r}; keep one way to shard")
+        if not isinstance(tp_divisor, int) or isinstance(tp_divisor, bool) or tp_divisor < 1:
+            raise UsageError(f"shard_block needs tp_divisor, the positive integer every tp must divide: got "
+                             f"{tp_divisor!r} in {str(path)!r}; add tp_divisor = <the sharded width>")
     return UserModel(path=path, digest=digest, module=path.stem, build=build, batch=batch, layers=layers,
-                     family=family)
+                     family=family, shard_block=shard_block, tp_divisor=tp_divisor or 1)
 
 
 def load_user_file(path: str | os.PathLike[str]) -> UserModel:
@@ -233,6 +251,8 @@ def _tp_unit(model: nn.Module, blocks: list[nn.Module], desc: FamilyDescription 
     """The largest tensor-parallel degree every size the schedule shards divides (1 without a family)."""
     from torch import nn
 
+    if um.shard_block is not None:
+        return um.tp_divisor
     if desc is None:
         return 1
     sizes: list[int] = []
@@ -376,7 +396,7 @@ def user_spec(path: str | os.PathLike[str]) -> ModelSpec:
     shape = trace_user_model(um)
     unit = int(shape["tp_unit"])
     extra = {
-        "module": um.module, "digest": um.digest, "layers": um.layers, "tp": um.family is not None,
+        "module": um.module, "digest": um.digest, "layers": um.layers, "tp": um.tensor_parallel,
         **{k: int(shape[k]) for k in ("params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
                                       "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops")},
     }
