@@ -4,11 +4,13 @@ sequence parallelism and checkpointing. Several configurations share one spawned
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autoslapo.config import ScheduleConfig
+from autoslapo.models.resolve import resolve_model
 from autoslapo.models.spec import FAMILIES, ModelSpec
 from autoslapo.runtime.engine import DeepSpeedMPU, deepspeed_config
 from autoslapo.runtime.launcher import launch
@@ -40,7 +42,19 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+# Model files (a user's own module, WideResNet): no pipeline or sequence parallelism for them.
+FILE_MATRIX: list[dict[str, Any]] = [
+    {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
+    {"dp": 4, "zero_stage": 2, "grad_accum": 2},
+    {"tp": 2, "dp": 2, "zero_stage": 3},
+    {"tp": 4, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
+]
+MY_MODEL = str(Path(__file__).resolve().parents[2] / "experiments" / "my_model.py")
+
+
 def _spec(name: str) -> ModelSpec:
+    if name.endswith(".py") or name.startswith("wideresnet"):
+        return resolve_model(name)
     return ModelSpec.from_name(name, seq_len=SEQ)
 
 
@@ -69,6 +83,13 @@ def test_scheduled_losses_match_the_unscheduled_model_for_every_family() -> None
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_full_matrix_per_family(family: str) -> None:
     _check([(f"{family}-tiny", kw) for kw in MATRIX])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [MY_MODEL, "wideresnet-tiny"])
+def test_full_matrix_for_model_files(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
+    _check([(model, kw) for kw in FILE_MATRIX])
 
 
 def test_deepspeed_config_and_mpu_follow_the_knobs() -> None:
