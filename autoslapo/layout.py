@@ -118,7 +118,7 @@ def user_knob_ok(knob: str, value: object, model: ModelSpec) -> bool:
         return True
     if knob == "ckpt_ratio":
         return value == 0.0 or bool(model.extra.get("layers"))
-    if knob in ("attn_kernel", "fuse_bias_gelu") and not model.extra.get("tp"):
+    if knob in ("attn_kernel", "fuse_bias_gelu") and not model.extra.get("kernels"):
         return value == {"attn_kernel": "sdpa", "fuse_bias_gelu": False}[knob]
     return True
 

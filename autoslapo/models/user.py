@@ -10,8 +10,9 @@ parallelism to one block's Schedule node) with ``tp_divisor`` (the width every t
 
 A spec of family ``user`` names the file by content, not path: ``extra`` holds (keys of this
 family) ``module`` (the file's stem), ``digest`` (sha256 of its bytes), ``layers`` (the path or
-None), ``tp`` (whether a family description is given), and the shape measured once by a trace on
-the meta device (cached by digest): ``params``, ``layer_params`` (one block's), ``fwd_flops`` and
+None), ``tp`` (whether a family description or a ``shard_block`` is given), ``kernels`` (whether a
+family description is: the attention kernel and fusion need its paths), and the shape measured once
+by a trace on the meta device (cached by digest): ``params``, ``layer_params`` (one block's), ``fwd_flops`` and
 ``layer_fwd_flops`` (forward FLOPs per sample of the whole model / of one block, from
 ``torch.utils.flop_counter``), ``act_bytes`` and ``layer_act_bytes`` (fp32 bytes saved for backward
 per sample outside the blocks / by one block), ``layer_input_bytes`` (one block's input per
@@ -64,6 +65,8 @@ __all__ = [
 CACHE_ENV = "AUTOSLAPO_MODEL_CACHE"
 TRACE_VERSION = 1  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
+TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
+              "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops")
 
 
 @dataclass(frozen=True)
@@ -378,7 +381,9 @@ def trace_user_model(um: UserModel) -> dict[str, Any]:
     """
     path = model_cache_dir() / um.digest / f"trace-v{TRACE_VERSION}.json"
     if path.is_file():
-        return dict(json.loads(path.read_text()))
+        cached = dict(json.loads(path.read_text()))
+        if set(TRACE_KEYS) <= set(cached):
+            return cached
     shape = _measure(um, TRACE_MICRO_BATCH)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -397,6 +402,7 @@ def user_spec(path: str | os.PathLike[str]) -> ModelSpec:
     unit = int(shape["tp_unit"])
     extra = {
         "module": um.module, "digest": um.digest, "layers": um.layers, "tp": um.tensor_parallel,
+        "kernels": um.family is not None,
         **{k: int(shape[k]) for k in ("params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
                                       "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops")},
     }

@@ -18,6 +18,7 @@ from autoslapo.models.resolve import resolve_model
 from autoslapo.models.user import user_loss
 from autoslapo.models.wideresnet import WideResNet, wideresnet_params
 from autoslapo.plan import apply_schedule
+from search_spaces import space_for
 
 # torchvision's wide_resnet50_2: 68,883,240 parameters, 11.40 GFLOPS (multiply-adds) at 224x224
 WRN50_2_PARAMS = 68_883_240
@@ -51,6 +52,10 @@ def test_the_published_size_resolves_with_its_parameters_and_flops() -> None:
     assert est.fits and est.samples_per_s > 0 and est.memory.params == WRN50_2_PARAMS * 2
     with pytest.raises(ConfigError, match="share the divisor 128"):
         ScheduleConfig(tp=3, dp=1).validate(spec)
+    # channel-sharded TP and checkpointing are searched; attention kernels and fusion are not (no attention)
+    bound = space_for("user").bind(spec, ClusterSpec(gpus=8, gpu_type="a100-80gb"))
+    assert bound.domains["tp"] == (1, 2, 4, 8) and len(bound.domains["ckpt_ratio"]) == 5
+    assert bound.domains["attn_kernel"] == ("sdpa",) and bound.domains["fuse_bias_gelu"] == (False,)
 
 
 def test_checkpointing_by_ratio_keeps_loss_and_gradients() -> None:
@@ -77,3 +82,25 @@ def test_verify_tp2_channel_shards_every_bottleneck(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "verify wideresnet-tiny: ok - tp=2 pp=1" in out and "74,970 parameters" in out, out
+
+
+@pytest.mark.slow
+def test_a_local_trial_measures_close_to_the_cost_model(tmp_path: Path) -> None:
+    import os
+
+    from store import open_store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    env = {**os.environ, "AUTOSLAPO_MODEL_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "autoslapo", "tune", "wideresnet-tiny", "--gpus", "2", "--backend",
+                           "local", "--trials", "2", "--steps", "3", "--repeats", "0", "--no-baselines", "--storage",
+                           url], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    store = open_store(url)
+    (study,) = store.list_studies()
+    trials = [t for t in store.trials(study.name) if t.status == "complete"]
+    assert trials and study.model_name == "wideresnet-tiny"
+    for t in trials:  # the prediction stored next to each measurement on the CPU ranks
+        extra = t.result["extra"]
+        assert 0.5 < extra["predicted_memory_bytes"] / t.peak_memory_bytes < 2, extra
+        assert 1 / 3 < extra["predicted_samples_per_s"] / t.samples_per_s < 3, extra
