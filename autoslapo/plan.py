@@ -33,6 +33,7 @@ from torch import nn
 
 from autoslapo.errors import ScheduleError
 from autoslapo.models.families import FamilyDescription, get_family
+from autoslapo.models.user import USER_FAMILY, load_user_model
 from autoslapo.schedule import Schedule, create_schedule
 
 if TYPE_CHECKING:
@@ -206,13 +207,15 @@ def apply_schedule(
     when the model does not match the spec or the schedule's group size differs from ``config.tp``.
     """
     config.validate(spec)
-    desc = get_family(spec.family)
     sch = _root(sch_or_model, groups)
     if sch.group_size != config.tp:
         raise ScheduleError(
             f"the schedule's tensor-parallel group has {sch.group_size} ranks but config.tp={config.tp}; "
             "pass groups=build_groups(tp, pp, dp) or create_schedule(model, group=<tp group>)"
         )
+    if spec.family == USER_FAMILY:
+        return _apply_user_schedule(sch, spec, config, compiler)
+    desc = get_family(spec.family)
     if desc.layers not in sch:
         raise ScheduleError(
             f"a {spec.family} model keeps its layers at {desc.layers!r}, which this model lacks; "
@@ -288,5 +291,75 @@ def apply_schedule(
         fused_bias_gelu=config.fuse_bias_gelu and desc.bias_gelu is not None,
         compiled_layers=config.compile_layers,
     )
+    sch.meta["plan"] = plan
+    return sch
+
+
+# -- the user's own module ------------------------------------------------------------------------
+
+
+def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig, compiler: str) -> Schedule:
+    """The schedule of a user's module (``autoslapo.models.user``): what its file declares allows.
+
+    Its ``family`` (paths inside one block) brings tensor parallelism of the blocks (the embeddings
+    and head stay whole on every rank, the loss is the module's own; or its own ``shard_block``), the attention kernel (the
+    block's attention core rewritten) and bias + GeLU fusion; its ``layers`` brings checkpointing.
+    Sequence parallelism, the chunked loss and pipeline cuts are not offered for a user's module.
+    """
+    um = load_user_model(spec)
+    desc = um.family
+    unsupported = [name for name, on in (("sequence_parallel", config.sequence_parallel),
+                                         ("loss_kernel=chunked", config.loss_kernel == "chunked"),
+                                         ("pp > 1", config.pp > 1), ("compile_layers", config.compile_layers),
+                                         ("ckpt_granularity=selective", config.ckpt_granularity == "selective"
+                                          and config.ckpt_ratio > 0))
+                   if on]
+    if unsupported:
+        raise ScheduleError(f"a user's module ({um.module}.py) cannot take {', '.join(unsupported)}; "
+                            "leave those knobs at their defaults")
+    needs = [(config.tp > 1 and not um.tensor_parallel, "family", f"tp={config.tp}"),
+             (config.ckpt_ratio > 0 and um.layers is None, "layers", f"ckpt_ratio={config.ckpt_ratio:g}")]
+    for on, name, what in needs:
+        if on:
+            raise ScheduleError(f"{what} needs the model file to declare {name}: {um.module}.py has none; "
+                                f"add {name} = ... to it (see README, 'Your own model')")
+    layers: list[Schedule] = []
+    if um.layers is not None:
+        if um.layers not in sch:
+            raise ScheduleError(f"layers {um.layers!r} is not a submodule of this {type(sch.mod).__name__}; "
+                                f"build the model with {um.module}.build()")
+        layer_list = sch[um.layers]
+        layers = [layer_list[str(i)] for i in range(len(layer_list.children))]
+    plan: dict[str, Any] = {"family": USER_FAMILY, "module": um.module, "config": config.to_dict(), "skipped": []}
+    if desc is not None and config.tp > 1:
+        for layer in layers:
+            _shard_layer(layer, desc)
+    if um.shard_block is not None and config.tp > 1:
+        for layer in layers:  # the file's own tensor parallelism: shards and collectives of one block
+            um.shard_block(layer)
+    fused = False
+    if config.fuse_bias_gelu:
+        if desc is None or desc.bias_gelu is None:
+            plan["skipped"].append(f"fuse_bias_gelu: {um.module}.py describes no bias + GeLU")
+        else:
+            for layer in layers:
+                fused = _fuse_bias_gelu(layer, desc, compiler)
+    if desc is not None:
+        # the attention core of each block, rewritten (sdpa/flash) or left as written (eager); before
+        # the collectives so their hooks go on the module that runs
+        for layer in layers:
+            layer[desc.attention].attention_kernel(config.attn_kernel)
+    elif config.attn_kernel != "eager":
+        plan["skipped"].append(f"attn_kernel {config.attn_kernel}: {um.module}.py describes no attention")
+    if desc is not None and config.tp > 1:
+        for layer in layers:
+            _sync_layer(layer, desc, seq_parallel=False)
+    ckpt = config.checkpointed_layers(len(layers)) if layers else []
+    for i in ckpt:
+        layers[i].checkpoint()
+    plan.update(tp=config.tp, vocab_parallel=False, sequence_parallel=False, loss_kernel="eager",
+                checkpointed=ckpt, ckpt_granularity=config.ckpt_granularity, pipeline_cuts=[],
+                stages=[[0, len(layers)]], attn_kernel=config.attn_kernel if desc is not None else "as written",
+                fused_bias_gelu=fused, compiled_layers=False)
     sch.meta["plan"] = plan
     return sch

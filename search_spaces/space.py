@@ -160,6 +160,8 @@ def _auto_domain(knob: str, model: ModelSpec, cluster: ClusterSpec, rules: Mappi
 
 
 def _statically_ok(knob: str, v: Any, model: ModelSpec, cluster: ClusterSpec, rules: Mapping[str, Any]) -> bool:
+    if not layout.user_knob_ok(knob, v, model):
+        return False
     if knob == "tp":
         return not layout.tp_problem(v, model, cluster)
     if knob == "pp":

@@ -27,7 +27,7 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
     if knob_values(args, "tune") or shape_overrides(args):
         given.append("knob or shape flags")
     if is_model_file(args.model):
-        given.append("a config.json model (the service takes preset names)")
+        given.append("a model file (config.json or .py; the service takes preset names)")
     if given:
         raise UsageError(f"--server submits a plain study: {', '.join(given)} cannot be sent; drop them or tune locally")
     body: dict[str, Any] = {"model": args.model, "gpus": args.gpus, "backend": args.backend or "sim",

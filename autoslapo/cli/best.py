@@ -14,7 +14,7 @@ from autoslapo.models.resolve import is_model_file
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo best``."""
-    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...; see `autoslapo models`) or a Hugging Face config.json path")
+    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices")
     parser.add_argument("--gpu-type", default=None, help="device preset (default: any)")
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
@@ -122,7 +122,7 @@ def _remote(args: argparse.Namespace) -> int:
 
     if args.headroom or args.storage or shape_overrides(args) or is_model_file(args.model):
         raise UsageError("--server asks the service by preset name: --headroom, --storage, shape flags and "
-                         "config.json models are not sent; drop them or ask the store directly")
+                         "model files (config.json, .py) are not sent; drop them or ask the store directly")
     doc = Client(args.server).get("/v1/best", model=args.model, gpus=args.gpus, gpu_type=args.gpu_type,
                                   metric=args.metric, measured_only=args.measured or None)
     if args.json:

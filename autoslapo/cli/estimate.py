@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo estimate``."""
-    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...; see `autoslapo models`) or a Hugging Face config.json path")
+    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, default=None, help="number of devices (required unless --cluster-from)")
     parser.add_argument("--gpu-type", default=None, help="device preset (default a100-80gb; with --cluster-from the study's)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")

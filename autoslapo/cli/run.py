@@ -34,7 +34,7 @@ def parse_bytes(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``autoslapo run``."""
-    p.add_argument("model", metavar="MODEL", help="model preset, e.g. bert-tiny, gpt2-xl, llama-tiny, or a Hugging Face config.json path")
+    p.add_argument("model", metavar="MODEL", help="model preset, e.g. bert-tiny, gpt2-xl, llama-tiny, a Hugging Face config.json or a model file (.py)")
     p.add_argument("--gpus", type=int, required=True, help="ranks to run (GPUs, or CPU processes)")
     # grad_accum: the pipeline's micro-batches (pp, at least 1) unless given; precision: the device's default.
     add_knob_arguments(p, "run", defaults={"grad_accum": None, "precision": None})

@@ -28,7 +28,7 @@ SAMPLER_NAMES = ("tpe", "random", "grid", "cmaes", "gp", "nsga2")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo tune``."""
-    parser.add_argument("model", help="model preset (bert, bert-tiny, gpt2-xl, llama-70b, ...; see `autoslapo models`) or a Hugging Face config.json path")
+    parser.add_argument("model", help="model preset (bert, bert-tiny, gpt2-xl, llama-70b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices (ranks) a trial uses")
     parser.add_argument("--gpu-type", default=None,
                         help="device preset (default a100-80gb; cpu for --backend local without CUDA)")

@@ -35,7 +35,9 @@ def attention_flops_per_token(model: ModelSpec) -> float:
 
 
 def layer_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs per token of one transformer layer."""
+    """Forward FLOPs per token of one transformer layer (a user's module: one block's, as traced)."""
+    if model.family == "user":
+        return float(model.extra["layer_fwd_flops"]) / model.seq_len
     return layer_matmul_flops_per_token(model) + attention_flops_per_token(model)
 
 
@@ -49,7 +51,12 @@ def head_flops_per_token(model: ModelSpec) -> float:
 
 
 def model_flops_per_sample(model: ModelSpec) -> float:
-    """FLOPs of forward + backward for one sequence, no recomputation (Megatron's model FLOPs)."""
+    """FLOPs of forward + backward for one sequence, no recomputation (Megatron's model FLOPs).
+
+    A user's module (family ``user``): three times the forward FLOPs its trace counted.
+    """
+    if model.family == "user":
+        return 3.0 * float(model.extra["fwd_flops"])
     fwd = model.layers * layer_flops_per_token(model) + head_flops_per_token(model)
     return 3.0 * fwd * model.seq_len
 
@@ -57,6 +64,8 @@ def model_flops_per_sample(model: ModelSpec) -> float:
 def hw_flops_per_sample(model: ModelSpec, config: ScheduleConfig) -> float:
     """FLOPs actually executed per sequence: model FLOPs plus the recomputed forward passes."""
     recomputed = len(config.checkpointed_layers(model.layers))
+    if model.family == "user" and not model.extra.get("layers"):
+        recomputed = 0  # no blocks to checkpoint
     return model_flops_per_sample(model) + recomputed * layer_flops_per_token(model) * model.seq_len
 
 

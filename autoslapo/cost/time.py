@@ -281,6 +281,8 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
                   perf: DevicePerf, dropout: bool | None = None) -> TimeBreakdown:
     """Seconds of one optimizer step of ``config`` on ``cluster``, split by cause."""
+    if model.family == "user":
+        return estimate_user_time(model, config, cluster, perf)
     r = _Rates(perf, cluster, config)
     t, pp, dp, m = config.tp, config.pp, config.dp, config.grad_accum
     b, s, h, e = config.micro_batch, model.seq_len, model.hidden, r.e
@@ -379,4 +381,52 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         dp_comm=dp_comm,
         optimizer=optimizer,
         overhead=overhead,
+    )
+
+
+def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
+                       perf: DevicePerf) -> TimeBreakdown:
+    """Seconds of one optimizer step of a user's own module (family ``user``), from its trace.
+
+    Its GEMM shapes are unknown, so compute is the traced FLOPs at the device's achievable rate plus
+    a memory pass over the activations each block saves and one fixed latency per traced op;
+    backward twice forward. Tensor parallelism divides the blocks' FLOPs and adds Megatron's four
+    all-reduces of a block's input per block; data parallelism and ZeRO move the gradients as for
+    the families; a checkpointed block runs its forward again.
+    """
+    r = _Rates(perf, cluster, config)
+    x = model.extra
+    t, dp, m, b, z = config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage
+    scale = r.e / 4
+    blocks = model.layers if x.get("layers") else 0
+    layer_f = r.mem(float(x["layer_act_bytes"]) * scale * b / t, int(x["layer_ops"]))
+    layer_f += float(x["layer_fwd_flops"]) * b / t / r.flops_s
+    rest_flops = float(x["fwd_flops"]) - blocks * float(x["layer_fwd_flops"])
+    rest_ops = int(x["ops"]) - blocks * int(x["layer_ops"])
+    rest_f = rest_flops * b / r.flops_s + r.mem(float(x["act_bytes"]) * scale * b, max(rest_ops, 1))
+    tp_one = _ring("allreduce", float(x["layer_input_bytes"]) * scale * b, t, group_bandwidth(cluster, 1, t), perf)
+    n_ckpt = len(config.checkpointed_layers(model.layers)) if blocks else 0
+    n_params = model.layers * model.layer_params() / t + model.embedding_params()
+    grad_e = 4 if config.precision == "fp32" else 2
+    accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
+    fwd_mb = blocks * layer_f + rest_f
+    bwd_mb = 2 * fwd_mb + accum
+    dp_bw = group_bandwidth(cluster, t, dp)
+    g_bytes, w_bytes = n_params * grad_e, n_params * (4 if config.precision == "fp32" else 2)
+    if z <= 1:
+        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
+    elif z == 2:
+        dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
+    else:
+        dp_comm = m * (2 * _ring("all_gather", w_bytes, dp, dp_bw, perf) + _ring("reduce_scatter", g_bytes, dp, dp_bw, perf))
+    opt_params = n_params / (dp if z >= 1 else 1)
+    return TimeBreakdown(
+        compute=m * (fwd_mb + bwd_mb),
+        recompute=m * n_ckpt * (layer_f + 2 * tp_one),
+        tp_comm=m * blocks * 4 * tp_one,
+        pp_comm=0.0,
+        bubble=0.0,
+        dp_comm=dp_comm,
+        optimizer=r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4),
+        overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,
     )

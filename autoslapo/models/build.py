@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from autoslapo.errors import ConfigError
 from autoslapo.models.hf import HF_CONFIG_KEY, hf_config_kwargs
 from autoslapo.models.spec import ModelSpec
+from autoslapo.models.user import USER_FAMILY, load_user_model
 
 if TYPE_CHECKING:
     import torch
@@ -175,21 +176,29 @@ def build_model(
     Raises: ConfigError for an unknown kernel or family.
     """
     import torch
-    import transformers
 
-    config = build_config(spec, attn_kernel=attn_kernel, dropout=dropout)
-    if HF_CONFIG_KEY in spec.extra:
-        cls = getattr(transformers, hf_config_kwargs(spec)[0].lm_class)
+    if spec.family == USER_FAMILY:
+        # the user's own module, unchanged: its build() (kernel and dropout are its own business)
+        make: Callable[[], nn.Module] = load_user_model(spec).build
     else:
-        cls = getattr(transformers, _MODEL_CLASSES[spec.family])
+        import transformers
+
+        config = build_config(spec, attn_kernel=attn_kernel, dropout=dropout)
+        if HF_CONFIG_KEY in spec.extra:
+            cls = getattr(transformers, hf_config_kwargs(spec)[0].lm_class)
+        else:
+            cls = getattr(transformers, _MODEL_CLASSES[spec.family])
+
+        def make() -> nn.Module:
+            return cls(config)  # type: ignore[no-any-return]
     # Fork the RNG so that building a model does not move the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if device is not None:
             with torch.device(device):
-                model = cls(config)
+                model = make()
         else:
-            model = cls(config)
+            model = make()
     if dtype is not None:
         model.to(dtype=dtype)
     model.train()
@@ -206,6 +215,7 @@ def example_batch(
     """A random batch the model built from ``spec`` takes as ``model(**batch)``.
 
     Takes: the spec, the batch size, the sequence length (``None``: ``spec.seq_len``), a seed.
+    A user's module (family ``user``): its own ``batch(batch, seed)``.
     Returns: ``{"input_ids", "labels"}`` (int64, shape ``(batch, seq_len)``). Token ids avoid the
     special ids 0-2 so no position is treated as padding (RoBERTa and OPT derive positions from it).
     For causal families the labels equal the inputs (the model shifts them); for masked LM families
@@ -213,6 +223,12 @@ def example_batch(
     """
     import torch
 
+    if spec.family == USER_FAMILY:
+        # the user's batch(micro_batch, seed): its own inputs and labels (seq_len is the file's)
+        if batch < 1:
+            raise ConfigError(f"example batch needs batch >= 1: got batch={batch} for {spec.preset}")
+        rows = load_user_model(spec).batch(batch, seed)
+        return {k: v.to(device) for k, v in rows.items()} if device is not None else rows
     seq = spec.seq_len if seq_len is None else seq_len
     if batch < 1 or seq < 1 or seq > spec.max_positions:
         raise ConfigError(

@@ -1,9 +1,11 @@
-"""What a command's MODEL argument names: a preset, or a Hugging Face ``config.json``.
+"""What a command's MODEL argument names: a preset, a Hugging Face ``config.json``, or a model file.
 
 ``resolve_model`` is the one entry every command that takes a model uses (tune, run, estimate,
 verify, best, the library's ``best``/``apply_best``). A path ending in ``.json`` is read as a
 Hugging Face config (``autoslapo.models.hf``): the spec records the config's contents, never its
-path, so the same config anywhere is the same study. Anything else is a preset name.
+path, so the same config anywhere is the same study. A path ending in ``.py`` is the user's own
+model file (``autoslapo.models.user``; loading it executes it, which only the processes that run or
+measure the model do). Anything else is a preset name.
 
 Pure: no torch or transformers import.
 """
@@ -16,13 +18,14 @@ from pathlib import Path
 from autoslapo.errors import UsageError
 from autoslapo.models.hf import check_hf_spec, spec_from_hf_config
 from autoslapo.models.spec import ModelSpec
+from autoslapo.models.user import user_spec
 
 __all__ = ["is_model_file", "resolve_model"]
 
 
 def is_model_file(arg: str) -> bool:
-    """True when ``arg`` names a model file (``*.json``) rather than a preset."""
-    return arg.lower().endswith(".json")
+    """True when ``arg`` names a model file (``*.json`` or ``*.py``) rather than a preset."""
+    return arg.lower().endswith((".json", ".py"))
 
 
 def _read_config(path: Path) -> dict[str, object]:
@@ -55,7 +58,8 @@ def _read_config(path: Path) -> dict[str, object]:
 def resolve_model(arg: str, **overrides: int | None) -> ModelSpec:
     """The ``ModelSpec`` a command's MODEL argument names, with shape overrides applied.
 
-    Takes: a preset name (``bert``, ``llama-7b`` ...) or the path of a Hugging Face config.json;
+    Takes: a preset name (``bert``, ``llama-7b`` ...), the path of a Hugging Face config.json, or of
+    the user's own model file (``.py``; no shape overrides: its shape is its own);
     shape overrides as for ``ModelSpec.with_overrides`` (``None`` values are ignored).
     Returns: the spec (a config's spec is named after its ``model_type``).
     Raises: UsageError for an unknown preset, a missing or unreadable file, or an unsupported
@@ -63,6 +67,13 @@ def resolve_model(arg: str, **overrides: int | None) -> ModelSpec:
     """
     if not is_model_file(arg):
         return ModelSpec.from_name(arg, **overrides)
+    if arg.lower().endswith(".py"):
+        given = sorted(k for k, v in overrides.items() if v is not None)
+        if given:
+            flags = " ".join("--" + k.replace("_", "-") for k in given)
+            raise UsageError(f"shape flags do not apply to a model file (its shape is its own): got {flags} with "
+                             f"{arg}; change the file instead")
+        return user_spec(arg)
     spec = spec_from_hf_config(_read_config(Path(arg))).with_overrides(**overrides)
     check_hf_spec(spec)
     return spec

@@ -26,6 +26,15 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "opt": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True},
 }
+# The user's own module (``autoslapo.models.user``): no presets, no transformers class; its shape is
+# measured from its file and kept in ``extra``. Apart from ``FAMILIES``, which lists the built-in ones.
+USER_FAMILY = "user"
+USER_FLAGS = {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False}
+
+
+def family_flags(family: str) -> dict[str, bool]:
+    """The flags of a built-in family or of the user's own module. Raises KeyError for another name."""
+    return USER_FLAGS if family == USER_FAMILY else FAMILIES[family]
 
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
 # 128 heads, vocab 256k, 10M-token contexts), so only typos and absurd values are refused.
@@ -53,7 +62,7 @@ def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
     4 x hidden for BERT/RoBERTa/GPT-2/OPT; LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs.
     Every preset's ``ffn`` is what this returns for its ``hidden`` (a test checks it).
     """
-    if not FAMILIES[family]["gated_mlp"]:
+    if not family_flags(family)["gated_mlp"]:
         return 4 * hidden
     multiple_of, multiplier = GATED_MLP_RULES.get(preset, GATED_MLP_RULE)
     width = int(multiplier * int(8 * hidden / 3))
@@ -84,7 +93,7 @@ class ModelSpec:
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
+        if self.family not in FAMILIES and self.family != USER_FAMILY:
             raise ConfigError(
                 f"model family must be one of {sorted(FAMILIES)}: got {self.family!r}; "
                 "pick one of those or add a family description (see README)"
@@ -110,7 +119,7 @@ class ModelSpec:
                 f"hidden must be divisible by heads: got hidden={self.hidden}, heads={self.heads}; "
                 "change --hidden or --heads"
             )
-        if self.kv_heads != self.heads and not FAMILIES[self.family]["gqa"]:
+        if self.kv_heads != self.heads and not family_flags(self.family)["gqa"]:
             raise ConfigError(
                 f"kv_heads must equal heads for {self.family} (grouped-query attention is for "
                 f"{', '.join(f for f, d in FAMILIES.items() if d['gqa'])} only): got kv_heads={self.kv_heads}, "
@@ -134,11 +143,11 @@ class ModelSpec:
 
     @property
     def causal(self) -> bool:
-        return FAMILIES[self.family]["causal"]
+        return family_flags(self.family)["causal"]
 
     @property
     def gated_mlp(self) -> bool:
-        return FAMILIES[self.family]["gated_mlp"]
+        return family_flags(self.family)["gated_mlp"]
 
     @property
     def name(self) -> str:
@@ -153,6 +162,8 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights and biases, norms included)."""
+        if self.family == "user":
+            return int(self.extra["layer_params"])
         h, f, kvd = self.hidden, self.ffn, self.kv_heads * self.head_dim
         attn = h * h + 2 * h * kvd + h * h  # q, k, v, out
         if self.gated_mlp:
@@ -166,14 +177,21 @@ class ModelSpec:
         return attn + mlp + biases + 4 * h  # two LayerNorms (weight + bias)
 
     def embedding_params(self) -> int:
-        """Token (and learned position) embeddings; the LM head is tied where the family ties it."""
+        """Token (and learned position) embeddings; the LM head is tied where the family ties it.
+
+        A user's module: every parameter outside its repeated blocks.
+        """
+        if self.family == "user":
+            return int(self.extra["params"]) - self.layers * self.layer_params()
         n = self.vocab * self.hidden
-        if FAMILIES[self.family]["learned_pos"]:
+        if family_flags(self.family)["learned_pos"]:
             n += self.max_positions * self.hidden
         return n
 
     def num_params(self) -> int:
         """Total parameters (approximate to within the small heads/norms that differ per family)."""
+        if self.family == "user":
+            return int(self.extra["params"])
         head = 0 if self.tied_head else self.vocab * self.hidden  # LLaMA's head is untied
         return self.layers * self.layer_params() + self.embedding_params() + head + 2 * self.hidden
 
@@ -195,9 +213,12 @@ class ModelSpec:
         return cls(**d)
 
     def signature(self) -> str:
-        """Stable hash of the shape (family and dimensions, not the preset's name)."""
+        """Stable hash of the shape (family and dimensions, not the preset's name; a model file's digest,
+        not its name)."""
         d = self.to_dict()
         d.pop("preset", None)
+        if self.family == "user":  # a model file is found by its content, whatever the file is called
+            d["extra"] = {k: v for k, v in d["extra"].items() if k != "module"}
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

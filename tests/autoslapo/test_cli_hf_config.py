@@ -81,7 +81,7 @@ def test_tune_then_best_finds_the_study_by_the_config_contents(
 
 def test_a_config_is_not_sent_to_a_service(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["best", MISTRAL_7B, "--gpus", "8", "--server", "http://127.0.0.1:9"]) == 2
-    assert "config.json models are not sent" in capsys.readouterr().err
+    assert "model files (config.json, .py) are not sent" in capsys.readouterr().err
 
 
 def test_verify_a_tiny_qwen2_config_with_tp2() -> None:

@@ -46,7 +46,19 @@ HF_CONFIGS = [str(Path(__file__).parent / "data" / "hf" / f"{name}-tiny.json") f
 MIXED.append((HF_CONFIGS[1], {"tp": 2, "pp": 2, "zero_stage": 1, "grad_accum": 2}))
 
 
+# Model files (a user's own module, WideResNet): no pipeline or sequence parallelism for them.
+FILE_MATRIX: list[dict[str, Any]] = [
+    {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
+    {"dp": 4, "zero_stage": 2, "grad_accum": 2},
+    {"tp": 2, "dp": 2, "zero_stage": 3},
+    {"tp": 4, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
+]
+MY_MODEL = str(Path(__file__).resolve().parents[2] / "experiments" / "my_model.py")
+
+
 def _spec(name: str) -> ModelSpec:
+    if name.endswith(".py"):
+        return resolve_model(name)
     return resolve_model(name, seq_len=SEQ)
 
 
@@ -81,6 +93,13 @@ def test_full_matrix_per_family(family: str) -> None:
 @pytest.mark.parametrize("path", HF_CONFIGS, ids=lambda p: Path(p).stem)
 def test_full_matrix_per_hf_config(path: str) -> None:
     _check([(path, kw) for kw in MATRIX])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [MY_MODEL])
+def test_full_matrix_for_model_files(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
+    _check([(model, kw) for kw in FILE_MATRIX])
 
 
 def test_deepspeed_config_and_mpu_follow_the_knobs() -> None:
