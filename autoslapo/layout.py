@@ -70,6 +70,12 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
 def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, virtual_stages: int = 1) -> str:
     """Why ``pp`` (x ``virtual_stages`` chunks) cannot split ``model`` (on ``cluster``), or ""."""
     chunks = pp * virtual_stages
+    if chunks > 1 and model.shared_layers:
+        # Stages would each hold a copy of the one shared layer, whose gradients they would then
+        # have to sum every step (tied-gradient sync), which autoslapo's pipelines do not do.
+        return (f"pipeline stages cannot split a shared-layer model: got pp={pp} x virtual_stages="
+                f"{virtual_stages} for {model.preset} ({model.family} runs one layer's weights "
+                f"{model.layers} times); use pp=1")
     if model.layers % chunks:
         return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
@@ -126,6 +132,11 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
     problem = tp_problem(config.tp, model, cluster) or pp_problem(config.pp, model, cluster, config.virtual_stages)
     if problem:
         raise ConfigError(problem)
+    if config.attn_kernel == "flash" and model.local_attention:
+        raise ConfigError(
+            f"attn_kernel flash cannot apply {model.family}'s local (windowed) attention masks: got "
+            f"attn_kernel=flash for {model.preset}; use sdpa or eager"
+        )
     if config.sequence_parallel and model.seq_len % config.tp:
         raise ConfigError(
             f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={config.tp}"

@@ -219,18 +219,21 @@ def apply_schedule(
             f"build it with autoslapo.models.build_model({spec.preset!r})"
         )
     layer_list = sch[desc.layers]
-    if len(layer_list.children) != spec.layers:
+    if len(layer_list.children) != spec.stored_layers:
         raise ScheduleError(
-            f"the model has {len(layer_list.children)} layers but the spec says {spec.layers}; "
+            f"the model has {len(layer_list.children)} layers but the spec says {spec.stored_layers}; "
             "build the model from the same spec"
         )
-    layers = [layer_list[str(i)] for i in range(spec.layers)]
+    # layers[i] is the module layer call i runs: with shared layers (ALBERT) every entry is the one
+    # layer, which is sharded, synced and compiled once and checkpointed by call.
+    layers = [layer_list[str(min(i, spec.stored_layers - 1))] for i in range(spec.layers)]
+    distinct = layers[: spec.stored_layers]
     tp = config.tp
     plan: dict[str, Any] = {"family": desc.name, "config": config.to_dict(), "skipped": []}
 
     # 1. shard parameters (before any hook, so fusion below sees the final parameter objects)
     if tp > 1:
-        for layer in layers:
+        for layer in distinct:
             _shard_layer(layer, desc)
     vocab_parallel = tp > 1
 
@@ -239,13 +242,13 @@ def apply_schedule(
         if desc.bias_gelu is None:
             plan["skipped"].append(f"fuse_bias_gelu: the {desc.name} MLP has no bias + GeLU")
         else:
-            for layer in layers:
+            for layer in distinct:
                 _fuse_bias_gelu(layer, desc, compiler)
 
     # 3. collectives
     chunks = chunk_bounds(spec.layers, config.pp * config.virtual_stages)
     if tp > 1:
-        for layer in layers:
+        for layer in distinct:
             _sync_layer(layer, desc, config.sequence_parallel)
         if vocab_parallel:
             _vocab_parallel(sch, desc, spec.causal, config.loss_kernel)
@@ -261,7 +264,12 @@ def apply_schedule(
     # 4. kernel, checkpointing, compilation, pipeline cuts
     sch.attention_kernel(config.attn_kernel)
     ckpt = checkpointed_layers(spec, config)
-    for i in ckpt:
+    if spec.shared_layers:
+        target = layers[0][desc.attention] if config.ckpt_granularity == "selective" else layers[0]
+        if ckpt:
+            keep = "linear" if config.ckpt_granularity == "selective" else "nothing"
+            target.checkpoint(keep=keep, calls=ckpt, period=spec.layers)
+    for i in [] if spec.shared_layers else ckpt:
         if config.ckpt_granularity == "selective":
             # Korthikanti et al.'s selective recomputation: only the attention core is recomputed.
             layers[i][desc.attention].checkpoint(keep="linear")
@@ -269,7 +277,7 @@ def apply_schedule(
             layers[i].checkpoint()
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
-        for layer in layers:
+        for layer in distinct:
             layer.fuse(compiler=backend)
     cuts = cut_points(spec.layers, config.pp * config.virtual_stages)
     for i in cuts:

@@ -226,3 +226,56 @@ LLAMA = register_family(
         bias_gelu=None,  # SwiGLU, no biases
     )
 )
+# ALBERT: one AlbertLayer (one group of one layer) is run ``num_hidden_layers`` times, so the layer
+# list has a single entry that the schedule shards once and checkpoints by call (see
+# ``autoslapo.plan``). Its embeddings have width E and are mapped to hidden by the encoder's first
+# Linear, which the first pipeline stage would own; a pipeline is refused (``autoslapo.layout``).
+ALBERT = register_family(
+    FamilyDescription(
+        name="albert",
+        model_type="albert",
+        layers="albert.encoder.albert_layer_groups.0.albert_layers",
+        embed_tokens="albert.embeddings.word_embeddings",
+        lm_head="predictions.decoder",
+        head_tied=True,
+        embeddings=("albert.embeddings", "albert.encoder.embedding_hidden_mapping_in"),
+        final=("predictions",),
+        attention="attention",
+        attention_input=0,
+        qkv=("attention.query", "attention.key", "attention.value"),
+        qkv_chunks=1,
+        attn_out="attention.dense",
+        # AlbertAttention infers its heads from the projection width; the attributes are kept true.
+        attention_attrs=("num_attention_heads", "all_head_size"),
+        mlp=None,
+        mlp_in=("ffn",),
+        mlp_out="ffn_output",
+        norms=("attention.LayerNorm", "full_layer_layer_norm"),
+        bias_gelu=None,  # the GeLU runs inside ff_chunk, not a module of its own
+    )
+)
+# GPT-Neo: q/k/v without biases; each attention module holds its own causal (global) or banded
+# (local) mask as a buffer, so sharding heads leaves the masks valid.
+GPT_NEO = register_family(
+    FamilyDescription(
+        name="gpt_neo",
+        model_type="gpt_neo",
+        layers="transformer.h",
+        embed_tokens="transformer.wte",
+        lm_head="lm_head",
+        head_tied=True,
+        embeddings=("transformer.wte", "transformer.wpe", "transformer.drop"),
+        final=("transformer.ln_f", "lm_head"),
+        attention="attn.attention",
+        attention_input=0,
+        qkv=("attn.attention.q_proj", "attn.attention.k_proj", "attn.attention.v_proj"),
+        qkv_chunks=1,
+        attn_out="attn.attention.out_proj",
+        attention_attrs=("num_heads", "embed_dim"),
+        mlp="mlp",
+        mlp_in=("mlp.c_fc",),
+        mlp_out="mlp.c_proj",
+        norms=("ln_1", "ln_2"),
+        bias_gelu="mlp",
+    )
+)
