@@ -137,6 +137,11 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             f"attn_kernel flash cannot apply {model.family}'s local (windowed) attention masks: got "
             f"attn_kernel=flash for {model.preset}; use sdpa or eager"
         )
+    if config.sequence_parallel and not model.sequence_parallel_ok:
+        raise ConfigError(
+            f"sequence_parallel cannot split {model.family}'s layers (its attention module adds its own "
+            f"input back as a residual): got sequence_parallel on for {model.preset}; turn it off"
+        )
     if config.sequence_parallel and model.seq_len % config.tp:
         raise ConfigError(
             f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={config.tp}"

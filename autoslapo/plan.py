@@ -118,19 +118,23 @@ def _shard_layer(layer: Schedule, desc: FamilyDescription) -> None:
 
 
 def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) -> None:
-    regions = (
-        (desc.attention, desc.attention_input, desc.attn_out, 1),
-        (desc.mlp_input, 0, desc.mlp_out, desc.mlp_seq_dim),
+    attn_entries: tuple[tuple[str, int | str], ...] = (
+        tuple((path, 0) for path in desc.attention_entries) or ((desc.attention, desc.attention_input),)
     )
-    for entry, index, exit_, seq_dim in regions:
-        if seq_parallel:
-            layer[entry].sync("fwd_pre", "all_gather", dim=seq_dim, bwd="reduce_scatter", index=index)
-            layer[exit_].sync("fwd_post", "reduce_scatter", dim=seq_dim)
-        else:
-            # Megatron's "f" and "g": identity forward / all-reduced input gradient at the entry,
-            # all-reduce of the partial sums at the exit.
-            layer[entry].sync("bwd_post", "all_reduce", index=index)
-            layer[exit_].sync("fwd_post", "all_reduce")
+    regions = (
+        (attn_entries, desc.attn_out, 1),
+        (((desc.mlp_input, 0),), desc.mlp_out, desc.mlp_seq_dim),
+    )
+    for entries, exit_, seq_dim in regions:
+        for entry, index in entries:
+            if seq_parallel:
+                layer[entry].sync("fwd_pre", "all_gather", dim=seq_dim, bwd="reduce_scatter", index=index)
+            else:
+                # Megatron's "f": identity forward, all-reduced input gradient at the entry
+                layer[entry].sync("bwd_post", "all_reduce", index=index)
+        # Megatron's "g": the partial sums reduced (or reduce-scattered) at the exit
+        layer[exit_].sync("fwd_post", "reduce_scatter" if seq_parallel else "all_reduce",
+                          **({"dim": seq_dim} if seq_parallel else {}))
     if seq_parallel:
         for path in desc.norms:
             layer[path].allreduce_grads()

@@ -31,6 +31,7 @@ SPACES: dict[str, SearchSpace] = {
     "gpt2": GPT2,
     "opt": GPT2,
     "llama": LLAMA,
+    "gpt_neo": GPT2,  # a GELU decoder like GPT-2 (pp, sp, fusion); ALBERT takes the default (no pp)
 }
 
 

@@ -48,7 +48,10 @@ class FamilyDescription:
     ``mlp_in``), ``mlp_in`` (column-parallel: fc1, or gate and up), ``mlp_out`` (row-parallel),
     ``mlp_seq_dim`` (the sequence dimension of the MLP's activations: OPT flattens tokens to 2-D
     there), ``norms`` (the norms inside a layer), ``bias_gelu`` (the module holding Linear -> GeLU
-    that ``fuse_bias_gelu`` rewrites; ``None``: the family has no bias + GeLU to fuse).
+    that ``fuse_bias_gelu`` rewrites; ``None``: the family has no bias + GeLU to fuse),
+    ``attention_entries`` (where the attention's tensor-parallel region begins when it is not the
+    attention module's input: ALBERT's attention module adds its input back as a residual, so the
+    region begins at each of q, k, v; empty: at ``attention``).
     """
 
     name: str
@@ -71,6 +74,7 @@ class FamilyDescription:
     norms: tuple[str, ...]
     mlp_seq_dim: int = 1
     bias_gelu: str | None = None
+    attention_entries: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.qkv_chunks not in (1, 3):
@@ -252,6 +256,8 @@ ALBERT = register_family(
         mlp_out="ffn_output",
         norms=("attention.LayerNorm", "full_layer_layer_norm"),
         bias_gelu=None,  # the GeLU runs inside ff_chunk, not a module of its own
+        # AlbertAttention ends with LayerNorm(input + dense(...)): its input is also the residual
+        attention_entries=("attention.query", "attention.key", "attention.value"),
     )
 )
 # GPT-Neo: q/k/v without biases; each attention module holds its own causal (global) or banded

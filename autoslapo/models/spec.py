@@ -28,7 +28,10 @@ FAMILIES: dict[str, dict[str, bool]] = {
     # ALBERT: ``shared_layers`` (one layer's weights run ``layers`` times; stored once, no pipeline
     # split); ``extra["embedding_size"]``: the factorized embedding width E (< hidden), mapped to
     # hidden by ``embedding_hidden_mapping_in``.
-    "albert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False, "shared_layers": True},
+    # ``sequence_parallel`` off: AlbertAttention adds its own input back and reads the head count from
+    # that input's shape, so its input cannot be sequence-split while q/k/v see whole sequences.
+    "albert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False, "shared_layers": True,
+               "sequence_parallel": False},
     # GPT-Neo: ``local_attention`` (layers alternate global and windowed causal attention);
     # ``extra["window_size"]``: the local window (tokens); ``extra["attention_pattern"]``: the layer
     # types, repeated over the layers (["global", "local"] in the published models). No q/k/v biases.
@@ -43,9 +46,13 @@ FAMILY_EXTRA: dict[str, dict[str, type]] = {
 }
 
 
+#: Flags that are on for a family that does not list them.
+FLAGS_ON_BY_DEFAULT = ("qkv_bias", "sequence_parallel")
+
+
 def family_flag(family: str, flag: str) -> bool:
-    """A family's flag; flags a family does not list are off (``qkv_bias`` is on unless listed)."""
-    return bool(FAMILIES[family].get(flag, flag == "qkv_bias"))
+    """A family's flag; one a family does not list is off, unless in ``FLAGS_ON_BY_DEFAULT``."""
+    return bool(FAMILIES[family].get(flag, flag in FLAGS_ON_BY_DEFAULT))
 
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
 # 128 heads, vocab 256k, 10M-token contexts), so only typos and absurd values are refused.
@@ -165,6 +172,11 @@ class ModelSpec:
     def shared_layers(self) -> bool:
         """Whether one layer's weights serve every layer (ALBERT): stored once, run ``layers`` times."""
         return family_flag(self.family, "shared_layers")
+
+    @property
+    def sequence_parallel_ok(self) -> bool:
+        """Whether the family's layers can run sequence-parallel (not ALBERT's, see ``FAMILIES``)."""
+        return family_flag(self.family, "sequence_parallel")
 
     @property
     def local_attention(self) -> bool:
