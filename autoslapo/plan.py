@@ -133,8 +133,10 @@ def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) ->
                 # Megatron's "f": identity forward, all-reduced input gradient at the entry
                 layer[entry].sync("bwd_post", "all_reduce", index=index)
         # Megatron's "g": the partial sums reduced (or reduce-scattered) at the exit
-        layer[exit_].sync("fwd_post", "reduce_scatter" if seq_parallel else "all_reduce",
-                          **({"dim": seq_dim} if seq_parallel else {}))
+        if seq_parallel:
+            layer[exit_].sync("fwd_post", "reduce_scatter", dim=seq_dim)
+        else:
+            layer[exit_].sync("fwd_post", "all_reduce")
     if seq_parallel:
         for path in desc.norms:
             layer[path].allreduce_grads()

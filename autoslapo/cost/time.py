@@ -250,12 +250,12 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     tp_one = _ring("allreduce", T * h * e, t, tp_bw, perf)
     # head: vocab-parallel logits, cross-entropy in fp32, plus the embedding lookup and its grad
     # (ALBERT's factorized head: hidden -> E transform, then E -> vocab; E = hidden elsewhere)
-    E = model.embedding_size
-    head_f = r.gemm(T, model.vocab / t, E) + r.mem(T * model.vocab / t * (e + 3 * 4), 3)
+    width = model.embedding_size
+    head_f = r.gemm(T, model.vocab / t, width) + r.mem(T * model.vocab / t * (e + 3 * 4), 3)
     if not model.causal:
-        head_f += r.gemm(T, E, h) + r.mem(T * E * e * 4, 2)
-    if E != h:  # ALBERT's E -> hidden embedding map
-        head_f += r.gemm(T, h, E)
+        head_f += r.gemm(T, width, h) + r.mem(T * width * e * 4, 2)
+    if width != h:  # ALBERT's E -> hidden embedding map
+        head_f += r.gemm(T, h, width)
     head_b = 2 * head_f
     if config.loss_kernel == "chunked":
         head_b += r.gemm(T, model.vocab / t, h)  # backward recomputes each chunk's logits

@@ -336,7 +336,7 @@ def _p(preset: str, family: str, hidden: int, layers: int, heads: int, ffn: int,
                      extra=json.loads(json.dumps(extra)))  # no list shared between presets
 
 
-_NEO = {"window_size": 256, "attention_pattern": ["global", "local"]}
+_NEO: dict[str, Any] = {"window_size": 256, "attention_pattern": ["global", "local"]}
 
 
 # Shapes from the published configs (bert-*-uncased, roberta-*, gpt2*, facebook/opt-*, Llama-2-*).

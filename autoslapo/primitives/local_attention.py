@@ -70,5 +70,5 @@ def apply_local_attention_kernel(model: nn.Module, impl: str) -> int:
     for m in mods:
         m.__dict__.pop("_attn", None)  # back to the class's eager method
         if impl == "sdpa":
-            m._attn = types.MethodType(_sdpa_attn, m)
+            m.__dict__["_attn"] = types.MethodType(_sdpa_attn, m)
     return len(mods)

@@ -121,7 +121,7 @@ def test_checkpoint_calls_must_fit_the_period() -> None:
     from autoslapo.schedule import create_schedule
 
     sch = create_schedule(build_model(ModelSpec.from_name("albert-tiny")))
-    with pytest.raises(ScheduleError, match="checkpoint calls must lie in 0..period-1"):
+    with pytest.raises(ScheduleError, match=r"checkpoint calls must lie in 0\.\.period-1"):
         sch["albert.encoder.albert_layer_groups.0.albert_layers.0"].checkpoint(calls=[4], period=4)
 
 
