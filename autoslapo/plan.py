@@ -18,7 +18,8 @@ applies primitives to the schedule tree, in this order:
    get their gradients summed, and each pipeline chunk splits the sequence at its first layer and
    gathers it after its last (so a stage boundary carries whole sequences);
 4. the attention kernel; activation checkpointing of ``config.checkpointed_layers`` (of each
-   pipeline chunk's layers when pp > 1): the whole layer, or with ``ckpt_granularity="selective"``
+   pipeline chunk's layers when pp > 1; of a shared layer's calls, ALBERT): the whole layer, or with
+   ``ckpt_granularity="selective"``
    its attention module keeping the linear layers' outputs (only the attention core recomputed); ``compile_layers``; the pipeline cuts (pp x virtual stages).
 
 Pure schedule code: it starts no processes and sets up no groups (the runtime, the verify command
@@ -270,11 +271,11 @@ def apply_schedule(
     # 4. kernel, checkpointing, compilation, pipeline cuts
     sch.attention_kernel(config.attn_kernel)
     ckpt = checkpointed_layers(spec, config)
-    if spec.shared_layers:
-        target = layers[0][desc.attention] if config.ckpt_granularity == "selective" else layers[0]
-        if ckpt:
-            keep = "linear" if config.ckpt_granularity == "selective" else "nothing"
-            target.checkpoint(keep=keep, calls=ckpt, period=spec.layers)
+    if spec.shared_layers and ckpt:
+        # one module runs every layer call (ALBERT): checkpoint the chosen calls of it
+        selective = config.ckpt_granularity == "selective"
+        target = layers[0][desc.attention] if selective else layers[0]
+        target.checkpoint(keep="linear" if selective else "nothing", calls=ckpt, period=spec.layers)
     for i in [] if spec.shared_layers else ckpt:
         if config.ckpt_granularity == "selective":
             # Korthikanti et al.'s selective recomputation: only the attention core is recomputed.

@@ -4,10 +4,14 @@ parameter, FLOP and activation terms against what the built models hold, compute
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from autoslapo.cli import main
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost.flops import model_flops_per_sample
@@ -201,3 +205,19 @@ def test_activation_terms_match_what_autograd_saves(name: str, kernel: str) -> N
         assert got[ratio] == pytest.approx(want[ratio], rel=0.15), ratio
     # what checkpointing half the layer calls saves (ALBERT: calls of the one shared layer)
     assert got[0.0] - got[0.5] == pytest.approx(want[0.0] - want[0.5], rel=0.1)
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("gpt-neo-1.3b", 1_315_575_808), ("gpt-neo-2.7b", 2_651_307_520), ("albert-xxlarge", 206_368_944)])
+def test_estimate_of_a_published_size_reports_its_parameters(
+        name: str, params: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["estimate", name, "--gpus", "8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["params"] == params and d["fits"] and d["samples_per_s"] > 0
+    if name.startswith("albert"):
+        assert d["config"]["pp"] == 1
+    else:
+        assert d["config"]["attn_kernel"] != "flash"
