@@ -79,6 +79,12 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if chunks > 1 and model.family == "user":
         return (f"pipeline stages are not offered for a user's own module ({model.preset}): got pp={pp}; "
                 "use pp=1 (data parallelism, ZeRO and, with layers, checkpointing still apply)")
+    if chunks > 1 and model.shared_layers:
+        # Stages would each hold a copy of the one shared layer, whose gradients they would then
+        # have to sum every step (tied-gradient sync), which autoslapo's pipelines do not do.
+        return (f"pipeline stages cannot split a shared-layer model: got pp={pp} x virtual_stages="
+                f"{virtual_stages} for {model.preset} ({model.family} runs one layer's weights "
+                f"{model.layers} times); use pp=1")
     if model.layers % chunks:
         return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
@@ -172,6 +178,16 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
                or user_problem(config, model))
     if problem:
         raise ConfigError(problem)
+    if config.attn_kernel == "flash" and model.local_attention:
+        raise ConfigError(
+            f"attn_kernel flash cannot apply {model.family}'s local (windowed) attention masks: got "
+            f"attn_kernel=flash for {model.preset}; use sdpa or eager"
+        )
+    if config.sequence_parallel and not model.sequence_parallel_ok:
+        raise ConfigError(
+            f"sequence_parallel cannot split {model.family}'s layers (its attention module adds its own "
+            f"input back as a residual): got sequence_parallel on for {model.preset}; turn it off"
+        )
     if config.sequence_parallel and model.seq_len % config.tp:
         raise ConfigError(
             f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={config.tp}"

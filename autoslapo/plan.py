@@ -18,7 +18,8 @@ applies primitives to the schedule tree, in this order:
    get their gradients summed, and each pipeline chunk splits the sequence at its first layer and
    gathers it after its last (so a stage boundary carries whole sequences);
 4. the attention kernel; activation checkpointing of ``config.checkpointed_layers`` (of each
-   pipeline chunk's layers when pp > 1): the whole layer, or with ``ckpt_granularity="selective"``
+   pipeline chunk's layers when pp > 1; of a shared layer's calls, ALBERT): the whole layer, or with
+   ``ckpt_granularity="selective"``
    its attention module keeping the linear layers' outputs (only the attention core recomputed); ``compile_layers``; the pipeline cuts (pp x virtual stages).
 
 Pure schedule code: it starts no processes and sets up no groups (the runtime, the verify command
@@ -119,18 +120,24 @@ def _shard_layer(layer: Schedule, desc: FamilyDescription) -> None:
 
 
 def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) -> None:
-    regions = (
-        (desc.attention, desc.attention_input, desc.attn_out, 1),
-        (desc.mlp_input, 0, desc.mlp_out, desc.mlp_seq_dim),
+    attn_entries: tuple[tuple[str, int | str], ...] = (
+        tuple((path, 0) for path in desc.attention_entries) or ((desc.attention, desc.attention_input),)
     )
-    for entry, index, exit_, seq_dim in regions:
+    regions = (
+        (attn_entries, desc.attn_out, 1),
+        (((desc.mlp_input, 0),), desc.mlp_out, desc.mlp_seq_dim),
+    )
+    for entries, exit_, seq_dim in regions:
+        for entry, index in entries:
+            if seq_parallel:
+                layer[entry].sync("fwd_pre", "all_gather", dim=seq_dim, bwd="reduce_scatter", index=index)
+            else:
+                # Megatron's "f": identity forward, all-reduced input gradient at the entry
+                layer[entry].sync("bwd_post", "all_reduce", index=index)
+        # Megatron's "g": the partial sums reduced (or reduce-scattered) at the exit
         if seq_parallel:
-            layer[entry].sync("fwd_pre", "all_gather", dim=seq_dim, bwd="reduce_scatter", index=index)
             layer[exit_].sync("fwd_post", "reduce_scatter", dim=seq_dim)
         else:
-            # Megatron's "f" and "g": identity forward / all-reduced input gradient at the entry,
-            # all-reduce of the partial sums at the exit.
-            layer[entry].sync("bwd_post", "all_reduce", index=index)
             layer[exit_].sync("fwd_post", "all_reduce")
     if seq_parallel:
         for path in desc.norms:
@@ -222,18 +229,21 @@ def apply_schedule(
             f"build it with autoslapo.models.build_model({spec.preset!r})"
         )
     layer_list = sch[desc.layers]
-    if len(layer_list.children) != spec.layers:
+    if len(layer_list.children) != spec.stored_layers:
         raise ScheduleError(
-            f"the model has {len(layer_list.children)} layers but the spec says {spec.layers}; "
+            f"the model has {len(layer_list.children)} layers but the spec says {spec.stored_layers}; "
             "build the model from the same spec"
         )
-    layers = [layer_list[str(i)] for i in range(spec.layers)]
+    # layers[i] is the module layer call i runs: with shared layers (ALBERT) every entry is the one
+    # layer, which is sharded, synced and compiled once and checkpointed by call.
+    layers = [layer_list[str(min(i, spec.stored_layers - 1))] for i in range(spec.layers)]
+    distinct = layers[: spec.stored_layers]
     tp = config.tp
     plan: dict[str, Any] = {"family": desc.name, "config": config.to_dict(), "skipped": []}
 
     # 1. shard parameters (before any hook, so fusion below sees the final parameter objects)
     if tp > 1:
-        for layer in layers:
+        for layer in distinct:
             _shard_layer(layer, desc)
     vocab_parallel = tp > 1
 
@@ -242,13 +252,13 @@ def apply_schedule(
         if desc.bias_gelu is None:
             plan["skipped"].append(f"fuse_bias_gelu: the {desc.name} MLP has no bias + GeLU")
         else:
-            for layer in layers:
+            for layer in distinct:
                 _fuse_bias_gelu(layer, desc, compiler)
 
     # 3. collectives
     chunks = chunk_bounds(spec.layers, config.pp * config.virtual_stages)
     if tp > 1:
-        for layer in layers:
+        for layer in distinct:
             _sync_layer(layer, desc, config.sequence_parallel)
         if vocab_parallel:
             _vocab_parallel(sch, desc, spec.causal, config.loss_kernel)
@@ -264,7 +274,12 @@ def apply_schedule(
     # 4. kernel, checkpointing, compilation, pipeline cuts
     sch.attention_kernel(config.attn_kernel)
     ckpt = checkpointed_layers(spec, config)
-    for i in ckpt:
+    if spec.shared_layers and ckpt:
+        # one module runs every layer call (ALBERT): checkpoint the chosen calls of it
+        selective = config.ckpt_granularity == "selective"
+        target = layers[0][desc.attention] if selective else layers[0]
+        target.checkpoint(keep="linear" if selective else "nothing", calls=ckpt, period=spec.layers)
+    for i in [] if spec.shared_layers else ckpt:
         if config.ckpt_granularity == "selective":
             # Korthikanti et al.'s selective recomputation: only the attention core is recomputed.
             layers[i][desc.attention].checkpoint(keep="linear")
@@ -272,7 +287,7 @@ def apply_schedule(
             layers[i].checkpoint()
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
-        for layer in layers:
+        for layer in distinct:
             layer.fuse(compiler=backend)
     cuts = cut_points(spec.layers, config.pp * config.virtual_stages)
     for i in cuts:

@@ -33,6 +33,7 @@ SPACES: dict[str, SearchSpace] = {
     "opt": GPT2,
     "llama": LLAMA,
     "user": USER,
+    "gpt_neo": GPT2,  # a GELU decoder like GPT-2 (pp, sp, fusion); ALBERT takes the default (no pp)
 }
 
 

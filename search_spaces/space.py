@@ -169,7 +169,7 @@ def _statically_ok(knob: str, v: Any, model: ModelSpec, cluster: ClusterSpec, ru
     if knob == "micro_batch":
         return bool(v <= rules["max_micro_batch"])
     if knob == "attn_kernel" and v == "flash":
-        return cluster.device.flash_attention
+        return cluster.device.flash_attention and not model.local_attention
     if knob == "precision" and v == "bf16":
         return cluster.device.bf16
     return True

@@ -8,7 +8,9 @@ forward of every layer, giving ``96 B s L h^2 (1 + s/6h + V/16Lh)`` per iteratio
 
 Here the same count is written per matrix so it also holds for an MLP width other than ``4h``,
 gated (SwiGLU) MLPs and grouped-query attention. BERT's MLM head adds its ``h x h`` transform.
-The attention products are counted in full even for causal models, as Megatron does.
+The attention products are counted in full even for causal models, as Megatron does, and for
+GPT-Neo's local (windowed) layers, whose kernels (eager and SDPA with a mask) compute every score.
+A shared layer (ALBERT) costs its FLOPs on every call: ``layers`` counts calls.
 """
 
 from __future__ import annotations
@@ -42,11 +44,17 @@ def layer_flops_per_token(model: ModelSpec) -> float:
 
 
 def head_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs per token of the output head: logits (``2 h V``), plus BERT's MLM transform."""
-    h = model.hidden
-    flops = 2 * h * model.vocab
+    """Forward FLOPs per token of the output head: logits (``2 h V``), plus BERT's MLM transform.
+
+    ALBERT's factorized embedding of width E: logits ``2 E V``, its transform ``2 h E`` and, counted
+    here too, the ``E -> h`` map at the encoder's input (``2 E h``).
+    """
+    h, e = model.hidden, model.embedding_size
+    flops = 2 * e * model.vocab
     if not model.causal:  # BERT/RoBERTa MLM head: dense h x h + LayerNorm before the decoder
-        flops += 2 * h * h
+        flops += 2 * h * e
+    if e != h:
+        flops += 2 * e * h
     return float(flops)
 
 

@@ -83,7 +83,8 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     Embeddings are vocab-parallel over TP (Megatron); with pp > 1 the last stage keeps its own copy
     of tied word embeddings for the logits; LLaMA's untied head is always on the last stage.
     """
-    layers = model.layers / config.pp
+    # a shared layer (ALBERT) is stored once however often it runs (its family refuses pp > 1)
+    layers = model.stored_layers / config.pp
     body = layers * model.layer_params() / config.tp
     emb = model.embedding_params() / config.tp
     word = model.vocab * model.hidden / config.tp
@@ -115,6 +116,10 @@ def has_dropout(model: ModelSpec, dropout: bool | None) -> bool:
     return model.family != "llama" if dropout is None else dropout
 
 
+#: Families whose MLP runs transformers' tanh-GELU (``gelu_new``, a chain of elementwise ops).
+TANH_GELU_FAMILIES = ("gpt2", "gpt_neo", "albert")
+
+
 def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig) -> int:
     """Elements of width ``ffn`` (before TP) the MLP keeps for backward, per token.
 
@@ -127,7 +132,7 @@ def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig) -> int:
         return 4
     if model.family == "opt":
         return 1
-    if model.family == "gpt2" and not (config.fuse_bias_gelu or config.compile_layers):
+    if model.family in TANH_GELU_FAMILIES and not (config.fuse_bias_gelu or config.compile_layers):
         return 5
     return 2
 

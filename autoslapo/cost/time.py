@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost.kernels import flash_softmax_s, flash_traffic_bytes, gemm_size_efficiency, host_floor_s
-from autoslapo.cost.memory import element_bytes, has_dropout, stage_params
+from autoslapo.cost.memory import TANH_GELU_FAMILIES, element_bytes, has_dropout, stage_params
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -254,7 +254,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
     bias_fused = fused or config.fuse_bias_gelu
     if model.gated_mlp:
         act = 3 * e * f if fused else 5 * e * f  # silu, product
-    elif model.family == "gpt2" and not bias_fused:
+    elif model.family in TANH_GELU_FAMILIES and not bias_fused:
         act = 18 * e * f  # transformers' tanh-GELU: eight elementwise ops over the MLP width
         kernels += 7
     elif bias_fused:
@@ -294,9 +294,13 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     tp_bw = group_bandwidth(cluster, 1, t)
     tp_one = _ring("allreduce", T * h * e, t, tp_bw, perf)
     # head: vocab-parallel logits, cross-entropy in fp32, plus the embedding lookup and its grad
-    head_f = r.gemm(T, model.vocab / t, h) + r.mem(T * model.vocab / t * (e + 3 * 4), 3)
+    # (ALBERT's factorized head: hidden -> E transform, then E -> vocab; E = hidden elsewhere)
+    width = model.embedding_size
+    head_f = r.gemm(T, model.vocab / t, width) + r.mem(T * model.vocab / t * (e + 3 * 4), 3)
     if not model.causal:
-        head_f += r.gemm(T, h, h) + r.mem(T * h * e * 4, 2)
+        head_f += r.gemm(T, width, h) + r.mem(T * width * e * 4, 2)
+    if width != h:  # ALBERT's E -> hidden embedding map
+        head_f += r.gemm(T, h, width)
     head_b = 2 * head_f
     if config.loss_kernel == "chunked":
         head_b += r.gemm(T, model.vocab / t, h)  # backward recomputes each chunk's logits

@@ -188,7 +188,14 @@ def _adapter_parts(desc: FamilyDescription, model: nn.Module, at: Callable[[str]
         def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
             return parts[emb[0]](input_ids=input_ids, token_type_ids=rest[0] if rest else None)
 
-    elif desc.name == "gpt2":
+    elif desc.name == "albert":
+        # word/position/type tables of width E, then the encoder's E -> hidden map; no mask (no padding)
+        table, mapping = emb
+
+        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+            return parts[mapping](parts[table](input_ids=input_ids, token_type_ids=rest[0] if rest else None))
+
+    elif desc.name in ("gpt2", "gpt_neo"):
         wte, wpe, drop = emb
 
         def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor) -> torch.Tensor:

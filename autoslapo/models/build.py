@@ -110,12 +110,62 @@ def _llama(spec: ModelSpec, dropout: float | None) -> Any:
     )
 
 
+def _albert(spec: ModelSpec, dropout: float | None) -> Any:
+    from transformers import AlbertConfig
+
+    kw: dict[str, Any] = {}
+    if dropout is not None:
+        kw.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    last = spec.vocab - 1
+    # One group of one layer, run num_hidden_layers times: the published ALBERT sharing.
+    return AlbertConfig(
+        vocab_size=spec.vocab,
+        embedding_size=spec.embedding_size,
+        hidden_size=spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_hidden_groups=1,
+        inner_group_num=1,
+        num_attention_heads=spec.heads,
+        intermediate_size=spec.ffn,
+        max_position_embeddings=spec.max_positions,
+        pad_token_id=0,
+        bos_token_id=min(2, last),
+        eos_token_id=min(3, last),
+        **kw,
+    )
+
+
+def _gpt_neo(spec: ModelSpec, dropout: float | None) -> Any:
+    from transformers import GPTNeoConfig
+
+    kw: dict[str, Any] = {}
+    if dropout is not None:
+        kw.update(embed_dropout=dropout, attention_dropout=dropout, resid_dropout=dropout)
+    ids = _token_ids(spec)
+    return GPTNeoConfig(
+        vocab_size=spec.vocab,
+        max_position_embeddings=spec.max_positions,
+        hidden_size=spec.hidden,
+        num_layers=spec.layers,
+        num_heads=spec.heads,
+        intermediate_size=spec.ffn,
+        window_size=int(spec.extra["window_size"]),
+        # one run of length 1 per layer: any pattern, any depth
+        attention_types=[[[t], 1] for t in spec.layer_attention_types()],
+        bos_token_id=ids["bos_token_id"],
+        eos_token_id=ids["eos_token_id"],
+        **kw,
+    )
+
+
 _CONFIGS: dict[str, Callable[[ModelSpec, float | None], Any]] = {
     "bert": lambda s, d: _bert_like(s, d, roberta=False),
     "roberta": lambda s, d: _bert_like(s, d, roberta=True),
     "gpt2": _gpt2,
     "opt": _opt,
     "llama": _llama,
+    "albert": _albert,
+    "gpt_neo": _gpt_neo,
 }
 
 # family -> name of the transformers LM class (imported lazily).
@@ -125,6 +175,8 @@ _MODEL_CLASSES: dict[str, str] = {
     "gpt2": "GPT2LMHeadModel",
     "opt": "OPTForCausalLM",
     "llama": "LlamaForCausalLM",
+    "albert": "AlbertForMaskedLM",
+    "gpt_neo": "GPTNeoForCausalLM",
 }
 
 
@@ -149,10 +201,13 @@ def build_config(spec: ModelSpec, *, attn_kernel: str = "sdpa", dropout: float |
         raise ConfigError(f"no transformers config for family {spec.family!r}; valid: {', '.join(_CONFIGS)}")
     else:
         config = _CONFIGS[spec.family](spec, dropout)
+    if spec.family == "gpt_neo" and attn_kernel == "flash":
+        raise ConfigError(f"attn_kernel flash cannot apply {spec.preset}'s local attention windows; use sdpa or eager")
     # Training never reads a KV cache, and a cache written during the forward would be written
     # again when activation checkpointing replays a layer (doubling its length).
     config.use_cache = False
-    config._attn_implementation = ATTN_IMPLEMENTATIONS[attn_kernel]
+    # GPT-Neo's HF classes are eager only; build_model sets its sdpa kernel on the built modules.
+    config._attn_implementation = "eager" if spec.family == "gpt_neo" else ATTN_IMPLEMENTATIONS[attn_kernel]
     return config
 
 
@@ -201,6 +256,10 @@ def build_model(
             model = make()
     if dtype is not None:
         model.to(dtype=dtype)
+    if spec.family == "gpt_neo":
+        from autoslapo.primitives.local_attention import apply_local_attention_kernel
+
+        apply_local_attention_kernel(model, attn_kernel)
     model.train()
     return model
 

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from autoslapo import layout
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import LOSS_CHUNK_TOKENS, ScheduleConfig
 from autoslapo.cost.estimate import estimate
@@ -161,8 +162,10 @@ def test_training_losses_match_with_the_lean_kernels() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_training_losses_match_with_the_lean_kernels_for_every_family(family: str) -> None:
-    _train([(f"{family}-tiny", {"dp": 4, **LEAN}), (f"{family}-tiny", {"tp": 2, "dp": 2, **LEAN}),
-            (f"{family}-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, **LEAN})])
+    runs = [{"dp": 4, **LEAN}, {"tp": 2, "dp": 2, **LEAN}, {"tp": 2, "pp": 2, "grad_accum": 2, **LEAN}]
+    spec = ModelSpec.from_name(f"{family}-tiny", seq_len=32)
+    allowed = [kw for kw in runs if not layout.pp_problem(int(kw.get("pp", 1)), spec)]  # ALBERT: no pipeline
+    _train([(f"{family}-tiny", kw) for kw in allowed])
 
 
 def test_cost_model_predicts_the_savings() -> None:

@@ -16,6 +16,8 @@ CLASSES = {
     "gpt2": "GPT2LMHeadModel",
     "opt": "OPTForCausalLM",
     "llama": "LlamaForCausalLM",
+    "albert": "AlbertForMaskedLM",
+    "gpt_neo": "GPTNeoForCausalLM",
 }
 
 
