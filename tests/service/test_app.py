@@ -86,6 +86,9 @@ def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> N
     (b'{"model": "bert", "gpus": 8, "backend": "local"}', 400, "backend"),
     (b'{"model": "bert", "gpus": 8, "name": "a b"}', 400, "study names"),
     (b'{"model": "bert", "gpus": 8, "trials": 0}', 400, "trials"),
+    (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"colour": [1]}}}', 400, "unknown knob 'colour'"),
+    (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"tp": [3]}}}', 400, "no value of tp"),
+    (b'{"model": "bert", "gpus": 8, "space": "name = "}', 400, "TOML"),
     (b'{"model": "bert", "gpus": 8, "pad": "' + b"x" * 70_000 + b'"}', 413, "bytes"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(client: TestClient, tokens: dict[str, str],
@@ -97,6 +100,24 @@ def test_bad_input_is_one_line_and_changes_nothing(client: TestClient, tokens: d
     error = r.json()["error"]
     assert words in error and "\n" not in error
     assert service_store.jobs.list() == [] and service_store.list_studies() == []
+
+
+def test_an_inline_space_is_what_the_study_searches(client: TestClient, tokens: dict[str, str], worker: Worker,
+                                                    service_store: Store) -> None:
+    space = {"name": "mine", "version": "2", "knobs": {"tp": [1, 2], "pp": [1], "micro_batch": [2, 4, 8]},
+             "fixed": {"zero_stage": 2, "attn_kernel": "flash", "ckpt_ratio": 0.0}}
+    r = client.post("/v1/studies", json={**BODY, "name": "inline", "trials": 6, "space": space},
+                    headers=bearer(tokens["submit"]))
+    assert r.status_code == 202, r.text
+    doc = wait_status(client, "inline", tokens["read"])
+    assert doc["status"] == "complete" and doc["launched"] == 6, doc
+    study = service_store.get_study("inline")
+    assert (study.space_name, study.space_version) == ("mine", "2")
+    for t in service_store.trials("inline"):
+        assert (t.config["zero_stage"], t.config["attn_kernel"], t.config["ckpt_ratio"]) == (2, "flash", 0.0)
+        assert t.config["tp"] in (1, 2) and t.config["pp"] == 1 and t.config["micro_batch"] in (2, 4, 8)
+    job = service_store.jobs.get("inline")
+    assert job is not None and job.request["space"]["fixed"]["attn_kernel"] == "flash"
 
 
 def test_duplicate_name_is_409_and_cancel_of_queued_job(client: TestClient, tokens: dict[str, str],
