@@ -83,13 +83,22 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
     p.close()
 
 
-def test_remote_tune_and_best_against_a_running_server(procs: Processes) -> None:
+def test_remote_tune_and_best_against_a_running_server(procs: Processes, tmp_path: Path) -> None:
     procs.serve()
     procs.worker()
+    space = tmp_path / "mine.toml"  # sent as data with the knob flag pinned into it
+    space.write_text('name = "mine"\n[knobs]\ntp = [1, 2, 4]\npp = [1, 2]\nmicro_batch = "auto"\n'
+                     '[fixed]\nattn_kernel = "flash"\n')
     done = procs.cli("tune", "bert", "--gpus", "8", "--trials", "10", "--no-baselines", "--study", "remote", "--sampler", "tpe",
-                     "--server", procs.base, token=procs.submit)
+                     "--space", str(space), "--zero-stage", "1", "--server", procs.base, token=procs.submit)
     assert done.returncode == 0, done.stderr
     assert "study remote: 10 trials launched, status complete" in done.stdout
+    with open_store(procs.url) as store:
+        assert store.get_study("remote").space_name == "mine+pinned"
+        configs = [t.config for t in store.trials("remote")]
+    assert configs and all(c["attn_kernel"] == "flash" for c in configs)
+    assert all(c["zero_stage"] == (1 if c["dp"] > 1 else 0) for c in configs)  # ZeRO is inert without dp
+    assert all(c["tp"] in (1, 2, 4) and c["pp"] in (1, 2) for c in configs)
     best = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token=procs.read)
     assert best.returncode == 0, best.stderr
     assert "study remote" in best.stdout
