@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -91,3 +92,34 @@ def test_submit_respects_an_unfinished_limit_per_owner(store_url: str) -> None:
         db.jobs.cancel("a")
         db.jobs.submit("d", {}, owner="me", max_unfinished=2)
         assert [j.study for j in db.jobs.list()] == ["a", "b", "c", "d"]
+
+
+def test_workers_racing_to_claim_take_each_job_once(store_url: str) -> None:
+    """Four workers, each with its own connections, drain the queue at once (``FOR UPDATE SKIP
+    LOCKED`` on PostgreSQL, a locked transaction on SQLite): every job is claimed exactly once."""
+    with open_store(store_url) as db:
+        ids = [db.jobs.submit(f"j{i}", {"model": "bert", "gpus": 8}).id for i in range(24)]
+    taken: list[tuple[int, str]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def drain(worker: str) -> None:
+        try:
+            with open_store(store_url) as own:
+                start.wait(timeout=30)
+                while (job := own.jobs.claim(worker, 60)) is not None:
+                    taken.append((job.id, worker))
+        except BaseException as err:  # reported below: a thread's failure must fail the test
+            errors.append(err)
+
+    threads = [threading.Thread(target=drain, args=(f"w{k}",)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sorted(job for job, _ in taken) == ids  # none twice, none left
+    with open_store(store_url) as db:
+        jobs = db.jobs.list()
+    assert all(j.status == "running" and j.attempts == 1 for j in jobs)
+    assert {j.id: j.worker for j in jobs} == dict(taken)
