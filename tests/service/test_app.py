@@ -11,10 +11,11 @@ from fastapi.testclient import TestClient
 from autoslapo.errors import UsageError
 from autoslapo.service import Worker
 from store import Store
-from tests.service.conftest import bearer
+from tests.service.conftest import ON_BOTH, bearer
 
 BODY = {"model": "bert", "gpus": 8, "trials": 20, "backend": "sim", "name": "svc", "baselines": False,
         "sampler": "tpe"}  # the sampler named: a launched-trial budget, whatever sim does by default
+ISSUE_BODY = {"model": "bert", "gpus": 8, "trials": 20, "backend": "sim", "name": "svc"}  # the issue's, verbatim
 
 
 def wait_status(client: TestClient, name: str, token: str, timeout_s: float = 120.0) -> dict:
@@ -25,6 +26,33 @@ def wait_status(client: TestClient, name: str, token: str, timeout_s: float = 12
             return doc
         time.sleep(0.2)
     raise AssertionError(f"{name} did not finish in {timeout_s}s: {doc}")
+
+
+@ON_BOTH
+def test_the_issues_done_when_flow(client: TestClient, tokens: dict[str, str], worker: Worker,
+                                   service_store: Store) -> None:
+    """The issue's body as it stands (sim's default sweep, baselines on), on SQLite and PostgreSQL."""
+    assert client.post("/v1/studies", json=ISSUE_BODY).status_code == 401
+    refused = client.post("/v1/studies", json=ISSUE_BODY, headers=bearer(tokens["read"]))
+    assert refused.status_code == 403 and "\n" not in refused.json()["error"]
+    bad = client.post("/v1/studies", content=b'{"model": "bert", "gpus": 8,', headers={
+        **bearer(tokens["submit"]), "Content-Type": "application/json"})
+    assert 400 <= bad.status_code < 500 and list(bad.json()) == ["error"] and "\n" not in bad.json()["error"]
+    assert service_store.jobs.list() == [] and service_store.list_studies() == []
+    r = client.post("/v1/studies", json=ISSUE_BODY, headers=bearer(tokens["submit"]))
+    assert r.status_code == 202, r.text
+    doc = wait_status(client, "svc", tokens["read"], timeout_s=240)
+    assert doc["status"] == "complete" and doc["launched"] == 20, doc
+    assert len([t for t in service_store.trials("svc") if t.status != "pruned"]) == 20
+    assert client.get("/v1/best", params={"model": "bert", "gpus": 8, "gpu_type": "a100-80gb"}).status_code == 401
+    best = client.get("/v1/best", params={"model": "bert", "gpus": 8, "gpu_type": "a100-80gb"},
+                      headers=bearer(tokens["read"]))
+    assert best.status_code == 200, best.text
+    assert best.json()["study"] == "svc" and best.json()["samples_per_s"] == doc["best"]["samples_per_s"]
+    config = best.json()["config"]
+    assert config["tp"] * config["pp"] * config["dp"] == 8
+    job = service_store.jobs.get("svc")
+    assert job is not None and job.status == "complete" and job.attempts == 1
 
 
 def test_submit_runs_to_budget_and_best_answers(client: TestClient, tokens: dict[str, str], worker: Worker,
@@ -56,6 +84,7 @@ def test_submit_runs_to_budget_and_best_answers(client: TestClient, tokens: dict
     assert "autoslapo_http_request_seconds_bucket" in metrics
 
 
+@ON_BOTH
 def test_tokens_are_required_and_roles_enforced(client: TestClient, tokens: dict[str, str],
                                                 service_store: Store) -> None:
     assert client.get("/v1/studies").status_code == 401
@@ -76,6 +105,7 @@ def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> N
     assert all(token not in t.secret_hash for t in service_store.tokens.list())
 
 
+@ON_BOTH
 @pytest.mark.parametrize(("body", "status", "words"), [
     (b"{not json", 400, "JSON"),
     (b"[1, 2]", 400, "object"),
