@@ -3,9 +3,7 @@
     with PgServer() as server:
         url = server.create_database("t1")   # postgresql+psycopg://postgres@127.0.0.1:PORT/t1
 
-In tests, the session fixture ``pg_server`` (made visible everywhere by tests/conftest.py) holds
-one server for the whole run, and ``database_url(backend, ...)`` gives a fresh database on
-SQLite or on that server, for tests parametrized over ``BACKENDS``.
+Its pytest fixtures are in tests/pgfixtures.py (this module imports no pytest: experiments use it).
 
 The server runs from a temporary directory with fsync off (tests need speed, not durability),
 listens on 127.0.0.1 and a Unix socket in that directory, and trusts local connections. As root
@@ -15,7 +13,6 @@ it runs as the ``postgres`` user, as PostgreSQL refuses to run as root.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import pwd
 import re
@@ -23,16 +20,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 PG_BIN_ENV = "AUTOSLAPO_PG_BIN"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_counter = itertools.count()
-#: The databases a contract or end-to-end test runs on (PostgreSQL ones carry the ``postgres`` mark).
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 
 def find_bin_dir() -> Path | None:
@@ -192,41 +183,3 @@ class PgServer:
             raise ValueError(f"database names here must be lowercase identifiers: got {name!r}")
         self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    """A private PostgreSQL server for the whole session (skipped, or failed under CI, if impossible)."""
-    reason = unavailable_reason()
-    if reason is not None:
-        if _ci():
-            pytest.fail(f"CI=true needs the PostgreSQL tests to run: {reason}")
-        pytest.skip(reason)
-    server = PgServer()
-    try:
-        server.start()
-    except Exception as err:
-        if _ci():
-            pytest.fail(f"CI=true needs the PostgreSQL tests to run: {err}")
-        pytest.skip(f"PostgreSQL did not start: {err}")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    """Yield a URL to a fresh, empty database on ``backend`` (``sqlite`` or ``postgresql``), dropped after."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-        return
-    server: PgServer = request.getfixturevalue("pg_server")
-    name = f"t{os.getpid()}_{next(_counter)}"
-    url = server.create_database(name)
-    try:
-        yield url
-    finally:
-        server.drop_database(name)

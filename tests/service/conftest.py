@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from autoslapo.service import ServiceSettings, Worker, create_app, create_token
 from store import Store, open_store
-from tests.pgserver import BACKENDS, database_url
+from tests.pgfixtures import BACKENDS, database_url
 
 #: Run a test on SQLite and on PostgreSQL (direct parametrization overrides ``service_backend``).
 ON_BOTH = pytest.mark.parametrize("service_backend", BACKENDS)

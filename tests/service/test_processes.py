@@ -22,7 +22,7 @@ import pytest
 from autoslapo.api import best_trial
 from autoslapo.service import create_token
 from store import open_store
-from tests.pgserver import BACKENDS, database_url
+from tests.pgfixtures import BACKENDS, database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 

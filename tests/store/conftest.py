@@ -1,6 +1,6 @@
 """Fixtures for the store suite: every contract test runs on SQLite and on a private PostgreSQL.
 
-The PostgreSQL server is real (the session fixture ``pg_server`` of tests/pgserver.py, shared by
+The PostgreSQL server is real (the session fixture ``pg_server`` of tests/pgfixtures.py, shared by
 every folder through tests/conftest.py, starts it on a free port and removes it afterwards). Where
 it cannot start, its tests skip, except under CI=true, where a missing server is a failure rather
 than a silently smaller suite.
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from store import Store, open_store
-from tests.pgserver import BACKENDS, database_url
+from tests.pgfixtures import BACKENDS, database_url
 
 
 @pytest.fixture(params=BACKENDS)
