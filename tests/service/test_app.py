@@ -105,7 +105,6 @@ def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> N
     assert all(token not in t.secret_hash for t in service_store.tokens.list())
 
 
-@ON_BOTH
 @pytest.mark.parametrize(("body", "status", "words"), [
     (b"{not json", 400, "JSON"),
     (b"[1, 2]", 400, "object"),
