@@ -58,8 +58,8 @@ class Processes:
         self.started.append(p)
         return p
 
-    def serve(self) -> subprocess.Popen[bytes]:
-        p = self.spawn("serve", "--port", str(self.port))
+    def serve(self, *flags: str) -> subprocess.Popen[bytes]:
+        p = self.spawn("serve", "--port", str(self.port), *flags)
         end = time.monotonic() + 60
         while time.monotonic() < end:
             try:
@@ -138,6 +138,42 @@ def test_a_server_that_is_down_is_one_line_and_exit_2(procs: Processes) -> None:
     down = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token=procs.read)
     assert down.returncode == 2
     assert len(down.stderr.strip().splitlines()) == 1 and "cannot reach" in down.stderr
+
+
+def children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads children from Linux's /proc")
+def test_kill_9_of_the_server_takes_its_workers_down(procs: Processes) -> None:
+    server = procs.serve("--workers", "1")
+    r = httpx.post(f"{procs.base}/v1/studies", headers={"Authorization": f"Bearer {procs.submit}"}, timeout=10,
+                   json={"model": "bert", "gpus": 8, "trials": 5000, "backend": "sim", "name": "long",
+                         "baselines": False, "sampler": "tpe"})
+    assert r.status_code == 202, r.text
+    wait_launched(procs, "long", 3)  # its worker runs the study
+    (worker,) = children(server.pid)
+    kill_9(server)
+    end = time.monotonic() + 30
+    while alive(worker) and time.monotonic() < end:
+        time.sleep(0.1)
+    if alive(worker):
+        os.kill(worker, signal.SIGKILL)  # leave no orphan behind a failed test
+        raise AssertionError("the server's worker outlived it: an orphan would keep the job's lease")
+    with open_store(procs.url) as store:
+        job = store.jobs.get("long")
+    assert job is not None and job.status == "running"  # until the lease lapses and a worker resumes it
 
 
 def wait_launched(procs: Processes, name: str, at_least: int, timeout_s: float = 300) -> int:
