@@ -52,6 +52,7 @@ class StudyRequest:
     baselines: bool = True
     name: str | None = None
     space: Mapping[str, Any] | None = None  # None: the family's space; else a space description (data)
+    resume: bool = False  # continue study ``name`` to ``trials`` (its space kept unless one is given)
 
     @classmethod
     def from_json(cls, doc: Any, *, allow_local: bool = False) -> StudyRequest:
@@ -69,11 +70,12 @@ class StudyRequest:
             "model": (str,), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
             "gpus": (int,), "gpus_per_node": (int,), "trials": (int,), "seed": (int,), "global_batch": (int,),
             "patience": (int,), "timeout_s": (int, float), "baselines": (bool,), "space": (dict, str),
+            "resume": (bool,),
         }
         for key, value in doc.items():
             if value is None and key not in ("model", "gpus"):
                 continue
-            ok = isinstance(value, kinds[key]) and (key == "baselines" or not isinstance(value, bool))
+            ok = isinstance(value, kinds[key]) and (kinds[key] == (bool,) or not isinstance(value, bool))
             if not ok:
                 want = " or ".join(k.__name__ for k in kinds[key])
                 raise UsageError(f"field {key!r} must be {want}: got {json_repr(value)}")
@@ -92,6 +94,8 @@ class StudyRequest:
             raise UsageError(f"backend must be one of {', '.join(backends)} on this server: got {self.backend!r}")
         if self.name is not None:
             check_name(self.name)
+        elif self.resume:
+            raise UsageError("resume continues a study: name it, e.g. {\"name\": \"svc\", \"resume\": true}")
         if not 1 <= self.trials <= 100_000:
             raise UsageError(f"trials must be 1 to 100000: got {self.trials}")
         options = self.to_options(name=self.name or "check")

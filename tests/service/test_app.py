@@ -118,6 +118,8 @@ def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> N
     (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"colour": [1]}}}', 400, "unknown knob 'colour'"),
     (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"tp": [3]}}}', 400, "no value of tp"),
     (b'{"model": "bert", "gpus": 8, "space": "name = "}', 400, "TOML"),
+    (b'{"model": "bert", "gpus": 8, "resume": true}', 400, "resume continues a study: name it"),
+    (b'{"model": "bert", "gpus": 8, "resume": 1}', 400, "'resume' must be bool"),
     (b'{"model": "bert", "gpus": 8, "pad": "' + b"x" * 70_000 + b'"}', 413, "bytes"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(client: TestClient, tokens: dict[str, str],
@@ -147,6 +149,40 @@ def test_an_inline_space_is_what_the_study_searches(client: TestClient, tokens: 
         assert t.config["tp"] in (1, 2) and t.config["pp"] == 1 and t.config["micro_batch"] in (2, 4, 8)
     job = service_store.jobs.get("inline")
     assert job is not None and job.request["space"]["fixed"]["attn_kernel"] == "flash"
+
+
+def test_resume_continues_a_study_in_its_space(client: TestClient, tokens: dict[str, str], worker: Worker,
+                                               service_store: Store) -> None:
+    space = {"name": "mine", "knobs": {"tp": [1, 2], "pp": [1], "micro_batch": [2, 4]},
+             "fixed": {"zero_stage": 1, "attn_kernel": "sdpa", "ckpt_ratio": 0.0}}
+    submit = bearer(tokens["submit"])
+    missing = client.post("/v1/studies", json={**BODY, "name": "again", "resume": True}, headers=submit)
+    assert missing.status_code == 404 and "no study named 'again'" in missing.json()["error"]
+    assert client.post("/v1/studies", json={**BODY, "name": "again", "trials": 4, "space": space},
+                       headers=submit).status_code == 202
+    assert wait_status(client, "again", tokens["read"])["launched"] == 4
+    resume = {**BODY, "name": "again", "trials": 7, "resume": True}  # no space: the one it began with
+    other = client.post("/v1/studies", json={**resume, "gpus": 16}, headers=submit)
+    assert other.status_code == 400 and "same model, gpus and gpu_type" in other.json()["error"]
+    from autoslapo.service import create_token
+
+    stranger = client.post("/v1/studies", json=resume, headers=bearer(create_token(service_store, "x", "submit")))
+    assert stranger.status_code == 403
+    assert service_store.jobs.get("again").request["trials"] == 4  # refusals wrote nothing
+    assert client.post("/v1/studies", json=resume, headers=submit).status_code == 202
+    doc = wait_status(client, "again", tokens["read"])
+    assert doc["status"] == "complete" and doc["launched"] == 7, doc
+    launched = [t for t in service_store.trials("again") if t.status != "pruned"]
+    assert len(launched) == 7 and len({t.config_hash for t in launched}) == 7
+    assert all((t.config["attn_kernel"], t.config["micro_batch"] in (2, 4)) == ("sdpa", True) for t in launched)
+    job = service_store.jobs.get("again")
+    assert job is not None and job.request["space"]["name"] == "mine" and job.attempts == 2
+    busy = client.post("/v1/studies", json={**resume, "trials": 5000}, headers=submit)
+    assert busy.status_code == 202
+    running = client.post("/v1/studies", json=resume, headers=submit)
+    assert running.status_code == 409 and "already" in running.json()["error"]
+    assert client.post("/v1/studies/again/cancel", headers=submit).status_code == 202
+    assert wait_status(client, "again", tokens["read"])["status"] == "cancelled"
 
 
 def test_duplicate_name_is_409_and_cancel_of_queued_job(client: TestClient, tokens: dict[str, str],
