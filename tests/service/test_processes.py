@@ -106,6 +106,12 @@ def test_remote_tune_and_best_against_a_running_server(procs: Processes, tmp_pat
     assert configs and all(c["attn_kernel"] == "flash" for c in configs)
     assert all(c["zero_stage"] == (1 if c["dp"] > 1 else 0) for c in configs)  # ZeRO is inert without dp
     assert all(c["tp"] in (1, 2, 4) and c["pp"] in (1, 2) for c in configs)
+    more = procs.cli("tune", "bert", "--gpus", "8", "--trials", "13", "--no-baselines", "--study", "remote",
+                     "--sampler", "tpe", "--resume", "--server", procs.base, token=procs.submit)
+    assert more.returncode == 0, more.stderr
+    assert "study remote: 13 trials launched, status complete" in more.stdout
+    with open_store(procs.url) as store:
+        assert all(t.config["attn_kernel"] == "flash" for t in store.trials("remote"))  # the space it began with
     best = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token=procs.read)
     assert best.returncode == 0, best.stderr
     assert "study remote" in best.stdout
