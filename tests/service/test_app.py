@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from autoslapo.errors import UsageError
 from autoslapo.service import Worker
+from search_spaces import get_space
 from store import Store
 from tests.service.conftest import ON_BOTH, bearer
 
@@ -177,7 +178,8 @@ def test_resume_continues_a_study_in_its_space(client: TestClient, tokens: dict[
     assert all((t.config["attn_kernel"], t.config["micro_batch"] in (2, 4)) == ("sdpa", True) for t in launched)
     job = service_store.jobs.get("again")
     assert job is not None and job.request["space"]["name"] == "mine" and job.attempts == 2
-    busy = client.post("/v1/studies", json={**resume, "trials": 5000}, headers=submit)
+    wide = get_space("bert").to_dict()  # a space that 5000 trials do not exhaust before the cancel
+    busy = client.post("/v1/studies", json={**resume, "trials": 5000, "space": wide}, headers=submit)
     assert busy.status_code == 202
     running = client.post("/v1/studies", json=resume, headers=submit)
     assert running.status_code == 409 and "already" in running.json()["error"]
