@@ -35,9 +35,9 @@ def test_a_limit_below_one_is_refused(service_store: Store) -> None:
 
 @ON_BOTH
 def test_two_workers_share_the_queue_and_run_each_job_once(service_store: Store, service_url: str) -> None:
-    names = [f"job{i}" for i in range(4)]
+    names = [f"job{i}" for i in range(3)]
     for name in names:
-        service_store.jobs.submit(name, {**REQUEST, "name": name})
+        service_store.jobs.submit(name, {**REQUEST, "name": name, "trials": 2})
     ran: dict[str, int] = {}
     errors: list[BaseException] = []
 
@@ -63,4 +63,4 @@ def test_two_workers_share_the_queue_and_run_each_job_once(service_store: Store,
     assert {j.worker for j in jobs} <= {"w1", "w2"}
     for name in names:
         launched = [t for t in service_store.trials(name) if t.status != "pruned"]
-        assert len(launched) == 3 and len({t.config_hash for t in launched}) == 3
+        assert len(launched) == 2 and len({t.config_hash for t in launched}) == 2
