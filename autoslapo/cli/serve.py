@@ -1,7 +1,9 @@
 """``autoslapo serve``: the HTTP API and web page over the store, optionally with worker processes.
 
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--workers N`` starts N ``autoslapo worker``
-processes on the same store and stops them when the server stops; without it, run workers apart.
+processes on the same store and stops them when the server stops; on Linux they are killed when the
+server dies, ``kill -9`` included (no orphan keeps running a job it then holds a lease on: after
+the lease a restarted server's workers resume it). Without ``--workers``, run workers apart.
 ``--max-running N`` is handed to those workers (run separate workers with the same flag);
 ``--max-queued-per-token N`` answers 429 to a token's submission beyond N queued/running studies.
 """
@@ -9,8 +11,12 @@ processes on the same store and stops them when the server stops; without it, ru
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queued-per-token", type=int, default=None, metavar="N",
                         help="a token with N queued or running studies gets 429 on POST /v1/studies (default none)")
     parser.add_argument("--max-body", type=int, default=64 * 1024, help="largest request body in bytes (default 64 KiB)")
+
+
+def _die_with(parent: int) -> None:
+    """In a worker child, before exec: ask Linux for SIGKILL when the server dies (by any signal)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the server died before the request took effect
+        os._exit(1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_running is not None:
         command += ["--max-running", str(args.max_running)]
     try:
-        workers = [subprocess.Popen(command) for _ in range(args.workers)]
+        server = os.getpid()
+        workers = [subprocess.Popen(command, preexec_fn=lambda: _die_with(server)) for _ in range(args.workers)]
         sys.stderr.write(f"autoslapo serve: http://{args.host}:{args.port}/ over {store.url}, "
                          f"{args.workers} worker(s)\n")
         uvicorn.run(create_app(store, settings), host=args.host, port=args.port, log_level="warning")

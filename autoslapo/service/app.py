@@ -160,8 +160,13 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         except AutoslapoError as err:
             raise ApiError(400, _one_line(err)) from None
         try:
-            store.jobs.submit(name, {**study.to_dict(), "name": name}, owner=who.name,
-                              max_unfinished=cfg.max_queued_per_token)
+            if study.resume:
+                _check_resume(store, name, study, who)
+                store.jobs.requeue(name, {**study.to_dict(), "name": name}, owner=who.name,
+                                   max_unfinished=cfg.max_queued_per_token)
+            else:
+                store.jobs.submit(name, {**study.to_dict(), "name": name}, owner=who.name,
+                                  max_unfinished=cfg.max_queued_per_token)
         except JobLimitError as err:
             raise ApiError(429, f"token {_one_line(err)}") from None
         except StorageError as err:
@@ -354,6 +359,22 @@ def check_name_or_404(name: str) -> None:
         check_name(name)
     except UsageError as err:
         raise ApiError(404, _one_line(err)) from None
+
+
+def _check_resume(store: Store, name: str, study: StudyRequest, who: Caller) -> None:
+    """Refuse a resume of a study that does not exist (404), is another token's (403), or tuned
+    another model or cluster (400), before anything is written."""
+    job = store.jobs.get(name)
+    if job is None and not store.has_study(name):
+        raise ApiError(404, f"no study named {name!r} to resume: submit it without resume first")
+    if job is not None and job.owner != who.name and not who.may("admin"):
+        raise ApiError(403, f"token {who.name!r} may resume only its own studies: {name!r} is {job.owner!r}'s")
+    if store.has_study(name):
+        rec = store.get_study(name)
+        if (rec.model_signature, rec.cluster_fingerprint) != (study.model_spec().signature(),
+                                                              study.cluster_spec().fingerprint()):
+            raise ApiError(400, f"resume needs the study's model and cluster: {name!r} tuned {rec.model_name} on "
+                                f"{rec.gpus}x {rec.gpu_type}; send the same model, gpus and gpu_type")
 
 
 def _free_name(store: Store, base: str) -> str:
