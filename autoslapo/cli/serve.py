@@ -2,6 +2,8 @@
 
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--workers N`` starts N ``autoslapo worker``
 processes on the same store and stops them when the server stops; without it, run workers apart.
+Those workers run at a lower CPU priority (nice +10) than the server: a study's CPU-heavy trials
+then wait for the API's answers on a busy machine rather than the other way round.
 ``--max-running N`` is handed to those workers (run separate workers with the same flag);
 ``--max-queued-per-token N`` answers 429 to a token's submission beyond N queued/running studies.
 """
@@ -9,6 +11,8 @@ processes on the same store and stops them when the server stops; without it, ru
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import subprocess
 import sys
 
@@ -54,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         command += ["--max-running", str(args.max_running)]
     try:
         workers = [subprocess.Popen(command) for _ in range(args.workers)]
+        for w in workers:
+            _lower_priority(w.pid)
         sys.stderr.write(f"autoslapo serve: http://{args.host}:{args.port}/ over {store.url}, "
                          f"{args.workers} worker(s)\n")
         uvicorn.run(create_app(store, settings), host=args.host, port=args.port, log_level="warning")
@@ -67,3 +73,13 @@ def run(args: argparse.Namespace) -> int:
                 w.kill()
         store.close()
     return 0
+
+
+WORKER_NICE = 10
+
+
+def _lower_priority(pid: int) -> None:
+    """Give a worker process ``WORKER_NICE`` more niceness than the server (best effort: a system
+    that refuses leaves it at the server's priority)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE))

@@ -1,28 +1,34 @@
 """API tokens: made here, shown once, stored only as an argon2id hash; roles and what each may do.
 
 A token reads ``aslp_<key>_<secret>``: the key finds the row, argon2 checks the whole token
-against the stored hash. Verified tokens are cached (by their SHA-256, for a few seconds) so a
-busy reader does not pay argon2 on every request; a revoked token stops working within that time.
+against the stored hash. argon2 is slow on purpose (tens of ms of CPU), so verified tokens are
+kept in memory for ``CACHE_S`` seconds, keyed by an HMAC-SHA256 of the token under a key made at
+start-up (the token itself is never kept): a busy reader pays argon2 once per ``CACHE_S``, and a
+revoked or re-roled token is seen within ``CACHE_S`` seconds. Failed checks are not cached.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from autoslapo.errors import UsageError
-from store import TOKEN_ROLES, Store, TokenRecord
+from store import TOKEN_ROLES, Store
 
 PREFIX = "aslp"
 #: What each role may do, lowest first: read (GET), submit (also POST studies and cancel its own), admin.
 RANK = {role: i for i, role in enumerate(TOKEN_ROLES)}
 CACHE_S = 5.0
+CACHE_TOKENS = 10_000
 
 _hasher = PasswordHasher()
 
@@ -55,36 +61,75 @@ def create_token(store: Store, name: str, role: str) -> str:
 
 
 class TokenCheck:
-    """Turns an ``Authorization`` header into a ``Caller`` (or None for no valid token)."""
+    """Turns an ``Authorization`` header into a ``Caller`` (or None for no valid token).
 
-    def __init__(self, store: Store) -> None:
+    ``cache_s``: how long a verified token is trusted without asking the store again (0: never
+    cached), which is also how long a revocation may take to be seen. At most ``max_tokens``
+    verified tokens are kept, the least recently used dropped first. ``clock``: monotonic seconds.
+    """
+
+    def __init__(self, store: Store, *, cache_s: float = CACHE_S, max_tokens: int = CACHE_TOKENS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if cache_s < 0 or max_tokens < 1:
+            raise UsageError(f"the token cache needs cache_s >= 0 and max_tokens >= 1: got {cache_s}, {max_tokens}")
         self.store = store
-        self._cache: dict[str, tuple[float, TokenRecord]] = {}
+        self.cache_s = cache_s
+        self.max_tokens = max_tokens
+        self.clock = clock
+        self._key = secrets.token_bytes(32)
+        self._cache: OrderedDict[bytes, tuple[float, Caller]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def cached(self, header: str | None) -> Caller | None:
+        """The caller of a token verified less than ``cache_s`` ago, else None (no store, no argon2:
+        cheap enough for the event loop). None does not mean invalid: ask ``caller``."""
+        token = _token(header)
+        if token is None:
+            return None
+        digest = self._digest(token)
+        with self._lock:
+            hit = self._cache.get(digest)
+            if hit is None:
+                return None
+            if hit[0] <= self.clock():
+                del self._cache[digest]
+                return None
+            self._cache.move_to_end(digest)
+            return hit[1]
 
     def caller(self, header: str | None) -> Caller | None:
         """The caller a ``Bearer`` header names, or None when it is missing, malformed, unknown or revoked."""
-        if not header or not header.startswith("Bearer "):
+        found = self.cached(header)
+        if found is not None:
+            return found
+        token = _token(header)
+        if token is None:
             return None
-        token = header[len("Bearer "):].strip()
-        parts = token.split("_", 2)
-        if len(parts) != 3 or parts[0] != PREFIX:
-            return None
-        digest = hashlib.sha256(token.encode()).hexdigest()
-        now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(digest)
-        if hit is not None and hit[0] > now:
-            return Caller(hit[1].name, hit[1].role)
-        record = self.store.tokens.by_key(parts[1])
+        record = self.store.tokens.by_key(token.split("_", 2)[1])
         if record is None or not record.active:
             return None
         try:
             _hasher.verify(record.secret_hash, token)
         except (VerificationError, InvalidHashError):
             return None
-        with self._lock:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[digest] = (now + CACHE_S, record)
-        return Caller(record.name, record.role)
+        found = Caller(record.name, record.role)
+        if self.cache_s > 0:
+            with self._lock:
+                self._cache[self._digest(token)] = (self.clock() + self.cache_s, found)
+                while len(self._cache) > self.max_tokens:
+                    self._cache.popitem(last=False)
+        return found
+
+    def _digest(self, token: str) -> bytes:
+        return hmac.new(self._key, token.encode(), hashlib.sha256).digest()
+
+
+def _token(header: str | None) -> str | None:
+    """The token of a ``Bearer aslp_<key>_<secret>`` header, or None when it has another shape."""
+    if not header or not header.startswith("Bearer "):
+        return None
+    token = header[len("Bearer "):].strip()
+    parts = token.split("_", 2)
+    if len(parts) != 3 or parts[0] != PREFIX or not parts[1] or not parts[2]:
+        return None
+    return token
