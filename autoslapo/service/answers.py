@@ -73,9 +73,12 @@ class AnswerCache:
                 return entry.value
         return await asyncio.shield(self._pending.get(key) or self._start(key, compute))
 
-    def clear(self) -> None:
-        """Forget every answer (the next request per key asks the store)."""
-        self._entries.clear()
+    def expire(self) -> None:
+        """Make every answer due for a refresh (still served meanwhile, as any stale answer): after a
+        write this server made, so the next request starts a refresh that sees it."""
+        due = self.clock() - self.fresh_s
+        for entry in self._entries.values():
+            entry.at = min(entry.at, due)
 
     def _start(self, key: Hashable, compute: Callable[[], Any]) -> asyncio.Task[Any]:
         async def refresh() -> Any:

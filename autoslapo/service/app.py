@@ -165,7 +165,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
 
     @app.post("/v1/studies", status_code=202)
     async def submit(request: Request) -> JSONResponse:
-        who = caller(request, "submit")
+        who = await caller_on_loop(request, "submit")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
             raise ApiError(413, f"request bodies must be at most {cfg.max_body_bytes} bytes: got {declared}")
@@ -177,18 +177,19 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ApiError(400, f"the body must be JSON: {err}") from None
         try:
-            study = StudyRequest.from_json(doc, allow_local=cfg.allow_local)
-            name = study.name or _free_name(store, study.default_name())
+            # Checking a request binds its search space and naming it reads the store: off the event loop.
+            study = await run_in_threadpool(StudyRequest.from_json, doc, allow_local=cfg.allow_local)
+            name = study.name if study.name else await run_in_threadpool(_free_name, store, study.default_name())
         except AutoslapoError as err:
             raise ApiError(400, _one_line(err)) from None
         try:
-            store.jobs.submit(name, {**study.to_dict(), "name": name}, owner=who.name,
-                              max_unfinished=cfg.max_queued_per_token)
+            await run_in_threadpool(store.jobs.submit, name, {**study.to_dict(), "name": name}, owner=who.name,
+                                    max_unfinished=cfg.max_queued_per_token)
         except JobLimitError as err:
             raise ApiError(429, f"token {_one_line(err)}") from None
         except StorageError as err:
             raise ApiError(409, _one_line(err)) from None
-        answers.clear()  # the list shows the new job at once
+        answers.expire()  # the next list request starts a refresh that shows the new job
         url = str(request.url_for("get_study", name=name))
         return JSONResponse({"name": name, "url": url, "status": "queued"}, status_code=202,
                             headers={"Location": url})
@@ -261,7 +262,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         if job.owner != who.name and not who.may("admin"):
             raise ApiError(403, f"token {who.name!r} may cancel only its own studies: {name!r} is {job.owner!r}'s")
         job = store.jobs.cancel(name)
-        answers.clear()
+        answers.expire()
         return {"name": name, "status": job.status, "cancel_requested": job.cancel_requested}
 
     # -- answers -----------------------------------------------------------------------------
@@ -335,7 +336,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     async def login(request: Request) -> Response:
         form = (await request.body())[: cfg.max_body_bytes].decode(errors="replace")
         token = (parse_qs(form).get("token") or [""])[0].strip()
-        if tokens.caller(f"Bearer {token}") is None:
+        if await run_in_threadpool(tokens.caller, f"Bearer {token}") is None:
             return HTMLResponse(pages.login_page("that token is not valid"), status_code=401)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict")

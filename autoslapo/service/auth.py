@@ -1,10 +1,13 @@
 """API tokens: made here, shown once, stored only as an argon2id hash; roles and what each may do.
 
 A token reads ``aslp_<key>_<secret>``: the key finds the row, argon2 checks the whole token
-against the stored hash. argon2 is slow on purpose (tens of ms of CPU), so verified tokens are
-kept in memory for ``CACHE_S`` seconds, keyed by an HMAC-SHA256 of the token under a key made at
-start-up (the token itself is never kept): a busy reader pays argon2 once per ``CACHE_S``, and a
-revoked or re-roled token is seen within ``CACHE_S`` seconds. Failed checks are not cached.
+against the stored hash. argon2 is slow on purpose (tens of ms of CPU, seconds on a starved
+machine), so a verified token is remembered, keyed by an HMAC-SHA256 of the token under a key
+made at start-up (the token itself is never kept). For ``CACHE_S`` seconds it is trusted from
+memory; after that one indexed read of its row confirms it is still active with the same hash
+(argon2 already proved the token against that hash, so it is not run again). A revoked token is
+thus refused within ``CACHE_S`` seconds. Concurrent first checks of one token share one argon2
+run. Failed checks are not remembered.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ PREFIX = "aslp"
 RANK = {role: i for i, role in enumerate(TOKEN_ROLES)}
 CACHE_S = 5.0
 CACHE_TOKENS = 10_000
+_STRIPES = 64  # locks that serialise checks of the same token (by digest), bounded whatever the traffic
 
 _hasher = PasswordHasher()
 
@@ -60,12 +64,20 @@ def create_token(store: Store, name: str, role: str) -> str:
     return token
 
 
+@dataclass(frozen=True)
+class _Verified:
+    until: float  # trusted from memory until then (monotonic seconds)
+    caller: Caller
+    secret_hash: str  # the stored hash argon2 verified this token against
+
+
 class TokenCheck:
     """Turns an ``Authorization`` header into a ``Caller`` (or None for no valid token).
 
-    ``cache_s``: how long a verified token is trusted without asking the store again (0: never
-    cached), which is also how long a revocation may take to be seen. At most ``max_tokens``
-    verified tokens are kept, the least recently used dropped first. ``clock``: monotonic seconds.
+    ``cache_s``: how long a verified token is trusted without asking the store again (0: every
+    request reads the row and runs argon2), which is also how long a revocation may take to be
+    seen. At most ``max_tokens`` verified tokens are remembered, the least recently used dropped
+    first. ``clock``: monotonic seconds.
     """
 
     def __init__(self, store: Store, *, cache_s: float = CACHE_S, max_tokens: int = CACHE_TOKENS,
@@ -76,49 +88,61 @@ class TokenCheck:
         self.cache_s = cache_s
         self.max_tokens = max_tokens
         self.clock = clock
+        self.argon2_runs = 0  # how many tokens were checked with argon2 (the slow path), for tests and metrics
         self._key = secrets.token_bytes(32)
-        self._cache: OrderedDict[bytes, tuple[float, Caller]] = OrderedDict()
+        self._cache: OrderedDict[bytes, _Verified] = OrderedDict()
         self._lock = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]
 
     def cached(self, header: str | None) -> Caller | None:
-        """The caller of a token verified less than ``cache_s`` ago, else None (no store, no argon2:
+        """The caller of a token trusted from memory right now, else None (no store, no argon2:
         cheap enough for the event loop). None does not mean invalid: ask ``caller``."""
         token = _token(header)
         if token is None:
             return None
-        digest = self._digest(token)
-        with self._lock:
-            hit = self._cache.get(digest)
-            if hit is None:
-                return None
-            if hit[0] <= self.clock():
-                del self._cache[digest]
-                return None
-            self._cache.move_to_end(digest)
-            return hit[1]
+        hit = self._remembered(self._digest(token))
+        return hit.caller if hit is not None and hit.until > self.clock() else None
 
     def caller(self, header: str | None) -> Caller | None:
         """The caller a ``Bearer`` header names, or None when it is missing, malformed, unknown or revoked."""
-        found = self.cached(header)
-        if found is not None:
-            return found
         token = _token(header)
         if token is None:
             return None
-        record = self.store.tokens.by_key(token.split("_", 2)[1])
-        if record is None or not record.active:
-            return None
-        try:
-            _hasher.verify(record.secret_hash, token)
-        except (VerificationError, InvalidHashError):
-            return None
-        found = Caller(record.name, record.role)
-        if self.cache_s > 0:
-            with self._lock:
-                self._cache[self._digest(token)] = (self.clock() + self.cache_s, found)
-                while len(self._cache) > self.max_tokens:
-                    self._cache.popitem(last=False)
-        return found
+        digest = self._digest(token)
+        with self._stripes[digest[0] % _STRIPES]:
+            known = self._remembered(digest)
+            if known is not None and known.until > self.clock():
+                return known.caller
+            record = self.store.tokens.by_key(token.split("_", 2)[1])
+            if record is None or not record.active:
+                self._forget(digest)
+                return None
+            if known is None or known.secret_hash != record.secret_hash:
+                self.argon2_runs += 1
+                try:
+                    _hasher.verify(record.secret_hash, token)
+                except (VerificationError, InvalidHashError):
+                    self._forget(digest)
+                    return None
+            found = Caller(record.name, record.role)
+            if self.cache_s > 0:
+                with self._lock:
+                    self._cache[digest] = _Verified(self.clock() + self.cache_s, found, record.secret_hash)
+                    self._cache.move_to_end(digest)
+                    while len(self._cache) > self.max_tokens:
+                        self._cache.popitem(last=False)
+            return found
+
+    def _remembered(self, digest: bytes) -> _Verified | None:
+        with self._lock:
+            hit = self._cache.get(digest)
+            if hit is not None:
+                self._cache.move_to_end(digest)
+            return hit
+
+    def _forget(self, digest: bytes) -> None:
+        with self._lock:
+            self._cache.pop(digest, None)
 
     def _digest(self, token: str) -> bytes:
         return hmac.new(self._key, token.encode(), hashlib.sha256).digest()

@@ -60,6 +60,14 @@ def test_fresh_answers_come_from_memory_then_one_background_refresh() -> None:
         clock.now += 20  # past stale_s: the caller waits for a fresh answer
         assert await cache.get("k", source) == 3
         assert await cache.get("other", source) == 3 and source.reads == 4  # keys are separate
+        source.value = 4
+        cache.expire()  # after a write: still served once, and a refresh starts
+        assert await cache.get("k", source) == 3
+        for _ in range(200):
+            if await cache.get("k", source) == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert await cache.get("k", source) == 4
 
     asyncio.run(scenario())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -36,6 +38,27 @@ def test_a_revoked_token_is_refused_once_its_cache_entry_lapses(service_store: S
     assert check.cached(header) is None and check.caller(header) is None
     clock.now += 100
     assert check.caller(header) is None  # a refused token is not cached as valid later either
+
+
+def test_argon2_runs_once_per_token_then_the_row_is_rechecked(service_store: Store) -> None:
+    clock = Clock()
+    check = TokenCheck(service_store, cache_s=5.0, clock=clock)
+    header = f"Bearer {create_token(service_store, 'ci', 'read')}"
+    callers: list[object] = []
+    threads = [threading.Thread(target=lambda: callers.append(check.caller(header))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(callers) == 8 and all(c is not None for c in callers)
+    assert check.argon2_runs == 1  # eight concurrent first checks, one argon2 run
+    for _ in range(3):
+        clock.now += 6  # lapsed: the row is read again (still active, same hash), argon2 is not rerun
+        assert check.cached(header) is None and check.caller(header) is not None
+    assert check.argon2_runs == 1
+    service_store.tokens.revoke("ci")
+    clock.now += 6
+    assert check.caller(header) is None
 
 
 def test_without_a_cache_revocation_is_seen_at_once(service_store: Store) -> None:
