@@ -11,10 +11,11 @@ in the thread pool as plain FastAPI sync endpoints.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -131,15 +132,24 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             found = tokens.caller(f"Bearer {request.cookies[COOKIE]}")
         return allowed(found, need)
 
+    rechecks: set[asyncio.Task[Any]] = set()  # held until done (the loop keeps only weak references)
+
     async def caller_on_loop(request: Request, need: str) -> Caller:
-        """``caller`` for async endpoints: a recently verified token is checked in memory; anything
-        else (the store, argon2) runs in the thread pool, off the event loop."""
-        found = tokens.cached(request.headers.get("authorization"))
+        """``caller`` for async endpoints: a recently verified token is checked in memory (and, when
+        ``due``, rechecked in the background); anything else (the store, argon2) runs in the thread
+        pool, off the event loop."""
+        header = request.headers.get("authorization")
+        found = tokens.cached(header)
         if found is None and COOKIE in request.cookies:
-            found = tokens.cached(f"Bearer {request.cookies[COOKIE]}")
-        if found is not None:
-            return allowed(found, need)
-        return await run_in_threadpool(caller, request, need)
+            header = f"Bearer {request.cookies[COOKIE]}"
+            found = tokens.cached(header)
+        if found is None:
+            return await run_in_threadpool(caller, request, need)
+        if tokens.claim_recheck(header):
+            task = asyncio.get_running_loop().create_task(run_in_threadpool(tokens.caller, header, recheck=True))
+            rechecks.add(task)
+            task.add_done_callback(_settled(rechecks))
+        return allowed(found, need)
 
     app.add_middleware(_Measure, latency=latency, requests=requests)
 
@@ -374,9 +384,27 @@ class _Measure:
         await self.app(scope, receive, measured)
 
 
+def _settled(held: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    """A done-callback that lets go of a background task and reads its error (a failed recheck is
+    retried by the next request; asyncio must not report it as never retrieved)."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        held.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return done
+
+
 def _json_bytes(doc: Any) -> bytes:
-    """``doc`` as the JSON body FastAPI would send for it (encoded once, then served many times)."""
-    return bytes(JSONResponse(jsonable_encoder(doc)).body)
+    """``doc`` as the JSON body FastAPI would send for it (encoded once, then served many times).
+
+    The views are plain JSON already: ``json.dumps`` (C) takes them; FastAPI's encoder (slow, pure
+    Python, and holding the GIL the event loop needs) only serves what it refuses."""
+    try:
+        return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        return bytes(JSONResponse(jsonable_encoder(doc)).body)
 
 
 def sse(event: str, data: Any) -> str:

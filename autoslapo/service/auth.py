@@ -6,8 +6,9 @@ machine), so a verified token is remembered, keyed by an HMAC-SHA256 of the toke
 made at start-up (the token itself is never kept). For ``CACHE_S`` seconds it is trusted from
 memory; after that one indexed read of its row confirms it is still active with the same hash
 (argon2 already proved the token against that hash, so it is not run again). A revoked token is
-thus refused within ``CACHE_S`` seconds. Concurrent first checks of one token share one argon2
-run. Failed checks are not remembered.
+thus refused within ``CACHE_S`` seconds. The server rechecks a token in use a little before its
+trust runs out (``due``), in the background, so a busy client's requests never wait for it.
+Concurrent first checks of one token share one argon2 run. Failed checks are not remembered.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ PREFIX = "aslp"
 RANK = {role: i for i, role in enumerate(TOKEN_ROLES)}
 CACHE_S = 5.0
 CACHE_TOKENS = 10_000
+RECHECK_AHEAD_S = 1.0  # ``due`` this long before a token's trust runs out
 _STRIPES = 64  # locks that serialise checks of the same token (by digest), bounded whatever the traffic
 
 _hasher = PasswordHasher()
@@ -93,6 +95,7 @@ class TokenCheck:
         self._cache: OrderedDict[bytes, _Verified] = OrderedDict()
         self._lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._rechecking: set[bytes] = set()
 
     def cached(self, header: str | None) -> Caller | None:
         """The caller of a token trusted from memory right now, else None (no store, no argon2:
@@ -103,35 +106,66 @@ class TokenCheck:
         hit = self._remembered(self._digest(token))
         return hit.caller if hit is not None and hit.until > self.clock() else None
 
-    def caller(self, header: str | None) -> Caller | None:
-        """The caller a ``Bearer`` header names, or None when it is missing, malformed, unknown or revoked."""
+    def due(self, header: str | None) -> bool:
+        """True when the token is trusted from memory but for less than ``RECHECK_AHEAD_S`` more
+        seconds: time to ``caller(header, recheck=True)``."""
+        token = _token(header)
+        hit = None if token is None else self._remembered(self._digest(token))
+        return hit is not None and hit.until - self.clock() < min(RECHECK_AHEAD_S, self.cache_s / 2)
+
+    def claim_recheck(self, header: str | None) -> bool:
+        """``due``, and no one claimed this token's recheck yet: the caller runs
+        ``caller(header, recheck=True)`` (in the background); everyone else goes on from memory."""
+        token = _token(header)
+        if token is None or not self.due(header):
+            return False
+        digest = self._digest(token)
+        with self._lock:
+            if digest in self._rechecking:
+                return False
+            self._rechecking.add(digest)
+            return True
+
+    def caller(self, header: str | None, *, recheck: bool = False) -> Caller | None:
+        """The caller a ``Bearer`` header names, or None when it is missing, malformed, unknown or revoked.
+
+        ``recheck``: read the token's row now even if it is still trusted from memory."""
         token = _token(header)
         if token is None:
             return None
         digest = self._digest(token)
         with self._stripes[digest[0] % _STRIPES]:
-            known = self._remembered(digest)
-            if known is not None and known.until > self.clock():
+            try:
+                return self._check(token, digest, recheck=recheck)
+            finally:
+                with self._lock:
+                    self._rechecking.discard(digest)
+
+    def _check(self, token: str, digest: bytes, *, recheck: bool) -> Caller | None:
+        known = self._remembered(digest)
+        if known is not None and known.until > self.clock():
+            ahead = known.until - self.clock() < min(RECHECK_AHEAD_S, self.cache_s / 2)
+            if not (recheck and ahead):
                 return known.caller
-            record = self.store.tokens.by_key(token.split("_", 2)[1])
-            if record is None or not record.active:
+        record = self.store.tokens.by_key(token.split("_", 2)[1])
+        if record is None or not record.active:
+            self._forget(digest)
+            return None
+        if known is None or known.secret_hash != record.secret_hash:
+            self.argon2_runs += 1
+            try:
+                _hasher.verify(record.secret_hash, token)
+            except (VerificationError, InvalidHashError):
                 self._forget(digest)
                 return None
-            if known is None or known.secret_hash != record.secret_hash:
-                self.argon2_runs += 1
-                try:
-                    _hasher.verify(record.secret_hash, token)
-                except (VerificationError, InvalidHashError):
-                    self._forget(digest)
-                    return None
-            found = Caller(record.name, record.role)
-            if self.cache_s > 0:
-                with self._lock:
-                    self._cache[digest] = _Verified(self.clock() + self.cache_s, found, record.secret_hash)
-                    self._cache.move_to_end(digest)
-                    while len(self._cache) > self.max_tokens:
-                        self._cache.popitem(last=False)
-            return found
+        found = Caller(record.name, record.role)
+        if self.cache_s > 0:
+            with self._lock:
+                self._cache[digest] = _Verified(self.clock() + self.cache_s, found, record.secret_hash)
+                self._cache.move_to_end(digest)
+                while len(self._cache) > self.max_tokens:
+                    self._cache.popitem(last=False)
+        return found
 
     def _remembered(self, digest: bytes) -> _Verified | None:
         with self._lock:

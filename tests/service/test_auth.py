@@ -61,6 +61,20 @@ def test_argon2_runs_once_per_token_then_the_row_is_rechecked(service_store: Sto
     assert check.caller(header) is None
 
 
+def test_a_token_in_use_is_rechecked_before_its_trust_runs_out(service_store: Store) -> None:
+    clock = Clock()
+    check = TokenCheck(service_store, cache_s=5.0, clock=clock)
+    header = f"Bearer {create_token(service_store, 'ci', 'read')}"
+    assert check.caller(header) is not None
+    assert not check.due(header) and not check.claim_recheck(header)
+    clock.now += 4.5  # in the last second of its trust: one recheck is claimed, the rest go on from memory
+    assert check.due(header) and check.claim_recheck(header) and not check.claim_recheck(header)
+    service_store.tokens.revoke("ci")
+    assert check.cached(header) is not None  # still trusted (the 5 s bound) until the recheck ran
+    assert check.caller(header, recheck=True) is None
+    assert check.cached(header) is None and check.caller(header) is None
+
+
 def test_without_a_cache_revocation_is_seen_at_once(service_store: Store) -> None:
     check = TokenCheck(service_store, cache_s=0)
     token = create_token(service_store, "ci", "read")
