@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+from types import FrameType
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         command += ["--storage", args.storage]
     if args.max_running is not None:
         command += ["--max-running", str(args.max_running)]
+    # uvicorn re-raises the SIGTERM it shut down on, with the handler it found: the default one
+    # would end the process here and skip the `finally` below, leaving the workers orphaned.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         workers = [subprocess.Popen(command) for _ in range(args.workers)]
         for w in workers:
@@ -83,3 +88,7 @@ def _lower_priority(pid: int) -> None:
     that refuses leaves it at the server's priority)."""
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE))
+
+
+def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
