@@ -81,10 +81,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(url: str, port: int, nice: int = 0) -> subprocess.Popen[bytes]:
+def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
+    """``serve --workers 2`` on ``url``; it inherits this process's niceness (see ``--nice``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOSLAPO_STORAGE": url}
-    niced = ["nice", "-n", str(nice)] if nice else []
-    p = subprocess.Popen([*niced, sys.executable, "-m", "autoslapo", "serve", "--port", str(port), "--workers", "2"],
+    p = subprocess.Popen([sys.executable, "-m", "autoslapo", "serve", "--port", str(port), "--workers", "2"],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     end = time.monotonic() + 60
     while time.monotonic() < end:
@@ -181,7 +181,8 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
     with open_store(url) as store:
         tokens = {role: create_token(store, f"load-{role}", role) for role in ("read", "submit")}
     port = free_port()
-    server = start_server(url, port, args.nice)
+    server = start_server(url, port)
+    server_nice = os.getpriority(os.PRIO_PROCESS, server.pid)
     base = f"http://127.0.0.1:{port}"
     try:
         seed = httpx.post(f"{base}/v1/studies", headers={"Authorization": f"Bearer {tokens['submit']}"},
@@ -207,7 +208,8 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
                     and doc["launched"] == tally.submitted[name])
     lines = [f"== {label}: {args.readers} readers (pause {args.think:g} s after each best+studies pair), "
              f"{args.submitters} submitters, {args.seconds:.0f} s (+ drain {elapsed - args.seconds:.1f} s), "
-             f"2 workers, studies of {args.trials} sim trials, server and client at nice {args.nice}"]
+             f"2 workers, studies of {args.trials} sim trials; nice: server {server_nice}, its workers "
+             f"{min(19, server_nice + 10)}, client {os.getpriority(os.PRIO_PROCESS, 0)}"]
     total = sum(tally.codes.values())
     lines.append(f"requests answered: {total} ({total / elapsed:.0f}/s); 5xx: {five}; 4xx: {other or 0}; "
                  f"transport errors: {dict(tally.errors) or 0}")
