@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "ScheduleConfig": "autoslapo.config",
     "ClusterSpec": "autoslapo.cluster",
     "ModelSpec": "autoslapo.models.spec",
+    "FamilyDescription": "autoslapo.models.families",
     "TrialResult": "autoslapo.result",
     "apply_schedule": "autoslapo.plan",
     "build_model": "autoslapo.models.build",
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig as ScheduleConfig
     from autoslapo.cost.estimate import estimate as estimate
     from autoslapo.models.build import build_model as build_model
+    from autoslapo.models.families import FamilyDescription as FamilyDescription
     from autoslapo.models.spec import ModelSpec as ModelSpec
     from autoslapo.plan import apply_schedule as apply_schedule
     from autoslapo.result import TrialResult as TrialResult

@@ -30,12 +30,16 @@ __all__ = ["TrainingJob", "apply_best", "best", "best_trial"]
 
 def _model_key(model: str | ModelSpec) -> tuple[str, str]:
     """What the store matches (a model signature or name) and a label for messages."""
+    from autoslapo.models.resolve import is_model_file, resolve_model
     from autoslapo.models.spec import ModelSpec
 
     if isinstance(model, ModelSpec):
         return model.signature(), model.preset
     if not isinstance(model, str) or not model:
         raise UsageError(f"model must be a preset name or a ModelSpec: got {model!r}")
+    if is_model_file(model):
+        spec = resolve_model(model)
+        return spec.signature(), spec.preset
     try:
         spec = ModelSpec.from_name(model)
     except UsageError:
@@ -156,9 +160,10 @@ def _store(storage: str | Store | None) -> tuple[Store, bool]:
 
 
 def _spec(model: str | ModelSpec) -> ModelSpec:
+    from autoslapo.models.resolve import resolve_model
     from autoslapo.models.spec import ModelSpec
 
-    return model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+    return model if isinstance(model, ModelSpec) else resolve_model(model)
 
 
 @dataclass

@@ -53,6 +53,12 @@ def grad_accum_for(global_batch: int, micro_batch: int, dp: int) -> int:
 
 def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) -> str:
     """Why ``tp`` cannot shard ``model`` (on ``cluster``), or "" when it can."""
+    if model.family == "user" and tp > 1 and not model.extra.get("tp"):
+        return (f"tensor parallelism needs the model file to declare family: got tp={tp} for {model.preset}.py; "
+                "add family = autoslapo.FamilyDescription(...) (or shard_block) to it or use tp=1")
+    if model.family == "user" and model.heads % tp:
+        return (f"tp must divide every size the schedule shards (heads, projection widths): got tp={tp} for "
+                f"{model.preset}.py, whose sizes share the divisor {model.heads}; use a tp that divides {model.heads}")
     if model.heads % tp or model.kv_heads % tp:
         return (f"tp must divide the attention heads: got tp={tp} for {model.heads} heads and "
                 f"{model.kv_heads} key/value heads ({model.preset}); use a tp that divides {model.kv_heads}")
@@ -73,12 +79,57 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if model.encoder_decoder and chunks > 1:
         return (f"pipeline stages are not supported for {model.family} (an encoder-decoder) yet: got pp={pp} x "
                 f"virtual_stages={virtual_stages} for {model.preset}; use pp=1 with tp and dp")
+    if chunks > 1 and model.family == "user":
+        return (f"pipeline stages are not offered for a user's own module ({model.preset}): got pp={pp}; "
+                "use pp=1 (data parallelism, ZeRO and, with layers, checkpointing still apply)")
+    if chunks > 1 and model.shared_layers:
+        # Stages would each hold a copy of the one shared layer, whose gradients they would then
+        # have to sum every step (tied-gradient sync), which autoslapo's pipelines do not do.
+        return (f"pipeline stages cannot split a shared-layer model: got pp={pp} x virtual_stages="
+                f"{virtual_stages} for {model.preset} ({model.family} runs one layer's weights "
+                f"{model.layers} times); use pp=1")
     if model.layers % chunks:
         return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
     if cluster is not None and cluster.gpus % pp:
         return f"pp must divide --gpus: got pp={pp} for --gpus {cluster.gpus}"
     return ""
+
+
+def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
+    """Why ``config`` cannot run a user's own module (family ``user``), or "" when it can.
+
+    Checkpointing needs the file's ``layers``; sequence parallelism, the chunked loss, compiled
+    layers and selective recomputation are not offered for it (the loss and attention are its own).
+    """
+    if model.family != "user":
+        return ""
+    if config.ckpt_ratio > 0 and not model.extra.get("layers"):
+        return (f"checkpointing needs the model file to declare layers: got ckpt_ratio={config.ckpt_ratio:g} for "
+                f"{model.preset}.py; add layers = \"<ModuleList path>\" to it or use ckpt_ratio 0")
+    off = [k for k, on in (("sequence_parallel", config.sequence_parallel),
+                           ("loss_kernel=chunked", config.loss_kernel == "chunked"),
+                           ("compile_layers", config.compile_layers),
+                           ("ckpt_granularity=selective", config.ckpt_granularity == "selective" and config.ckpt_ratio > 0))
+           if on]
+    if off:
+        return f"a user's own module ({model.preset}) cannot take {', '.join(off)}; leave them at their defaults"
+    return ""
+
+
+def user_knob_ok(knob: str, value: object, model: ModelSpec) -> bool:
+    """Whether a searched knob's value can change a user's module's run (always True for other families).
+
+    Without ``layers`` only ckpt_ratio 0; without ``family`` only the default attention kernel and no
+    fusion (the schedule does not touch its attention or MLP), so the search does not repeat itself.
+    """
+    if model.family != "user":
+        return True
+    if knob == "ckpt_ratio":
+        return value == 0.0 or bool(model.extra.get("layers"))
+    if knob in ("attn_kernel", "fuse_bias_gelu") and not model.extra.get("kernels"):
+        return value == {"attn_kernel": "sdpa", "fuse_bias_gelu": False}[knob]
+    return True
 
 
 def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
@@ -126,7 +177,8 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             f"tp*pp*dp must equal --gpus: got tp={config.tp}, pp={config.pp}, dp={config.dp} "
             f"({config.world_size}) for --gpus {cluster.gpus}; pick degrees whose product is {cluster.gpus}"
         )
-    problem = tp_problem(config.tp, model, cluster) or pp_problem(config.pp, model, cluster, config.virtual_stages)
+    problem = (tp_problem(config.tp, model, cluster) or pp_problem(config.pp, model, cluster, config.virtual_stages)
+               or user_problem(config, model))
     if problem:
         raise ConfigError(problem)
     if config.sequence_parallel and model.encoder_decoder and config.tp > 1:
@@ -137,6 +189,16 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
     if config.attn_kernel == "flash" and model.encoder_decoder:
         raise ConfigError(f"attn_kernel flash is not supported for {model.family} (transformers has no "
                           f"FlashAttention path with T5's position bias): use sdpa or eager")
+    if config.attn_kernel == "flash" and model.local_attention:
+        raise ConfigError(
+            f"attn_kernel flash cannot apply {model.family}'s local (windowed) attention masks: got "
+            f"attn_kernel=flash for {model.preset}; use sdpa or eager"
+        )
+    if config.sequence_parallel and not model.sequence_parallel_ok:
+        raise ConfigError(
+            f"sequence_parallel cannot split {model.family}'s layers (its attention module adds its own "
+            f"input back as a residual): got sequence_parallel on for {model.preset}; turn it off"
+        )
     if config.sequence_parallel and model.seq_len % config.tp:
         raise ConfigError(
             f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={config.tp}"

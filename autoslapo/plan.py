@@ -18,7 +18,8 @@ applies primitives to the schedule tree, in this order:
    get their gradients summed, and each pipeline chunk splits the sequence at its first layer and
    gathers it after its last (so a stage boundary carries whole sequences);
 4. the attention kernel; activation checkpointing of ``config.checkpointed_layers`` (of each
-   pipeline chunk's layers when pp > 1): the whole layer, or with ``ckpt_granularity="selective"``
+   pipeline chunk's layers when pp > 1; of a shared layer's calls, ALBERT): the whole layer, or with
+   ``ckpt_granularity="selective"``
    its attention module keeping the linear layers' outputs (only the attention core recomputed); ``compile_layers``; the pipeline cuts (pp x virtual stages).
 
 Pure schedule code: it starts no processes and sets up no groups (the runtime, the verify command
@@ -33,6 +34,7 @@ from torch import nn
 
 from autoslapo.errors import ScheduleError
 from autoslapo.models.families import FamilyDescription, family_description
+from autoslapo.models.user import USER_FAMILY, load_user_model
 from autoslapo.schedule import Schedule, create_schedule
 
 if TYPE_CHECKING:
@@ -132,18 +134,24 @@ def _shard_layer(layer: Schedule, desc: FamilyDescription, first: bool = False) 
 
 
 def _sync_layer(layer: Schedule, desc: FamilyDescription, seq_parallel: bool) -> None:
-    regions = (
-        (desc.attention, desc.attention_input, desc.attn_out, 1),
-        (desc.mlp_input, 0, desc.mlp_out, desc.mlp_seq_dim),
+    attn_entries: tuple[tuple[str, int | str], ...] = (
+        tuple((path, 0) for path in desc.attention_entries) or ((desc.attention, desc.attention_input),)
     )
-    for entry, index, exit_, seq_dim in regions:
+    regions = (
+        (attn_entries, desc.attn_out, 1),
+        (((desc.mlp_input, 0),), desc.mlp_out, desc.mlp_seq_dim),
+    )
+    for entries, exit_, seq_dim in regions:
+        for entry, index in entries:
+            if seq_parallel:
+                layer[entry].sync("fwd_pre", "all_gather", dim=seq_dim, bwd="reduce_scatter", index=index)
+            else:
+                # Megatron's "f": identity forward, all-reduced input gradient at the entry
+                layer[entry].sync("bwd_post", "all_reduce", index=index)
+        # Megatron's "g": the partial sums reduced (or reduce-scattered) at the exit
         if seq_parallel:
-            layer[entry].sync("fwd_pre", "all_gather", dim=seq_dim, bwd="reduce_scatter", index=index)
             layer[exit_].sync("fwd_post", "reduce_scatter", dim=seq_dim)
         else:
-            # Megatron's "f" and "g": identity forward / all-reduced input gradient at the entry,
-            # all-reduce of the partial sums at the exit.
-            layer[entry].sync("bwd_post", "all_reduce", index=index)
             layer[exit_].sync("fwd_post", "all_reduce")
     if desc.cross_attention is not None and desc.cross_attn_out is not None:
         # q reads the decoder's hidden states, k and v the encoder's output: both inputs' gradients
@@ -227,16 +235,19 @@ def apply_schedule(
     when the model does not match the spec or the schedule's group size differs from ``config.tp``.
     """
     config.validate(spec)
-    desc = family_description(spec)
     sch = _root(sch_or_model, groups)
     if sch.group_size != config.tp:
         raise ScheduleError(
             f"the schedule's tensor-parallel group has {sch.group_size} ranks but config.tp={config.tp}; "
             "pass groups=build_groups(tp, pp, dp) or create_schedule(model, group=<tp group>)"
         )
-    # every block with the description of its stack (an encoder-decoder: encoder blocks, then decoder's)
+    if spec.family == USER_FAMILY:
+        return _apply_user_schedule(sch, spec, config, compiler)
+    desc = family_description(spec)
+    # every stored block with the description of its stack (an encoder-decoder: encoder blocks, then
+    # the decoder's; shared layers (ALBERT): the one layer)
     blocks: list[tuple[Schedule, FamilyDescription]] = []
-    for stack, count in zip(desc.stacks(), (spec.layers, spec.decoder_layers), strict=False):
+    for stack, count in zip(desc.stacks(), (spec.stored_layers, spec.decoder_layers), strict=False):
         if stack.layers not in sch:
             raise ScheduleError(
                 f"a {spec.family} model keeps its layers at {stack.layers!r}, which this model lacks; "
@@ -249,14 +260,18 @@ def apply_schedule(
                 f"{stack.layers!r}); build the model from the same spec"
             )
         blocks.extend((layer_list[str(i)], stack) for i in range(count))
-    layers = [layer for layer, _ in blocks]
+    # calls[i] is the block layer call i runs: with shared layers (ALBERT) every encoder call is the
+    # one layer, which is sharded, synced and compiled once and checkpointed by call.
+    stored = spec.stored_layers
+    calls = [blocks[min(i, stored - 1)] for i in range(spec.layers)] + blocks[stored:]
+    layers = [layer for layer, _ in calls]
     tp = config.tp
     plan: dict[str, Any] = {"family": desc.name, "config": config.to_dict(), "skipped": []}
 
     # 1. shard parameters (before any hook, so fusion below sees the final parameter objects)
     if tp > 1:
         for n, (layer, stack) in enumerate(blocks):
-            _shard_layer(layer, stack, first=n in (0, spec.layers))
+            _shard_layer(layer, stack, first=n in (0, stored))
     vocab_parallel = tp > 1
 
     # 2. fusion
@@ -286,15 +301,20 @@ def apply_schedule(
     # 4. kernel, checkpointing, compilation, pipeline cuts
     sch.attention_kernel(config.attn_kernel)
     ckpt = checkpointed_layers(spec, config)
-    for i in ckpt:
+    if spec.shared_layers and ckpt:
+        # one module runs every layer call (ALBERT): checkpoint the chosen calls of it
+        selective = config.ckpt_granularity == "selective"
+        target = layers[0][desc.attention] if selective else layers[0]
+        target.checkpoint(keep="linear" if selective else "nothing", calls=ckpt, period=spec.layers)
+    for i in [] if spec.shared_layers else ckpt:
         if config.ckpt_granularity == "selective":
             # Korthikanti et al.'s selective recomputation: only the attention core is recomputed.
-            layers[i][blocks[i][1].attention].checkpoint(keep="linear")
+            layers[i][calls[i][1].attention].checkpoint(keep="linear")
         else:
             layers[i].checkpoint()
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
-        for layer in layers:
+        for layer, _ in blocks:
             layer.fuse(compiler=backend)
     cuts = cut_points(len(layers), config.pp * config.virtual_stages)
     for i in cuts:
@@ -313,5 +333,75 @@ def apply_schedule(
         fused_bias_gelu=config.fuse_bias_gelu and desc.bias_gelu is not None,
         compiled_layers=config.compile_layers,
     )
+    sch.meta["plan"] = plan
+    return sch
+
+
+# -- the user's own module ------------------------------------------------------------------------
+
+
+def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig, compiler: str) -> Schedule:
+    """The schedule of a user's module (``autoslapo.models.user``): what its file declares allows.
+
+    Its ``family`` (paths inside one block) brings tensor parallelism of the blocks (the embeddings
+    and head stay whole on every rank, the loss is the module's own; or its own ``shard_block``), the attention kernel (the
+    block's attention core rewritten) and bias + GeLU fusion; its ``layers`` brings checkpointing.
+    Sequence parallelism, the chunked loss and pipeline cuts are not offered for a user's module.
+    """
+    um = load_user_model(spec)
+    desc = um.family
+    unsupported = [name for name, on in (("sequence_parallel", config.sequence_parallel),
+                                         ("loss_kernel=chunked", config.loss_kernel == "chunked"),
+                                         ("pp > 1", config.pp > 1), ("compile_layers", config.compile_layers),
+                                         ("ckpt_granularity=selective", config.ckpt_granularity == "selective"
+                                          and config.ckpt_ratio > 0))
+                   if on]
+    if unsupported:
+        raise ScheduleError(f"a user's module ({um.module}.py) cannot take {', '.join(unsupported)}; "
+                            "leave those knobs at their defaults")
+    needs = [(config.tp > 1 and not um.tensor_parallel, "family", f"tp={config.tp}"),
+             (config.ckpt_ratio > 0 and um.layers is None, "layers", f"ckpt_ratio={config.ckpt_ratio:g}")]
+    for on, name, what in needs:
+        if on:
+            raise ScheduleError(f"{what} needs the model file to declare {name}: {um.module}.py has none; "
+                                f"add {name} = ... to it (see README, 'Your own model')")
+    layers: list[Schedule] = []
+    if um.layers is not None:
+        if um.layers not in sch:
+            raise ScheduleError(f"layers {um.layers!r} is not a submodule of this {type(sch.mod).__name__}; "
+                                f"build the model with {um.module}.build()")
+        layer_list = sch[um.layers]
+        layers = [layer_list[str(i)] for i in range(len(layer_list.children))]
+    plan: dict[str, Any] = {"family": USER_FAMILY, "module": um.module, "config": config.to_dict(), "skipped": []}
+    if desc is not None and config.tp > 1:
+        for layer in layers:
+            _shard_layer(layer, desc)
+    if um.shard_block is not None and config.tp > 1:
+        for layer in layers:  # the file's own tensor parallelism: shards and collectives of one block
+            um.shard_block(layer)
+    fused = False
+    if config.fuse_bias_gelu:
+        if desc is None or desc.bias_gelu is None:
+            plan["skipped"].append(f"fuse_bias_gelu: {um.module}.py describes no bias + GeLU")
+        else:
+            for layer in layers:
+                fused = _fuse_bias_gelu(layer, desc, compiler)
+    if desc is not None:
+        # the attention core of each block, rewritten (sdpa/flash) or left as written (eager); before
+        # the collectives so their hooks go on the module that runs
+        for layer in layers:
+            layer[desc.attention].attention_kernel(config.attn_kernel)
+    elif config.attn_kernel != "eager":
+        plan["skipped"].append(f"attn_kernel {config.attn_kernel}: {um.module}.py describes no attention")
+    if desc is not None and config.tp > 1:
+        for layer in layers:
+            _sync_layer(layer, desc, seq_parallel=False)
+    ckpt = config.checkpointed_layers(len(layers)) if layers else []
+    for i in ckpt:
+        layers[i].checkpoint()
+    plan.update(tp=config.tp, vocab_parallel=False, sequence_parallel=False, loss_kernel="eager",
+                checkpointed=ckpt, ckpt_granularity=config.ckpt_granularity, pipeline_cuts=[],
+                stages=[[0, len(layers)]], attn_kernel=config.attn_kernel if desc is not None else "as written",
+                fused_bias_gelu=fused, compiled_layers=False)
     sch.meta["plan"] = plan
     return sch

@@ -1,16 +1,24 @@
 """A bounded load test of ``autoslapo serve`` on loopback: readers and submitters against one server.
 
     .venv/bin/python experiments/load_service.py [--readers 50] [--submitters 8] [--seconds 60]
-                                                [--trials 5] [--no-postgres] [--output FILE]
+                                                [--trials 5] [--think 0] [--nice 0] [--no-postgres]
+                                                [--output FILE]
 
 One server with ``--workers 2`` on a fresh SQLite file (then on a private PostgreSQL started with
 tests/pgserver.py, when the binaries are installed). ``--readers`` clients loop over
-``GET /v1/best`` and ``GET /v1/studies``; ``--submitters`` clients each submit a small sim study
+``GET /v1/best`` and ``GET /v1/studies`` (pausing ``--think`` s after each pair; 0: back to back);
+``--submitters`` clients each submit a small sim study
 (``--trials``), wait for it to end, and submit the next, for ``--seconds``. Then the submitted
 studies are drained (at most ``--drain`` s) and each one is checked: complete, with exactly its
 budget of launched trials. Reports the count of 5xx, p50/p99 latency per endpoint (measured by the
-clients, which share the machine with the server), and the budget check. Bounded: everything
-listens on 127.0.0.1 and stops at the end. Committed output: experiments/results/load_service.txt.
+clients, which share the machine with the server), the server's own view of ``/v1/best`` (its
+latency histogram), how late the client's event loop ran (latency it adds to every request), the
+machine's load average during the run and the CPU seconds of server and client, and the budget
+check. ``--nice N`` runs the server (its workers keep their +10 below it), this client and the private
+PostgreSQL at
+niceness N: a negative N (root only) shields them from unrelated work sharing the machine, to
+approximate an idle one; say so wherever the numbers are quoted. Bounded: everything listens on
+127.0.0.1 and stops at the end. Committed output: experiments/results/load_service.txt.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import argparse
 import asyncio
 import os
 import platform
+import re
+import resource
 import signal
 import socket
 import subprocess
@@ -49,6 +59,8 @@ class Tally:
     codes: Counter[int] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     submitted: dict[str, int] = field(default_factory=dict)
+    loop_lag: list[float] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
 
     async def call(self, client: httpx.AsyncClient, kind: str, method: str, path: str,
                    **kw: object) -> httpx.Response | None:
@@ -70,6 +82,7 @@ def free_port() -> int:
 
 
 def start_server(url: str, port: int) -> subprocess.Popen[bytes]:
+    """``serve --workers 2`` on ``url``; it inherits this process's niceness (see ``--nice``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOSLAPO_STORAGE": url}
     p = subprocess.Popen([sys.executable, "-m", "autoslapo", "serve", "--port", str(port), "--workers", "2"],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -106,10 +119,25 @@ async def wait_done(client: httpx.AsyncClient, name: str, deadline: float) -> di
     return None
 
 
-async def reader(client: httpx.AsyncClient, tally: Tally, stop: float) -> None:
+async def reader(client: httpx.AsyncClient, tally: Tally, stop: float, think: float) -> None:
     while time.monotonic() < stop:
         await tally.call(client, "best", "GET", BEST)
         await tally.call(client, "studies", "GET", "/v1/studies")
+        if think > 0:
+            await asyncio.sleep(think)
+
+
+async def watch(tally: Tally, stop: float) -> None:
+    """Every 10 ms: how late the client's own event loop woke (it adds that to the latencies it
+    measures); every second: the machine's 1-minute load average."""
+    last_load = 0.0
+    while time.monotonic() < stop:
+        asked = time.perf_counter()
+        await asyncio.sleep(0.01)
+        tally.loop_lag.append((time.perf_counter() - asked - 0.01) * 1000)
+        if time.monotonic() - last_load >= 1.0:
+            last_load = time.monotonic()
+            tally.load.append(os.getloadavg()[0])
 
 
 async def submitter(client: httpx.AsyncClient, tally: Tally, stop: float, index: int, trials: int) -> None:
@@ -134,8 +162,9 @@ async def load(base: str, tokens: dict[str, str], args: argparse.Namespace) -> t
     async with httpx.AsyncClient(base_url=base, headers=auth["read"], limits=limits, timeout=30) as rc, \
             httpx.AsyncClient(base_url=base, headers=auth["submit"], limits=limits, timeout=30) as sc:
         stop = time.monotonic() + args.seconds
-        await asyncio.gather(*(reader(rc, tally, stop) for _ in range(args.readers)),
-                             *(submitter(sc, tally, stop, i, args.trials) for i in range(args.submitters)))
+        await asyncio.gather(*(reader(rc, tally, stop, args.think) for _ in range(args.readers)),
+                             *(submitter(sc, tally, stop, i, args.trials) for i in range(args.submitters)),
+                             watch(tally, stop))
         deadline = time.monotonic() + args.drain
         ends = await asyncio.gather(*(wait_done(rc, n, deadline) for n in tally.submitted))
     return tally, dict(zip(tally.submitted, ends, strict=True))
@@ -153,6 +182,7 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
         tokens = {role: create_token(store, f"load-{role}", role) for role in ("read", "submit")}
     port = free_port()
     server = start_server(url, port)
+    server_nice = os.getpriority(os.PRIO_PROCESS, server.pid)
     base = f"http://127.0.0.1:{port}"
     try:
         seed = httpx.post(f"{base}/v1/studies", headers={"Authorization": f"Bearer {tokens['submit']}"},
@@ -165,16 +195,21 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
                                                    ).status_code != 200:
             time.sleep(0.5)
         started = time.monotonic()
+        server_cpu, client_cpu = cpu_seconds(server.pid), own_cpu_seconds()
         tally, ends = asyncio.run(load(base, tokens, args))
         elapsed = time.monotonic() - started
+        server_cpu, client_cpu = cpu_seconds(server.pid) - server_cpu, own_cpu_seconds() - client_cpu
+        seen_by_server = server_best_histogram(base, tokens["read"])
     finally:
         stop_server(server)
     five = sum(n for code, n in tally.codes.items() if code >= 500)
     other = {code: n for code, n in sorted(tally.codes.items()) if code >= 400 and code < 500}
     at_budget = sum(1 for name, doc in ends.items() if doc is not None and doc["status"] == "complete"
                     and doc["launched"] == tally.submitted[name])
-    lines = [f"== {label}: {args.readers} readers, {args.submitters} submitters, {args.seconds:.0f} s "
-             f"(+ drain {elapsed - args.seconds:.1f} s), 2 workers, studies of {args.trials} sim trials"]
+    lines = [f"== {label}: {args.readers} readers (pause {args.think:g} s after each best+studies pair), "
+             f"{args.submitters} submitters, {args.seconds:.0f} s (+ drain {elapsed - args.seconds:.1f} s), "
+             f"2 workers, studies of {args.trials} sim trials; nice: server {server_nice}, its workers "
+             f"{min(19, server_nice + 10)}, client {os.getpriority(os.PRIO_PROCESS, 0)}"]
     total = sum(tally.codes.values())
     lines.append(f"requests answered: {total} ({total / elapsed:.0f}/s); 5xx: {five}; 4xx: {other or 0}; "
                  f"transport errors: {dict(tally.errors) or 0}")
@@ -182,6 +217,16 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
         values = tally.latencies[kind]
         lines.append(f"{kind:8s} n={len(values):6d}  p50 {pct(values, 0.5):8.1f} ms  p99 {pct(values, 0.99):8.1f} ms"
                      f"  max {max(values, default=float('nan')):8.1f} ms")
+    if seen_by_server:
+        under = {le: n / seen_by_server["+Inf"] for le, n in seen_by_server.items() if le != "+Inf"}
+        lines.append("server-side /v1/best (request in to first byte out, its histogram): "
+                     + ", ".join(f"{100 * share:.1f}% <= {float(le) * 1000:g} ms" for le, share in under.items()
+                                 if float(le) <= 0.1) + f" of {seen_by_server['+Inf']:.0f}")
+    lines.append(f"client event-loop lag: p50 {pct(tally.loop_lag, 0.5):.1f} ms, p99 {pct(tally.loop_lag, 0.99):.1f} ms"
+                 f" (added to every latency above); machine load average (1 min) during the run: mean "
+                 f"{sum(tally.load) / max(1, len(tally.load)):.1f}, max {max(tally.load, default=0):.1f} on "
+                 f"{os.cpu_count()} cores; CPU seconds: server {server_cpu:.0f}, client {client_cpu:.0f} "
+                 f"(of {elapsed * (os.cpu_count() or 1):.0f} core-seconds)")
     p99 = pct(tally.latencies["best"], 0.99)
     lines.append(f"GET /v1/best p99 {p99:.1f} ms: {'meets' if p99 < P99_TARGET_MS else 'misses'} the "
                  f"{P99_TARGET_MS:.0f} ms target")
@@ -194,6 +239,27 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_best_histogram(base: str, token: str) -> dict[str, float]:
+    """The server's cumulative ``/v1/best`` latency buckets (``le`` -> count) from ``/metrics``."""
+    text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
+    found = re.findall(r'autoslapo_http_request_seconds_bucket\{le="([^"]+)",route="/v1/best"\} (\S+)', text)
+    return {le: float(n) for le, n in found}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--readers", type=int, default=50)
@@ -201,9 +267,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--trials", type=int, default=5, help="budget of each submitted sim study")
     parser.add_argument("--drain", type=float, default=180.0, help="longest wait for submitted studies to end")
+    parser.add_argument("--think", type=float, default=0.0, help="each reader's pause after a best+studies pair (s)")
+    parser.add_argument("--nice", type=int, default=0, help="niceness of server and client (negative: root only)")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
+    if args.nice:
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     out = [f"# autoslapo serve under load on loopback ({platform.node()}, {os.cpu_count()} cores, "
            f"Python {platform.python_version()}); client and server share the machine"]
     with tempfile.TemporaryDirectory(prefix="autoslapo-load-") as tmp:

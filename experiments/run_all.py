@@ -38,6 +38,7 @@ SCRIPTS = [
     "bench_tuner",
     "tuned_vs_baselines",
     "overheads",
+    "check_albert_gpt_neo",
     "gpu_check",
 ]
 GPU_ONLY = {"gpu_check"}

@@ -23,6 +23,7 @@ from search_spaces.space import (
     space_from_dict,
 )
 from search_spaces.t5 import T5
+from search_spaces.user import USER
 
 #: Family (or space name) -> its space. Families not listed use ``default``.
 SPACES: dict[str, SearchSpace] = {
@@ -33,6 +34,8 @@ SPACES: dict[str, SearchSpace] = {
     "opt": GPT2,
     "llama": LLAMA,
     "t5": T5,
+    "user": USER,
+    "gpt_neo": GPT2,  # a GELU decoder like GPT-2 (pp, sp, fusion); ALBERT takes the default (no pp)
 }
 
 

@@ -160,6 +160,8 @@ def _auto_domain(knob: str, model: ModelSpec, cluster: ClusterSpec, rules: Mappi
 
 
 def _statically_ok(knob: str, v: Any, model: ModelSpec, cluster: ClusterSpec, rules: Mapping[str, Any]) -> bool:
+    if not layout.user_knob_ok(knob, v, model):
+        return False
     if knob == "tp":
         return not layout.tp_problem(v, model, cluster)
     if knob == "pp":
@@ -167,7 +169,7 @@ def _statically_ok(knob: str, v: Any, model: ModelSpec, cluster: ClusterSpec, ru
     if knob == "micro_batch":
         return bool(v <= rules["max_micro_batch"])
     if knob == "attn_kernel" and v == "flash":
-        return cluster.device.flash_attention
+        return cluster.device.flash_attention and not model.local_attention
     if knob == "precision" and v == "bf16":
         return cluster.device.bf16
     return True

@@ -75,14 +75,7 @@ class JobQueue:
         def insert(session: Session) -> JobRecord | None:
             if session.scalar(select(StudyRow.id).where(StudyRow.name == study)) is not None:
                 return None
-            if max_unfinished is not None:
-                if session.get_bind().dialect.name == "postgresql":
-                    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
-                unfinished = session.scalar(select(func.count()).select_from(JobRow).where(
-                    JobRow.owner == owner, JobRow.status.in_(("queued", "running")))) or 0
-                if unfinished >= max_unfinished:
-                    raise JobLimitError(f"{owner!r} has {unfinished} queued or running studies, the limit is "
-                                        f"{max_unfinished}: wait for one to finish or cancel one")
+            _check_owner_limit(session, owner, max_unfinished)
             row = JobRow(study=study, owner=owner, request=clean_json(request), status="queued",
                          cancel_requested=False, worker="", attempts=0, error="")
             session.add(row)
@@ -93,6 +86,40 @@ class JobQueue:
         if made is None:
             raise StorageError(f"study names must be unique: {study!r} exists already; pick another name")
         return made
+
+    def requeue(self, study: str, request: dict[str, Any], *, owner: str = "",
+                max_unfinished: int | None = None) -> JobRecord:
+        """Queue ``study`` again to resume it (``request`` replaces the job's, its ``space`` kept
+        when the new one has none); a study tuned outside the service gets its first job.
+
+        Raises StorageError when the study has neither a job nor trials, or its job is queued or
+        running; JobLimitError (nothing written) as ``submit`` does.
+        """
+
+        def again(session: Session) -> JobRecord | str:
+            row = session.scalar(select(JobRow).where(JobRow.study == study).with_for_update())
+            if row is None and session.scalar(select(StudyRow.id).where(StudyRow.name == study)) is None:
+                return f"no study {study!r} to resume: submit it without resume first"
+            if row is not None and row.status not in JOB_FINISHED:
+                return f"study {study!r} is {row.status} already: wait for it to end or cancel it, then resume"
+            _check_owner_limit(session, owner, max_unfinished)
+            merged = clean_json(request)
+            if row is None:
+                row = JobRow(study=study, owner=owner, request=merged, status="queued", cancel_requested=False,
+                             worker="", attempts=0, error="")
+                session.add(row)
+            else:
+                if merged.get("space") is None and row.request.get("space") is not None:
+                    merged["space"] = row.request["space"]  # a resumed study searches the space it began with
+                row.request, row.owner, row.status = merged, owner, "queued"
+                row.cancel_requested, row.worker, row.lease_until, row.error = False, "", None, ""
+            session.flush()
+            return _record(row)
+
+        out = self._tx.write(f"queue study {study!r} again", again)
+        if isinstance(out, str):
+            raise StorageError(out)
+        return out
 
     def get(self, study: str) -> JobRecord | None:
         """The job of ``study``, or None when the study was not submitted as a job."""
@@ -176,3 +203,17 @@ class JobQueue:
         if found is None:
             raise StorageError(f"no job for study {study!r}: only studies submitted to the service can be cancelled")
         return found
+
+
+def _check_owner_limit(session: Session, owner: str, max_unfinished: int | None) -> None:
+    """Raise JobLimitError when ``owner`` has ``max_unfinished`` queued or running jobs (in the
+    caller's transaction; on PostgreSQL under an advisory lock, so two submissions count in turn)."""
+    if max_unfinished is None:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
+    unfinished = session.scalar(select(func.count()).select_from(JobRow).where(
+        JobRow.owner == owner, JobRow.status.in_(("queued", "running")))) or 0
+    if unfinished >= max_unfinished:
+        raise JobLimitError(f"{owner!r} has {unfinished} queued or running studies, the limit is "
+                            f"{max_unfinished}: wait for one to finish or cancel one")

@@ -1,4 +1,4 @@
-"""Reading trials: one trial, a study's trials, the best across studies, a study's history.
+"""Reading trials: one trial, a study's trials, the best across studies, a study's history, summaries.
 
 ``Store`` keeps the public methods and their contracts; these functions run the queries, each in
 one read transaction. ``study`` is the study's name (records carry it), ``study_id`` its row id.
@@ -13,9 +13,9 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
-from store._convert import trial_record
+from store._convert import study_record, trial_record
 from store._engine import Transactions
-from store._records import HistoryPoint, TrialRecord, check_metric
+from store._records import HistoryPoint, StudySummary, TrialRecord, check_metric
 from store._schema import TRIALS, StudyRow, TrialRow
 
 
@@ -115,3 +115,36 @@ def history_points(trials: Sequence[TrialRecord], metric: str) -> list[HistoryPo
             )
         )
     return points
+
+
+def study_summaries(tx: Transactions) -> list[StudySummary]:
+    """``Store.study_summaries``: every study, oldest first, with its trial counts and best trial.
+
+    Three queries whatever the number of studies (the service lists them all on every page load):
+    the studies, the counts grouped by study and status, and each study's top complete trial by
+    samples/s (lowest number among equals), read through the (study, status, samples/s) index.
+    """
+    top = (
+        select(TrialRow.study_id, func.max(TrialRow.samples_per_s).label("top"))
+        .where(TrialRow.status == "complete", TrialRow.samples_per_s > 0)
+        .group_by(TrialRow.study_id)
+        .subquery()
+    )
+    best = TRIALS.join(top, (TrialRow.study_id == top.c.study_id) & (TrialRow.samples_per_s == top.c.top)).where(
+        TrialRow.status == "complete"
+    ).order_by(TrialRow.study_id, TrialRow.number)
+    counts = select(TrialRow.study_id, TrialRow.status, func.count()).group_by(TrialRow.study_id, TrialRow.status)
+
+    def query(session: Session) -> list[StudySummary]:
+        studies = [(row.id, study_record(row)) for row in session.scalars(select(StudyRow).order_by(StudyRow.id))]
+        tally: dict[int, dict[str, int]] = {}
+        for study_id, status, n in session.execute(counts):
+            tally.setdefault(study_id, {})[status] = int(n)
+        names = dict((study_id, study.name) for study_id, study in studies)
+        tops: dict[int, TrialRecord] = {}
+        for row in session.execute(best):
+            if row.study_id in names and row.study_id not in tops:
+                tops[row.study_id] = trial_record(row, names[row.study_id])
+        return [StudySummary(study, tally.get(study_id, {}), tops.get(study_id)) for study_id, study in studies]
+
+    return tx.read("summarise studies", query)

@@ -133,6 +133,16 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
+class StudySummary:
+    """A study at a glance: its record, how many trials it holds by status, and its best complete
+    trial by samples/s (None before one completes)."""
+
+    study: StudyRecord
+    counts: dict[str, int]
+    best: TrialRecord | None
+
+
+@dataclass(frozen=True)
 class HistoryPoint:
     """One step of a study's history: a trial's value and the best value up to it."""
 

@@ -26,6 +26,7 @@ from store._records import (
     STUDY_STATUSES,
     HistoryPoint,
     StudyRecord,
+    StudySummary,
     TrialRecord,
     check_metric,
     config_hash,
@@ -205,6 +206,11 @@ class Store:
             "list studies",
             lambda s: [study_record(r) for r in s.scalars(select(StudyRow).order_by(StudyRow.id))],
         )
+
+    def study_summaries(self) -> list[StudySummary]:
+        """Every study, oldest first, with its trial counts by status and its best complete trial
+        by samples/s: what a list of studies shows, in three queries however many studies there are."""
+        return _queries.study_summaries(self._tx)
 
     def set_study_status(self, name: str, status: str) -> StudyRecord:
         """Set a study's status (one of ``STUDY_STATUSES``) and return the updated study."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tests.pgfixtures import pg_server  # noqa: F401  (the session's PostgreSQL server, for every folder)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

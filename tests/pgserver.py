@@ -3,6 +3,8 @@
     with PgServer() as server:
         url = server.create_database("t1")   # postgresql+psycopg://postgres@127.0.0.1:PORT/t1
 
+Its pytest fixtures are in tests/pgfixtures.py (this module imports no pytest: experiments use it).
+
 The server runs from a temporary directory with fsync off (tests need speed, not durability),
 listens on 127.0.0.1 and a Unix socket in that directory, and trusts local connections. As root
 it runs as the ``postgres`` user, as PostgreSQL refuses to run as root.
@@ -180,3 +182,4 @@ class PgServer:
         if not _NAME.match(name):
             raise ValueError(f"database names here must be lowercase identifiers: got {name!r}")
         self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+

@@ -94,7 +94,7 @@ def megatron_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
             for schedule in (("1f1b", "gpipe") if pp > 1 else ("1f1b",)):
                 for mb in _micro_batches(ctx):
                     c = _valid(ctx, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=1.0, zero_stage=0,
-                               sequence_parallel=tp > 1,
+                               sequence_parallel=tp > 1 and b.model.sequence_parallel_ok,  # not ALBERT
                                attn_kernel="flash" if b.cluster.device.flash_attention else "sdpa",
                                pipeline_schedule=schedule)
                     if c is not None and ctx.predict(c).fits:

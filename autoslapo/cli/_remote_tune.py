@@ -12,10 +12,22 @@ from autoslapo.cli._knobs import knob_values
 from autoslapo.cli._shape import shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import AutoslapoError, UsageError
+from autoslapo.models.resolve import is_model_file
+from autoslapo.models.spec import ModelSpec
+from search_spaces import SearchSpace, load_space, space_for
 
 POLL_S = 1.0
 # Flags that change what runs locally only; the service would silently ignore them, so refuse them.
-_LOCAL_ONLY = ("storage", "space", "ray_address", "dispatch", "resume", "join", "repeats")
+_LOCAL_ONLY = ("storage", "ray_address", "dispatch", "join", "repeats")
+
+
+def _space(args: argparse.Namespace) -> SearchSpace | None:
+    """The space ``--space`` and the knob flags describe (None: the server uses the family's)."""
+    pins = knob_values(args, "tune")
+    if not args.space and not pins:
+        return None
+    space = load_space(args.space) if args.space else space_for(ModelSpec.from_name(args.model).family)
+    return space.pin(pins) if pins else space
 
 
 def run_remote(args: argparse.Namespace, bar: Any) -> int:
@@ -23,8 +35,10 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
     from autoslapo.remote import Client
 
     given = [f"--{k.replace('_', '-')}" for k in _LOCAL_ONLY if getattr(args, k, None)]
-    if knob_values(args, "tune") or shape_overrides(args):
-        given.append("knob or shape flags")
+    if shape_overrides(args):
+        given.append("shape flags")
+    if is_model_file(args.model):
+        given.append("a model file (config.json or .py; the service takes preset names)")
     if given:
         raise UsageError(f"--server submits a plain study: {', '.join(given)} cannot be sent; drop them or tune locally")
     body: dict[str, Any] = {"model": args.model, "gpus": args.gpus, "backend": args.backend or "sim",
@@ -35,6 +49,13 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
                        ("patience", args.patience), ("name", args.study)):
         if value is not None:
             body[key] = value
+    if args.resume:
+        if not args.study:
+            raise UsageError("--resume with --server continues a submitted study: name it with --study")
+        body["resume"] = True  # the server keeps the space the study began with unless one is sent
+    space = _space(args)
+    if space is not None:
+        body["space"] = space.to_dict()  # sent as data: the server checks it with the same code
     client = Client(args.server)
     name = client.post("/v1/studies", body)["name"]
     seen = -1

@@ -9,11 +9,12 @@ from typing import Any
 
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import AutoslapoError, UsageError
+from autoslapo.models.resolve import is_model_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo best``."""
-    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...; see `autoslapo models`)")
+    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices")
     parser.add_argument("--gpu-type", default=None, help="device preset (default: any)")
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
@@ -64,7 +65,7 @@ def measurement_noise(result: dict[str, Any]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Print the best schedule; exit 1 when the store has none for this model and cluster."""
     from autoslapo.cluster import MAX_GPUS
-    from autoslapo.models.spec import ModelSpec
+    from autoslapo.models.resolve import resolve_model
     from store import open_store
 
     if args.gpus < 1:
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--gpu-type must be one of {', '.join(DEVICES)}: got {args.gpu_type!r}")
     if args.server:
         return _remote(args)
-    model = ModelSpec.from_name(args.model, **shape_overrides(args))
+    model = resolve_model(args.model, **shape_overrides(args))
     store = open_store(args.storage)
     headroom_bytes, headroom_fraction = parse_headroom(args.headroom)
     found = store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric,
@@ -119,9 +120,9 @@ def _remote(args: argparse.Namespace) -> int:
     from autoslapo.config import describe
     from autoslapo.remote import Client
 
-    if args.headroom or args.storage or shape_overrides(args):
-        raise UsageError("--server asks the service by preset name: --headroom, --storage and shape flags are "
-                         "not sent; drop them or ask the store directly")
+    if args.headroom or args.storage or shape_overrides(args) or is_model_file(args.model):
+        raise UsageError("--server asks the service by preset name: --headroom, --storage, shape flags and "
+                         "model files (config.json, .py) are not sent; drop them or ask the store directly")
     doc = Client(args.server).get("/v1/best", model=args.model, gpus=args.gpus, gpu_type=args.gpu_type,
                                   metric=args.metric, measured_only=args.measured or None)
     if args.json:

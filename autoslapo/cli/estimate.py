@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo estimate``."""
-    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...; see `autoslapo models`)")
+    parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-7b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, default=None, help="number of devices (required unless --cluster-from)")
     parser.add_argument("--gpu-type", default=None, help="device preset (default a100-80gb; with --cluster-from the study's)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
@@ -78,10 +78,10 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.cluster import ClusterSpec
     from autoslapo.cost import best_config
     from autoslapo.cost.correction import corrected_perf
-    from autoslapo.models.spec import ModelSpec
+    from autoslapo.models.resolve import resolve_model
 
     overrides = shape_overrides(args)
-    model = ModelSpec.from_name(args.model, **overrides)
+    model = resolve_model(args.model, **overrides)
     calibration: dict[str, Any] | None = None
     if args.cluster_from is not None:
         cluster, calibration = _study_cluster(args)
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     perf = corrected_perf(cluster, calibration["params"] if calibration else None, profile)
     est = best_config(model, cluster, global_batch=args.global_batch, profile=profile, perf=perf, **fixed)
     d = est.to_dict()
-    d.update(model=model.to_dict(), cluster=cluster.to_dict(), profile=source or None,
+    d.update(model=model.to_dict(), params=model.num_params(), cluster=cluster.to_dict(), profile=source or None,
              searched=est.breakdown.get("searched"),
              calibration=None if calibration is None else {"study": args.cluster_from, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})

@@ -34,7 +34,7 @@ def parse_bytes(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``autoslapo run``."""
-    p.add_argument("model", metavar="MODEL", help="model preset, e.g. bert-tiny, gpt2-xl, llama-tiny")
+    p.add_argument("model", metavar="MODEL", help="model preset, e.g. bert-tiny, gpt2-xl, llama-tiny, a Hugging Face config.json or a model file (.py)")
     p.add_argument("--gpus", type=int, required=True, help="ranks to run (GPUs, or CPU processes)")
     # grad_accum: the pipeline's micro-batches (pp, at least 1) unless given; precision: the device's default.
     add_knob_arguments(p, "run", defaults={"grad_accum": None, "precision": None})
@@ -101,10 +101,10 @@ def _table(result: object, model: str, config: ScheduleConfig) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, run the trial (``--repeats`` times), print it. Returns 0 if every run completed, else 1."""
-    from autoslapo.models.spec import ModelSpec
+    from autoslapo.models.resolve import resolve_model
     from autoslapo.runtime import check_runnable, resolve_device, run_trial
 
-    spec = ModelSpec.from_name(args.model, **shape_overrides(args))
+    spec = resolve_model(args.model, **shape_overrides(args))
     device = resolve_device(args.device, args.gpus)
     config = _config(args, device)
     check_runnable(spec, config, device=device)

@@ -1,7 +1,11 @@
 """``autoslapo serve``: the HTTP API and web page over the store, optionally with worker processes.
 
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--workers N`` starts N ``autoslapo worker``
-processes on the same store and stops them when the server stops; without it, run workers apart.
+processes on the same store and stops them when the server stops; on Linux they are killed when the
+server dies, ``kill -9`` included (no orphan keeps running a job it then holds a lease on: after
+the lease a restarted server's workers resume it). Without ``--workers``, run workers apart.
+Those workers run at a lower CPU priority (nice +10) than the server: a study's CPU-heavy trials
+then wait for the API's answers on a busy machine rather than the other way round.
 ``--max-running N`` is handed to those workers (run separate workers with the same flag);
 ``--max-queued-per-token N`` answers 429 to a token's submission beyond N queued/running studies.
 """
@@ -9,8 +13,14 @@ processes on the same store and stops them when the server stops; without it, ru
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import subprocess
 import sys
+from types import FrameType
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queued-per-token", type=int, default=None, metavar="N",
                         help="a token with N queued or running studies gets 429 on POST /v1/studies (default none)")
     parser.add_argument("--max-body", type=int, default=64 * 1024, help="largest request body in bytes (default 64 KiB)")
+
+
+def _die_with(parent: int) -> None:
+    """In a worker child, before exec: ask Linux for SIGKILL when the server dies (by any signal)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the server died before the request took effect
+        os._exit(1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,8 +73,14 @@ def run(args: argparse.Namespace) -> int:
         command += ["--storage", args.storage]
     if args.max_running is not None:
         command += ["--max-running", str(args.max_running)]
+    # uvicorn re-raises the SIGTERM it shut down on, with the handler it found: the default one
+    # would end the process here and skip the `finally` below, leaving the workers orphaned.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        workers = [subprocess.Popen(command) for _ in range(args.workers)]
+        server = os.getpid()
+        workers = [subprocess.Popen(command, preexec_fn=lambda: _die_with(server)) for _ in range(args.workers)]
+        for w in workers:
+            _lower_priority(w.pid)
         sys.stderr.write(f"autoslapo serve: http://{args.host}:{args.port}/ over {store.url}, "
                          f"{args.workers} worker(s)\n")
         uvicorn.run(create_app(store, settings), host=args.host, port=args.port, log_level="warning")
@@ -67,3 +94,17 @@ def run(args: argparse.Namespace) -> int:
                 w.kill()
         store.close()
     return 0
+
+
+WORKER_NICE = 10
+
+
+def _lower_priority(pid: int) -> None:
+    """Give a worker process ``WORKER_NICE`` more niceness than the server (best effort: a system
+    that refuses leaves it at the server's priority)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE))
+
+
+def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)

@@ -28,7 +28,7 @@ SAMPLER_NAMES = ("tpe", "random", "grid", "cmaes", "gp", "nsga2")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo tune``."""
-    parser.add_argument("model", help="model preset (bert, bert-tiny, gpt2-xl, llama-70b, ...; see `autoslapo models`)")
+    parser.add_argument("model", help="model preset (bert, bert-tiny, gpt2-xl, llama-70b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices (ranks) a trial uses")
     parser.add_argument("--gpu-type", default=None,
                         help="device preset (default a100-80gb; cpu for --backend local without CUDA)")
@@ -112,7 +112,7 @@ class ProgressBar:
 def run(args: argparse.Namespace) -> int:
     """Run or resume a study; print the table. Returns 0."""
     from autoslapo.cluster import ClusterSpec
-    from autoslapo.models.spec import ModelSpec
+    from autoslapo.models.resolve import resolve_model
 
     if args.top < 1:
         raise UsageError(f"--top must be a positive integer: got {args.top}")
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--backend local runs --gpus {args.gpus} ranks on this machine's CUDA devices: it has "
                          f"{_cuda_devices()}; use --gpu-type cpu, fewer --gpus, or --backend sim")
     per_node = args.gpus_per_node or (args.gpus if gpu_type == "cpu" else 8)
-    model = ModelSpec.from_name(args.model, **shape_overrides(args))
+    model = resolve_model(args.model, **shape_overrides(args))
     cluster = ClusterSpec(gpus=args.gpus, gpu_type=gpu_type, gpus_per_node=per_node)
     from search_spaces import load_space, space_for
 

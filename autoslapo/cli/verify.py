@@ -29,7 +29,7 @@ DTYPES = ("float32", "float64")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the verify command's arguments."""
-    parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see `autoslapo models`)")
+    parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     # The test batch is --batch sequences: with pp > 1, grad_accum (default 2) pipeline micro-batches of it.
     add_knob_arguments(parser, "verify", defaults={"grad_accum": None})
     parser.add_argument("--device", choices=("cpu",), default="cpu", help="where the ranks run (cpu: gloo)")
@@ -52,10 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
     """Validate the input before any process starts; returns (spec, config, full depth)."""
     from autoslapo.config import ScheduleConfig
-    from autoslapo.models.spec import ModelSpec
+    from autoslapo.models.resolve import resolve_model
 
     widths = {k: v for k, v in shape_overrides(args).items() if k not in ("layers", "seq_len")}
-    spec = ModelSpec.from_name(args.model, **widths)
+    spec = resolve_model(args.model, **widths)
     full_layers = spec.layers
     knobs = knob_values(args, "verify")
     grad_accum = knobs.pop("grad_accum", 2) if knobs["pp"] > 1 else knobs.pop("grad_accum", 1)
@@ -70,6 +70,14 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
     if args.layers is not None and args.layers < 0:
         raise UsageError(f"--layers must be >= 0: got {args.layers}")
     pp = knobs["pp"]
+    if spec.family == "user":
+        # a model file is verified whole, on its own batch (its depth and sequence are its own)
+        if args.layers:
+            raise UsageError(f"--layers does not apply to a model file (its depth is its own): got --layers "
+                             f"{args.layers} with {args.model}; drop it")
+        config = ScheduleConfig(micro_batch=args.batch // grad_accum, grad_accum=grad_accum, precision="fp32", **knobs)
+        config.validate(spec)
+        return spec, config, spec.layers
     if args.layers:
         layers = args.layers
     elif args.layers == 0 or full_layers <= 2 * pp:
@@ -110,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         "torch",
         "torch.distributed",
         "transformers",
-        f"transformers.models.{spec.family}.modeling_{spec.family}",
+        *([f"transformers.models.{spec.family}.modeling_{spec.family}"] if spec.family != "user" else []),
         "autoslapo.models.build",
         "autoslapo.plan",
         "autoslapo.verify",
@@ -131,10 +139,11 @@ def run(args: argparse.Namespace) -> int:
         f"{spec.layers} of {full_layers} layers" if spec.layers != full_layers else f"{spec.layers} layers"
     )
     pipe = f", pipeline {results[0]['pipeline']}" if config.pp > 1 else ""
+    shape = f"{spec.num_params():,} parameters" if spec.family == "user" else f"hidden {spec.hidden}"
     print(
         f"verify {args.model}: ok - tp={config.tp} pp={config.pp} ckpt_ratio={config.ckpt_ratio:g} "
         f"attn={config.attn_kernel}{' sp' if config.sequence_parallel else ''}"
-        f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}; hidden {spec.hidden}, {depth}, "
+        f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}; {shape}, {depth}, "
         f"batch {args.batch}x{spec.seq_len} {args.dtype}, dropout off; {checked} checks of outputs and "
         f"parameter values/gradients on {config.world_size} ranks{pipe}; max abs diff "
         f"{max_diff:.2g}; {elapsed:.1f} s"
@@ -178,6 +187,7 @@ def _rank_main(spec_d: dict[str, Any], config_d: dict[str, Any], opts: dict[str,
     from autoslapo.dist import build_groups
     from autoslapo.models.build import build_model, example_batch
     from autoslapo.models.spec import ModelSpec
+    from autoslapo.models.user import user_loss
     from autoslapo.plan import apply_schedule
     from autoslapo.schedule import create_schedule
 
@@ -191,7 +201,7 @@ def _rank_main(spec_d: dict[str, Any], config_d: dict[str, Any], opts: dict[str,
     batch = example_batch(spec, opts["batch"], opts["seq_len"], seed=opts["seed"] + 1)
     sch = create_schedule(model, group=groups.tp_group)
     # The compiler is only needed for compile_layers/fuse regions; "eager" checks the rewrite itself.
-    with _MeasuredVerify(sch, batch, loss_fn=lambda out: out.loss) as v:
+    with _MeasuredVerify(sch, batch, loss_fn=user_loss) as v:
         apply_schedule(sch, spec, config, groups, compiler="eager")
     out: dict[str, Any] = {"checked": len(v.checked), "max_diff": v.max_diff, "pipeline": ""}
     if config.pp > 1:

@@ -55,6 +55,10 @@ class DevicePerf:
     ``gemm_curve``: optional measured ``(flops, tflops)`` points (a CPU profile); replaces the
     GEMM model when given. ``mem_curve``: optional measured ``(bytes, GB/s)`` of copies by size (a
     CPU's caches make small tensors faster than DRAM); replaces ``hbm_gbps`` when given.
+    ``gemm_fixed_s``: a GEMM launch's fixed ramp-and-drain time (its efficiency saturates with its
+    size). ``host_op_s``: the host's time to issue one kernel from eager PyTorch (a micro-batch takes
+    at least its kernels times this). Both in ``autoslapo.cost.kernels``; 0 on a CPU profile, whose
+    measured curves and per-op latency already hold them.
     """
 
     name: str
@@ -78,6 +82,8 @@ class DevicePerf:
     zero_overhead_bytes: int = 0
     gemm_curve: tuple[tuple[float, float], ...] = ()
     mem_curve: tuple[tuple[float, float], ...] = ()
+    gemm_fixed_s: float = 0.0
+    host_op_s: float = 0.0
 
     @classmethod
     def from_profile(cls, base: DevicePerf, profile: dict[str, Any]) -> DevicePerf:
@@ -102,9 +108,10 @@ class DevicePerf:
 # 3350, H200 4800). Large-GEMM efficiency: cuBLAS fp16/bf16 reaches ~80-85% of peak on V100/A100
 # (H100: see H100_GEMM_EFF below). Elementwise
 # kernels reach ~80% of HBM bandwidth (STREAM-like copies). NCCL ring allreduce reaches ~80% of the
-# NVLink/InfiniBand line rate as bus bandwidth (nccl-tests). Kernel launch ~5 us.
-_GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_additive=False,
-            coll_latency_s=8e-6, comm_eff=0.8, overlap=1.0, fixed_overhead_bytes=int(1.25 * GiB))
+# NVLink/InfiniBand line rate as bus bandwidth (nccl-tests). Kernel launch ~5 us; a GEMM's fixed
+# ramp and drain 3 us and the host's issue cost a kernel 8 us (see autoslapo.cost.kernels).
+_GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_additive=False, gemm_fixed_s=3e-6,
+            host_op_s=8e-6, coll_latency_s=8e-6, comm_eff=0.8, overlap=1.0, fixed_overhead_bytes=int(1.25 * GiB))
 # Hopper (H100/H200 SXM, the same GH100 die): a training step reaches a lower fraction of the
 # datasheet's dense peak than an A100 on the same software stack. The 989 TFLOP/s peak is quoted at
 # the 1,980 MHz boost clock, which a power-capped (700 W) SXM part does not hold under sustained

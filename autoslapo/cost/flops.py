@@ -8,7 +8,9 @@ forward of every layer, giving ``96 B s L h^2 (1 + s/6h + V/16Lh)`` per iteratio
 
 Here the same count is written per matrix so it also holds for an MLP width other than ``4h``,
 gated (SwiGLU) MLPs and grouped-query attention. BERT's MLM head adds its ``h x h`` transform.
-The attention products are counted in full even for causal models, as Megatron does.
+The attention products are counted in full even for causal models, as Megatron does, and for
+GPT-Neo's local (windowed) layers, whose kernels (eager and SDPA with a mask) compute every score.
+A shared layer (ALBERT) costs its FLOPs on every call: ``layers`` counts calls.
 """
 
 from __future__ import annotations
@@ -37,21 +39,34 @@ def attention_flops_per_token(model: ModelSpec) -> float:
 
 
 def layer_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs per token of one transformer layer."""
+    """Forward FLOPs per token of one transformer layer (a user's module: one block's, as traced)."""
+    if model.family == "user":
+        return float(model.extra["layer_fwd_flops"]) / model.seq_len
     return layer_matmul_flops_per_token(model) + attention_flops_per_token(model)
 
 
 def head_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs per token of the output head: logits (``2 h V``), plus BERT's MLM transform."""
-    h = model.hidden
-    flops = 2 * h * model.vocab
+    """Forward FLOPs per token of the output head: logits (``2 h V``), plus BERT's MLM transform.
+
+    ALBERT's factorized embedding of width E: logits ``2 E V``, its transform ``2 h E`` and, counted
+    here too, the ``E -> h`` map at the encoder's input (``2 E h``).
+    """
+    h, e = model.hidden, model.embedding_size
+    flops = 2 * e * model.vocab
     if not model.causal:  # BERT/RoBERTa MLM head: dense h x h + LayerNorm before the decoder
-        flops += 2 * h * h
+        flops += 2 * h * e
+    if e != h:
+        flops += 2 * e * h
     return float(flops)
 
 
 def model_flops_per_sample(model: ModelSpec) -> float:
-    """FLOPs of forward + backward for one sequence, no recomputation (Megatron's model FLOPs)."""
+    """FLOPs of forward + backward for one sequence, no recomputation (Megatron's model FLOPs).
+
+    A user's module (family ``user``): three times the forward FLOPs its trace counted.
+    """
+    if model.family == "user":
+        return 3.0 * float(model.extra["fwd_flops"])
     if model.encoder_decoder:  # T5: encoder over the source, decoder and head over the target
         return encdec_flops_per_sample(model)
     fwd = model.layers * layer_flops_per_token(model) + head_flops_per_token(model)
@@ -63,6 +78,8 @@ def hw_flops_per_sample(model: ModelSpec, config: ScheduleConfig) -> float:
     if model.encoder_decoder:
         return encdec_hw_flops_per_sample(model, config)
     recomputed = len(config.checkpointed_layers(model.layers))
+    if model.family == "user" and not model.extra.get("layers"):
+        recomputed = 0  # no blocks to checkpoint
     return model_flops_per_sample(model) + recomputed * layer_flops_per_token(model) * model.seq_len
 
 

@@ -86,11 +86,12 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     """
     if model.encoder_decoder:  # T5: two unequal stacks (``autoslapo.cost.encdec``)
         return encdec_stage_params(model, config)
-    layers = model.layers / config.pp
+    # a shared layer (ALBERT) is stored once however often it runs (its family refuses pp > 1)
+    layers = model.stored_layers / config.pp
     body = layers * model.layer_params() / config.tp
     emb = model.embedding_params() / config.tp
     word = model.vocab * model.hidden / config.tp
-    head = word if (model.family == "llama" or config.pp > 1) else 0.0
+    head = word if (not model.tied_head or config.pp > 1) else 0.0
     if config.pp == 1:
         return body + emb + head, body + emb + head
     return body + emb, body + head
@@ -118,6 +119,10 @@ def has_dropout(model: ModelSpec, dropout: bool | None) -> bool:
     return model.family != "llama" if dropout is None else dropout
 
 
+#: Families whose MLP runs transformers' tanh-GELU (``gelu_new``, a chain of elementwise ops).
+TANH_GELU_FAMILIES = ("gpt2", "gpt_neo", "albert")
+
+
 def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig) -> int:
     """Elements of width ``ffn`` (before TP) the MLP keeps for backward, per token.
 
@@ -130,7 +135,7 @@ def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig) -> int:
         return 4
     if model.family == "opt":
         return 1
-    if model.family == "gpt2" and not (config.fuse_bias_gelu or config.compile_layers):
+    if model.family in TANH_GELU_FAMILIES and not (config.fuse_bias_gelu or config.compile_layers):
         return 5
     return 2
 
@@ -331,6 +336,8 @@ def estimate_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
     Buffers that live only after backward (when the activations are freed) count only where they
     exceed the activations.
     """
+    if model.family == "user":
+        return estimate_user_memory(model, config, perf)
     rt = perf.runtime
     w, g, o = estimate_state_bytes(model, config, rt)
     if rt == "autoslapo" and config.precision != "fp32":
@@ -346,4 +353,47 @@ def estimate_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
     if config.zero_stage >= 1 and config.pp == 1:  # DeepSpeed's ZeRO optimizer (pipelines use torch's)
         buffers += perf.zero_overhead_bytes
     return MemoryBreakdown(params=w, grads=g, optimizer=o, activations=act,
+                           overhead=perf.fixed_overhead_bytes, buffers=buffers)
+
+
+def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf) -> MemoryBreakdown:
+    """Per-device memory of a user's own module (family ``user``) from its traced shape (``model.extra``).
+
+    Parameters: the blocks' sharded over tp (the file's family description), the rest on every
+    rank; states and ZeRO as for the families. Activations: the fp32 bytes the trace saw saved per
+    sample, scaled to the precision's element size; a block's share under tp as Korthikanti's
+    ``(10 + 24/t) / 34``; a checkpointed block keeps its input; backward holds one block's
+    activations more while it runs it.
+    """
+    x, rt = model.extra, perf.runtime
+    n = model.layers * model.layer_params() / config.tp + model.embedding_params()
+    wb, gb, ob = state_bytes_per_param(config, rt)
+    dp, z = config.dp, config.zero_stage
+    w = n * wb / (dp if z >= 3 else 1)
+    g = n * gb / (dp if z >= 2 else 1)
+    o = n * ob / (dp if z >= 1 else 1)
+    if rt == "autoslapo" and config.precision != "fp32":
+        w += n * element_bytes(config)  # autocast's 16-bit weight copies
+    scale = element_bytes(config) / 4
+    layer = float(x["layer_act_bytes"]) * scale * (10 + 24 / config.tp) / 34
+    kept = float(x["layer_input_bytes"]) * scale
+    n_ckpt = len(config.checkpointed_layers(model.layers)) if x.get("layers") else 0
+
+    def per_sample(ckpt: int) -> float:
+        return (model.layers - ckpt) * layer + ckpt * kept + float(x["act_bytes"]) * scale + layer
+
+    act = int(per_sample(n_ckpt) * config.micro_batch * perf.activation_slack)
+    if perf.heap_retention:
+        act += int(per_sample(0) * config.micro_batch * perf.heap_retention)
+    buffers = 0
+    if dp > 1 or z > 0:
+        bucket = min(REDUCE_BUCKET_ELEMENTS, n) if rt == "autoslapo" else REDUCE_BUCKET_ELEMENTS
+        if z == 0:
+            buffers = max(0, int(n * gb) - act) if rt == "autoslapo" else 0
+        else:
+            buffers = int(bucket * gb) + (int(n * 4 / dp) if z == 1 else 0)
+            if z == 3:
+                buffers += int((model.layer_params() / config.tp + min(PREFETCH_BUCKET_ELEMENTS, n)) * wb)
+            buffers += perf.zero_overhead_bytes
+    return MemoryBreakdown(params=int(w), grads=int(g), optimizer=int(o), activations=act,
                            overhead=perf.fixed_overhead_bytes, buffers=buffers)

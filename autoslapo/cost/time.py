@@ -4,8 +4,10 @@ Compute is counted per kernel. A GEMM takes the longer of its FLOPs over the ach
 its bytes over memory bandwidth (the roofline), where the achievable rate shrinks with wave
 quantization (a GEMM whose ``ceil(m/tile) ceil(n/tile)`` tiles leave SMs idle in its last wave)
 and with a short inner dimension (``k / (k + k_half)``: the attention products over a 64- or
-128-wide head dimension). Elementwise kernels (norms, softmax, dropout, residuals, activations)
-are memory-bound: bytes over achievable HBM bandwidth. Backward costs two GEMMs per forward GEMM
+128-wide head dimension) and with the GEMM's size (a fixed ramp-and-drain time a launch). A fused
+(flash / memory-efficient) attention kernel moves only Q, K, V and O through HBM and pays its
+online softmax on the FP32 units (``autoslapo.cost.kernels``). Elementwise kernels (norms,
+softmax, dropout, residuals, activations) are memory-bound: bytes over achievable HBM bandwidth. Backward costs two GEMMs per forward GEMM
 and about twice the elementwise traffic.
 
 Collectives use the ring cost (Patarasuk and Yuan, 2009; Thakur et al., 2005): an allreduce of
@@ -17,7 +19,8 @@ et al., 2022). The 1F1B and GPipe pipelines idle ``(p-1)`` micro-batch slots, th
 ``(p-1)/v`` (Narayanan et al., 2021, section 2.2). ZeRO-3 gathers weights before every forward
 and backward and reduce-scatters gradients every micro-batch (1.5x the allreduce volume), with
 imperfect prefetch and per-module hooks (see ``ZERO3_*``). The runtime's own fixed costs a step and
-a micro-batch (``DevicePerf.step_overhead_s``, measured on a CPU) are a term of their own.
+a micro-batch (``DevicePerf.step_overhead_s``, measured on a CPU) are a term of their own, and on
+a GPU a micro-batch takes at least the host's time to issue its kernels (``DevicePerf.host_op_s``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from autoslapo.cost.memory import element_bytes, has_dropout, stage_params
+from autoslapo.cost.kernels import flash_softmax_s, flash_traffic_bytes, gemm_size_efficiency, host_floor_s
+from autoslapo.cost.memory import TANH_GELU_FAMILIES, element_bytes, has_dropout, stage_params
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -71,7 +75,11 @@ class _Rates:
         self.lat = perf.op_latency_s
         self.e = element_bytes(config)
         self.curve = perf.gemm_curve
-        self.flash = cluster.device.flash_attention
+        self.has_flash = cluster.device.flash_attention
+        self.fp32_tflops = cluster.peak_tflops_fp32
+        # a GPU's fused attention kernels keep the scores on chip (``autoslapo.cost.kernels``); a CPU's
+        # sdpa is timed as its two products (its profile measures them)
+        self.on_chip_attention = perf.name != "cpu" and not self.curve
 
     def _finish(self, t: float) -> float:
         return t + self.lat if self.perf.op_latency_additive else max(t, self.lat)
@@ -86,8 +94,30 @@ class _Rates:
             tiles = math.ceil(m / p.tile) * math.ceil(n / p.tile) * batch
             waves = math.ceil(tiles / p.sms)
             rate = self.flops_s * eff * (tiles / (waves * p.sms)) * (k / (k + p.k_half))
+            rate *= gemm_size_efficiency(flops, rate, p.gemm_fixed_s)
         traffic = self.e * (m * k + k * n + m * n) * batch
         return self._finish(max(flops / rate, traffic / self.bw))
+
+    def flash(self, s: float, d: float, batch: float, frac: float, eff: float, backward: bool = False) -> float:
+        """Seconds of a fused attention kernel over ``batch`` problems of ``s`` tokens and head width ``d``.
+
+        ``frac`` of the ``s x s`` scores is computed (0.5 causal). The products run on tensor cores at
+        ``eff`` of a GEMM's rate, one thread block per 128-query tile and head (wave quantization over
+        the SMs; the head width as a GEMM's inner dimension); backward does 2.5x the forward's FLOPs at
+        ``FLASH_BWD_REL`` of its rate. HBM moves Q, K, V, O (and gradients), not the scores; the online
+        softmax adds its exposed FP32 time (``autoslapo.cost.kernels``).
+        """
+        p = self.perf
+        scores = s * s * frac * batch
+        flops = 4.0 * scores * d * (2.5 if backward else 1.0)
+        tiles = math.ceil(s / p.tile) * batch
+        waves = math.ceil(tiles / p.sms)
+        rate = self.flops_s * eff * (tiles / (waves * p.sms)) * (d / (d + p.k_half))
+        if backward:
+            rate *= FLASH_BWD_REL
+        traffic = flash_traffic_bytes(s, s, d, batch, self.e, backward)
+        t = max(flops / rate, traffic / self.bw) + flash_softmax_s(scores, self.fp32_tflops, backward)
+        return self._finish(t)
 
     def mem(self, nbytes: float, kernels: int = 1) -> float:
         """Seconds of ``kernels`` memory-bound kernels moving ``nbytes`` in all."""
@@ -166,9 +196,10 @@ def _submodules(model: ModelSpec) -> int:
 
 
 def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
-                 dropout: bool | None) -> tuple[float, float, float]:
+                 dropout: bool | None) -> tuple[float, float, float, int]:
     """(forward, backward, attention-core forward) compute seconds of one layer for one micro-batch
-    on one device; the last is what selective recomputation runs again."""
+    on one device, the third being what selective recomputation runs again; and the number of
+    kernels the layer's forward launches (for the host's issue rate)."""
     t, b, s = config.tp, config.micro_batch, model.seq_len
     h, f, e = model.hidden, model.ffn, r.e
     kvd = model.kv_heads * model.head_dim
@@ -192,6 +223,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
             ew_attn += r.mem(scores * (2 * e + 1), 1)
         fwd_attn = attn + ew_attn
         bwd_attn = 2 * attn + 2 * ew_attn
+        attn_kernels = 2 + passes + (1 if dropout else 0)
     else:
         # memory-efficient / flash kernel: the score products run at lower efficiency inside one
         # kernel (FlashAttention-2 reaches ~70% of a GEMM's rate, Dao 2023); causal halves the
@@ -199,11 +231,17 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
         # sdpa dispatches to PyTorch's own flash kernel where the device has one (~60%: its
         # FlashAttention-2 port, a [b, heads, s, d] layout the model must transpose into), else to
         # the memory-efficient kernel (~55% of a GEMM's rate).
-        has_flash = r.perf.name != "cpu" and r.flash
+        has_flash = r.perf.name != "cpu" and r.has_flash
         flash_eff = 0.7 if config.attn_kernel == "flash" else (0.6 if has_flash else 0.55)
         frac = 0.5 if model.causal else 1.0
-        fwd_attn = r.gemm(s * frac, s, d, b * heads, eff=flash_eff) + r.gemm(s * frac, d, s, b * heads, eff=flash_eff)
-        bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
+        if r.on_chip_attention:
+            fwd_attn = r.flash(s, d, b * heads, frac, flash_eff)
+            bwd_attn = r.flash(s, d, b * heads, frac, flash_eff, backward=True)
+        else:
+            fwd_attn = (r.gemm(s * frac, s, d, b * heads, eff=flash_eff)
+                        + r.gemm(s * frac, d, s, b * heads, eff=flash_eff))
+            bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
+        attn_kernels = 1
     # elementwise traffic per token: norms, dropout + residual, activation, q/k/v layout copies
     rep: float = 2 * (2 * h * e)  # two norms: read + write
     per_res = (3 * e + 1) * h if fused else (5 * e + 1) * h
@@ -216,7 +254,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
     bias_fused = fused or config.fuse_bias_gelu
     if model.gated_mlp:
         act = 3 * e * f if fused else 5 * e * f  # silu, product
-    elif model.family == "gpt2" and not bias_fused:
+    elif model.family in TANH_GELU_FAMILIES and not bias_fused:
         act = 18 * e * f  # transformers' tanh-GELU: eight elementwise ops over the MLP width
         kernels += 7
     elif bias_fused:
@@ -232,7 +270,12 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
     ew = r.mem(T * (rep + shard / t), kernels)
     fwd = g + fwd_attn + ew
     bwd_total = bwd + bwd_attn + 2 * ew
-    return fwd, bwd_total, fwd_attn
+    # four weight GEMMs (five gated), the attention kernels, the elementwise ones, the layout copies
+    # (none for flash_attn) and the two tensor-parallel allreduces
+    n_kernels = (5 if model.gated_mlp else 4) + attn_kernels + kernels
+    n_kernels += 0 if config.attn_kernel == "flash" else 4
+    n_kernels += 2 if t > 1 else 0
+    return fwd, bwd_total, fwd_attn, n_kernels
 
 
 def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates, dropout: bool | None,
@@ -282,20 +325,26 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
                   perf: DevicePerf, dropout: bool | None = None) -> TimeBreakdown:
     """Seconds of one optimizer step of ``config`` on ``cluster``, split by cause."""
+    if model.family == "user":
+        return estimate_user_time(model, config, cluster, perf)
     r = _Rates(perf, cluster, config)
     t, pp, dp, m = config.tp, config.pp, config.dp, config.grad_accum
     b, s, h, e = config.micro_batch, model.seq_len, model.hidden, r.e
     T = b * s
     per_stage = model.layers // pp
-    fwd_l, bwd_l, core_l = _layer_times(model, config, r, dropout)
+    fwd_l, bwd_l, core_l, kernels_l = _layer_times(model, config, r, dropout)
 
     # tensor-parallel collectives per layer: 2 in forward, 2 in backward (same volume with SP)
     tp_bw = group_bandwidth(cluster, 1, t)
     tp_one = _ring("allreduce", T * h * e, t, tp_bw, perf)
     # head: vocab-parallel logits, cross-entropy in fp32, plus the embedding lookup and its grad
-    head_f = r.gemm(T, model.vocab / t, h) + r.mem(T * model.vocab / t * (e + 3 * 4), 3)
+    # (ALBERT's factorized head: hidden -> E transform, then E -> vocab; E = hidden elsewhere)
+    width = model.embedding_size
+    head_f = r.gemm(T, model.vocab / t, width) + r.mem(T * model.vocab / t * (e + 3 * 4), 3)
     if not model.causal:
-        head_f += r.gemm(T, h, h) + r.mem(T * h * e * 4, 2)
+        head_f += r.gemm(T, width, h) + r.mem(T * width * e * 4, 2)
+    if width != h:  # ALBERT's E -> hidden embedding map
+        head_f += r.gemm(T, h, width)
     head_b = 2 * head_f
     if config.loss_kernel == "chunked":
         head_b += r.gemm(T, model.vocab / t, h)  # backward recomputes each chunk's logits
@@ -366,6 +415,12 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
 
     # the runtime's fixed costs (Python, the engine's bookkeeping, barriers): measured on a CPU
     overhead = perf.step_overhead_s + m * perf.microbatch_overhead_s
+    # the host issues every kernel (``autoslapo.cost.kernels``): forward, backward (about twice the
+    # forward's kernels) and recomputation; a micro-batch whose kernels run for less than the host
+    # takes to issue them waits on the host, in every slot of the pipeline
+    if perf.host_op_s > 0:
+        issued = per_stage * kernels_l * 3 + n_ckpt * (kernels_l if config.ckpt_granularity == "full" else 1)
+        overhead += (m + bubble_slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 
     return TimeBreakdown(
         compute=m * (fwd_mb + bwd_mb),
@@ -376,4 +431,52 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         dp_comm=dp_comm,
         optimizer=optimizer,
         overhead=overhead,
+    )
+
+
+def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
+                       perf: DevicePerf) -> TimeBreakdown:
+    """Seconds of one optimizer step of a user's own module (family ``user``), from its trace.
+
+    Its GEMM shapes are unknown, so compute is the traced FLOPs at the device's achievable rate plus
+    a memory pass over the activations each block saves and one fixed latency per traced op;
+    backward twice forward. Tensor parallelism divides the blocks' FLOPs and adds Megatron's four
+    all-reduces of a block's input per block; data parallelism and ZeRO move the gradients as for
+    the families; a checkpointed block runs its forward again.
+    """
+    r = _Rates(perf, cluster, config)
+    x = model.extra
+    t, dp, m, b, z = config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage
+    scale = r.e / 4
+    blocks = model.layers if x.get("layers") else 0
+    layer_f = r.mem(float(x["layer_act_bytes"]) * scale * b / t, int(x["layer_ops"]))
+    layer_f += float(x["layer_fwd_flops"]) * b / t / r.flops_s
+    rest_flops = float(x["fwd_flops"]) - blocks * float(x["layer_fwd_flops"])
+    rest_ops = int(x["ops"]) - blocks * int(x["layer_ops"])
+    rest_f = rest_flops * b / r.flops_s + r.mem(float(x["act_bytes"]) * scale * b, max(rest_ops, 1))
+    tp_one = _ring("allreduce", float(x["layer_input_bytes"]) * scale * b, t, group_bandwidth(cluster, 1, t), perf)
+    n_ckpt = len(config.checkpointed_layers(model.layers)) if blocks else 0
+    n_params = model.layers * model.layer_params() / t + model.embedding_params()
+    grad_e = 4 if config.precision == "fp32" else 2
+    accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
+    fwd_mb = blocks * layer_f + rest_f
+    bwd_mb = 2 * fwd_mb + accum
+    dp_bw = group_bandwidth(cluster, t, dp)
+    g_bytes, w_bytes = n_params * grad_e, n_params * (4 if config.precision == "fp32" else 2)
+    if z <= 1:
+        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
+    elif z == 2:
+        dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
+    else:
+        dp_comm = m * (2 * _ring("all_gather", w_bytes, dp, dp_bw, perf) + _ring("reduce_scatter", g_bytes, dp, dp_bw, perf))
+    opt_params = n_params / (dp if z >= 1 else 1)
+    return TimeBreakdown(
+        compute=m * (fwd_mb + bwd_mb),
+        recompute=m * n_ckpt * (layer_f + 2 * tp_one),
+        tp_comm=m * blocks * 4 * tp_one,
+        pp_comm=0.0,
+        bubble=0.0,
+        dp_comm=dp_comm,
+        optimizer=r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4),
+        overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,
     )

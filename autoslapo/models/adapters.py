@@ -21,6 +21,7 @@ from torch import nn
 
 from autoslapo.errors import ConfigError, ScheduleError
 from autoslapo.models.families import FAMILY_DESCRIPTIONS, FamilyDescription, get_family
+from autoslapo.models.hf import HF_MODEL_TYPES
 
 __all__ = [
     "PathAdapter",
@@ -187,7 +188,14 @@ def _adapter_parts(desc: FamilyDescription, model: nn.Module, at: Callable[[str]
         def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
             return parts[emb[0]](input_ids=input_ids, token_type_ids=rest[0] if rest else None)
 
-    elif desc.name == "gpt2":
+    elif desc.name == "albert":
+        # word/position/type tables of width E, then the encoder's E -> hidden map; no mask (no padding)
+        table, mapping = emb
+
+        def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor, *rest: Any) -> torch.Tensor:
+            return parts[mapping](parts[table](input_ids=input_ids, token_type_ids=rest[0] if rest else None))
+
+    elif desc.name in ("gpt2", "gpt_neo"):
         wte, wpe, drop = emb
 
         def embed(parts: Mapping[str, nn.Module], input_ids: torch.Tensor) -> torch.Tensor:
@@ -277,9 +285,12 @@ def adapter_for(model: nn.Module, layers_path: str) -> PipelineAdapter:
             return pipeline_adapter(model, desc.name)
     if model_type in _ADAPTERS:
         return _ADAPTERS[str(model_type)](model, layers_path)
+    if model_type in HF_MODEL_TYPES:
+        # a family's close relative from a config.json (Mistral, Qwen2: LLaMA's layout)
+        return pipeline_adapter(model, HF_MODEL_TYPES[str(model_type)].family)
     if isinstance(model, nn.Sequential) and layers_path == "":
         return PathAdapter(layers_path="")
-    known = sorted({d.model_type for d in FAMILY_DESCRIPTIONS.values()} | set(_ADAPTERS))
+    known = sorted({d.model_type for d in FAMILY_DESCRIPTIONS.values()} | set(_ADAPTERS) | set(HF_MODEL_TYPES))
     raise ScheduleError(
         f"no pipeline adapter for {type(model).__name__} (model_type={model_type!r}); known: "
         f"{', '.join(known)} and nn.Sequential; pass adapter=PathAdapter(...) or "

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError
+from autoslapo.models.hf import HF_CONFIG_KEY, hf_config_kwargs
 from autoslapo.models.spec import ModelSpec
+from autoslapo.models.user import USER_FAMILY, load_user_model
 
 if TYPE_CHECKING:
     import torch
@@ -135,6 +137,54 @@ def _t5(spec: ModelSpec, dropout: float | None) -> Any:
     )
 
 
+def _albert(spec: ModelSpec, dropout: float | None) -> Any:
+    from transformers import AlbertConfig
+
+    kw: dict[str, Any] = {}
+    if dropout is not None:
+        kw.update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    last = spec.vocab - 1
+    # One group of one layer, run num_hidden_layers times: the published ALBERT sharing.
+    return AlbertConfig(
+        vocab_size=spec.vocab,
+        embedding_size=spec.embedding_size,
+        hidden_size=spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_hidden_groups=1,
+        inner_group_num=1,
+        num_attention_heads=spec.heads,
+        intermediate_size=spec.ffn,
+        max_position_embeddings=spec.max_positions,
+        pad_token_id=0,
+        bos_token_id=min(2, last),
+        eos_token_id=min(3, last),
+        **kw,
+    )
+
+
+def _gpt_neo(spec: ModelSpec, dropout: float | None) -> Any:
+    from transformers import GPTNeoConfig
+
+    kw: dict[str, Any] = {}
+    if dropout is not None:
+        kw.update(embed_dropout=dropout, attention_dropout=dropout, resid_dropout=dropout)
+    ids = _token_ids(spec)
+    return GPTNeoConfig(
+        vocab_size=spec.vocab,
+        max_position_embeddings=spec.max_positions,
+        hidden_size=spec.hidden,
+        num_layers=spec.layers,
+        num_heads=spec.heads,
+        intermediate_size=spec.ffn,
+        window_size=int(spec.extra["window_size"]),
+        # one run of length 1 per layer: any pattern, any depth
+        attention_types=[[[t], 1] for t in spec.layer_attention_types()],
+        bos_token_id=ids["bos_token_id"],
+        eos_token_id=ids["eos_token_id"],
+        **kw,
+    )
+
+
 _CONFIGS: dict[str, Callable[[ModelSpec, float | None], Any]] = {
     "bert": lambda s, d: _bert_like(s, d, roberta=False),
     "roberta": lambda s, d: _bert_like(s, d, roberta=True),
@@ -142,6 +192,8 @@ _CONFIGS: dict[str, Callable[[ModelSpec, float | None], Any]] = {
     "opt": _opt,
     "llama": _llama,
     "t5": _t5,
+    "albert": _albert,
+    "gpt_neo": _gpt_neo,
 }
 
 # family -> name of the transformers LM class (imported lazily).
@@ -152,6 +204,8 @@ _MODEL_CLASSES: dict[str, str] = {
     "opt": "OPTForCausalLM",
     "llama": "LlamaForCausalLM",
     "t5": "T5ForConditionalGeneration",
+    "albert": "AlbertForMaskedLM",
+    "gpt_neo": "GPTNeoForCausalLM",
 }
 
 
@@ -166,13 +220,23 @@ def build_config(spec: ModelSpec, *, attn_kernel: str = "sdpa", dropout: float |
         raise ConfigError(
             f"attn_kernel must be one of {', '.join(ATTN_IMPLEMENTATIONS)}: got {attn_kernel!r}"
         )
-    if spec.family not in _CONFIGS:
+    if HF_CONFIG_KEY in spec.extra:
+        # a config.json's model: transformers' own config of its model_type, with the spec's shape
+        from transformers import AutoConfig
+
+        entry, kw = hf_config_kwargs(spec, dropout)
+        config = AutoConfig.for_model(entry.model_type, **kw)
+    elif spec.family not in _CONFIGS:
         raise ConfigError(f"no transformers config for family {spec.family!r}; valid: {', '.join(_CONFIGS)}")
-    config = _CONFIGS[spec.family](spec, dropout)
+    else:
+        config = _CONFIGS[spec.family](spec, dropout)
+    if spec.family == "gpt_neo" and attn_kernel == "flash":
+        raise ConfigError(f"attn_kernel flash cannot apply {spec.preset}'s local attention windows; use sdpa or eager")
     # Training never reads a KV cache, and a cache written during the forward would be written
     # again when activation checkpointing replays a layer (doubling its length).
     config.use_cache = False
-    config._attn_implementation = ATTN_IMPLEMENTATIONS[attn_kernel]
+    # GPT-Neo's HF classes are eager only; build_model sets its sdpa kernel on the built modules.
+    config._attn_implementation = "eager" if spec.family == "gpt_neo" else ATTN_IMPLEMENTATIONS[attn_kernel]
     return config
 
 
@@ -191,27 +255,45 @@ def build_model(
     the device to build on (``None``: the ambient default, so ``with torch.device("meta")`` works);
     the parameter dtype (``None``: float32); dropout (``None``: the family's default; 0 turns it off).
     Returns: ``BertForMaskedLM`` / ``RobertaForMaskedLM`` / ``GPT2LMHeadModel`` / ``OPTForCausalLM`` /
-    ``LlamaForCausalLM`` / ``T5ForConditionalGeneration``, in train mode. Raises: ConfigError for an unknown kernel or family.
+    ``LlamaForCausalLM`` / ``T5ForConditionalGeneration`` / ``AlbertForMaskedLM`` / ``GPTNeoForCausalLM``,
+    in train mode; for a spec read from a config.json (``autoslapo.models.hf``), transformers' own class
+    of its ``model_type`` (``MistralForCausalLM`` ...); the user's module from its file's ``build()``.
+    Raises: ConfigError for an unknown kernel or family.
     """
     import torch
-    import transformers
 
-    config = build_config(spec, attn_kernel=attn_kernel, dropout=dropout)
-    cls = getattr(transformers, _MODEL_CLASSES[spec.family])
+    if spec.family == USER_FAMILY:
+        # the user's own module, unchanged: its build() (kernel and dropout are its own business)
+        make: Callable[[], nn.Module] = load_user_model(spec).build
+    else:
+        import transformers
+
+        config = build_config(spec, attn_kernel=attn_kernel, dropout=dropout)
+        if HF_CONFIG_KEY in spec.extra:
+            cls = getattr(transformers, hf_config_kwargs(spec)[0].lm_class)
+        else:
+            cls = getattr(transformers, _MODEL_CLASSES[spec.family])
+
+        def make() -> nn.Module:
+            return cls(config)  # type: ignore[no-any-return]
     # Fork the RNG so that building a model does not move the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if device is not None:
             with torch.device(device):
-                model = cls(config)
+                model = make()
         else:
-            model = cls(config)
+            model = make()
         if spec.encoder_decoder and not spec.t5("tied"):
             _untie_head(model)
         if spec.encoder_decoder:
             _keep_t5_init(model, spec)
     if dtype is not None:
         model.to(dtype=dtype)
+    if spec.family == "gpt_neo":
+        from autoslapo.primitives.local_attention import apply_local_attention_kernel
+
+        apply_local_attention_kernel(model, attn_kernel)
     model.train()
     return model
 
@@ -226,6 +308,7 @@ def example_batch(
     """A random batch the model built from ``spec`` takes as ``model(**batch)``.
 
     Takes: the spec, the batch size, the sequence length (``None``: ``spec.seq_len``), a seed.
+    A user's module (family ``user``): its own ``batch(batch, seed)``.
     Returns: ``{"input_ids", "labels"}`` (int64, shape ``(batch, seq_len)``). Token ids avoid the
     special ids 0-2 so no position is treated as padding (RoBERTa and OPT derive positions from it).
     For causal families the labels equal the inputs (the model shifts them); for masked LM families
@@ -236,6 +319,12 @@ def example_batch(
     """
     import torch
 
+    if spec.family == USER_FAMILY:
+        # the user's batch(micro_batch, seed): its own inputs and labels (seq_len is the file's)
+        if batch < 1:
+            raise ConfigError(f"example batch needs batch >= 1: got batch={batch} for {spec.preset}")
+        rows = load_user_model(spec).batch(batch, seed)
+        return {k: v.to(device) for k, v in rows.items()} if device is not None else rows
     seq = spec.seq_len if seq_len is None else seq_len
     if batch < 1 or seq < 1 or seq > spec.max_positions:
         raise ConfigError(

@@ -50,7 +50,10 @@ class FamilyDescription:
     ``mlp_in``), ``mlp_in`` (column-parallel: fc1, or gate and up), ``mlp_out`` (row-parallel),
     ``mlp_seq_dim`` (the sequence dimension of the MLP's activations: OPT flattens tokens to 2-D
     there), ``norms`` (the norms inside a layer), ``bias_gelu`` (the module holding Linear -> GeLU
-    that ``fuse_bias_gelu`` rewrites; ``None``: the family has no bias + GeLU to fuse).
+    that ``fuse_bias_gelu`` rewrites; ``None``: the family has no bias + GeLU to fuse),
+    ``attention_entries`` (where the attention's tensor-parallel region begins when it is not the
+    attention module's input: ALBERT's attention module adds its input back as a residual, so the
+    region begins at each of q, k, v; empty: at ``attention``).
     """
 
     name: str
@@ -85,6 +88,7 @@ class FamilyDescription:
     cross_attn_out: str | None = None
     cross_kv_input: str = "key_value_states"
     position_bias: str | None = None
+    attention_entries: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.qkv_chunks not in (1, 3):
@@ -304,3 +308,58 @@ def family_description(spec: ModelSpec) -> FamilyDescription:
     if spec.encoder_decoder and spec.t5("gated"):
         return T5_GATED
     return get_family(spec.family)
+# ALBERT: one AlbertLayer (one group of one layer) is run ``num_hidden_layers`` times, so the layer
+# list has a single entry that the schedule shards once and checkpoints by call (see
+# ``autoslapo.plan``). Its embeddings have width E and are mapped to hidden by the encoder's first
+# Linear, which the first pipeline stage would own; a pipeline is refused (``autoslapo.layout``).
+ALBERT = register_family(
+    FamilyDescription(
+        name="albert",
+        model_type="albert",
+        layers="albert.encoder.albert_layer_groups.0.albert_layers",
+        embed_tokens="albert.embeddings.word_embeddings",
+        lm_head="predictions.decoder",
+        head_tied=True,
+        embeddings=("albert.embeddings", "albert.encoder.embedding_hidden_mapping_in"),
+        final=("predictions",),
+        attention="attention",
+        attention_input=0,
+        qkv=("attention.query", "attention.key", "attention.value"),
+        qkv_chunks=1,
+        attn_out="attention.dense",
+        # AlbertAttention infers its heads from the projection width; the attributes are kept true.
+        attention_attrs=("num_attention_heads", "all_head_size"),
+        mlp=None,
+        mlp_in=("ffn",),
+        mlp_out="ffn_output",
+        norms=("attention.LayerNorm", "full_layer_layer_norm"),
+        bias_gelu=None,  # the GeLU runs inside ff_chunk, not a module of its own
+        # AlbertAttention ends with LayerNorm(input + dense(...)): its input is also the residual
+        attention_entries=("attention.query", "attention.key", "attention.value"),
+    )
+)
+# GPT-Neo: q/k/v without biases; each attention module holds its own causal (global) or banded
+# (local) mask as a buffer, so sharding heads leaves the masks valid.
+GPT_NEO = register_family(
+    FamilyDescription(
+        name="gpt_neo",
+        model_type="gpt_neo",
+        layers="transformer.h",
+        embed_tokens="transformer.wte",
+        lm_head="lm_head",
+        head_tied=True,
+        embeddings=("transformer.wte", "transformer.wpe", "transformer.drop"),
+        final=("transformer.ln_f", "lm_head"),
+        attention="attn.attention",
+        attention_input=0,
+        qkv=("attn.attention.q_proj", "attn.attention.k_proj", "attn.attention.v_proj"),
+        qkv_chunks=1,
+        attn_out="attn.attention.out_proj",
+        attention_attrs=("num_heads", "embed_dim"),
+        mlp="mlp",
+        mlp_in=("mlp.c_fc",),
+        mlp_out="mlp.c_proj",
+        norms=("ln_1", "ln_2"),
+        bias_gelu="mlp",
+    )
+)

@@ -27,6 +27,18 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "opt": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True},
     "t5": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "encoder_decoder": True},
+    # ALBERT: ``shared_layers`` (one layer's weights run ``layers`` times; stored once, no pipeline
+    # split); ``extra["embedding_size"]``: the factorized embedding width E (< hidden), mapped to
+    # hidden by ``embedding_hidden_mapping_in``.
+    # ``sequence_parallel`` off: AlbertAttention adds its own input back and reads the head count from
+    # that input's shape, so its input cannot be sequence-split while q/k/v see whole sequences.
+    "albert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False, "shared_layers": True,
+               "sequence_parallel": False},
+    # GPT-Neo: ``local_attention`` (layers alternate global and windowed causal attention);
+    # ``extra["window_size"]``: the local window (tokens); ``extra["attention_pattern"]``: the layer
+    # types, repeated over the layers (["global", "local"] in the published models). No q/k/v biases.
+    "gpt_neo": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False, "local_attention": True,
+                "qkv_bias": False},
 }
 
 # T5's keys in ``ModelSpec.extra`` and their defaults (None: derived from the spec). ``layers`` and
@@ -38,6 +50,30 @@ FAMILIES: dict[str, dict[str, bool]] = {
 T5_EXTRA: dict[str, Any] = {
     "decoder_layers": None, "decoder_seq_len": None, "d_kv": None, "gated": False, "tied": True, "buckets": 32,
 }
+# The user's own module (``autoslapo.models.user``): no presets, no transformers class; its shape is
+# measured from its file and kept in ``extra``. Apart from ``FAMILIES``, which lists the built-in ones.
+USER_FAMILY = "user"
+USER_FLAGS = {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False}
+
+
+def family_flags(family: str) -> dict[str, bool]:
+    """The flags of a built-in family or of the user's own module. Raises KeyError for another name."""
+    return USER_FLAGS if family == USER_FAMILY else FAMILIES[family]
+
+#: The ``ModelSpec.extra`` keys each family requires, with their types.
+FAMILY_EXTRA: dict[str, dict[str, type]] = {
+    "albert": {"embedding_size": int},
+    "gpt_neo": {"window_size": int, "attention_pattern": list},
+}
+
+
+#: Flags that are on for a family that does not list them.
+FLAGS_ON_BY_DEFAULT = ("qkv_bias", "sequence_parallel")
+
+
+def family_flag(family: str, flag: str) -> bool:
+    """A family's flag; one a family does not list is off, unless in ``FLAGS_ON_BY_DEFAULT``."""
+    return bool(family_flags(family).get(flag, flag in FLAGS_ON_BY_DEFAULT))
 
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
 # 128 heads, vocab 256k, 10M-token contexts), so only typos and absurd values are refused.
@@ -67,7 +103,7 @@ def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
     4 x hidden for BERT/RoBERTa/GPT-2/OPT/T5 (T5-3B: 16 x, ``MLP_MULTIPLES``); LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs.
     Every preset's ``ffn`` is what this returns for its ``hidden`` (a test checks it).
     """
-    if not FAMILIES[family]["gated_mlp"]:
+    if not family_flags(family)["gated_mlp"]:
         return MLP_MULTIPLES.get(preset, 4) * hidden
     multiple_of, multiplier = GATED_MLP_RULES.get(preset, GATED_MLP_RULE)
     width = int(multiplier * int(8 * hidden / 3))
@@ -98,7 +134,7 @@ class ModelSpec:
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
+        if self.family not in FAMILIES and self.family != USER_FAMILY:
             raise ConfigError(
                 f"model family must be one of {sorted(FAMILIES)}: got {self.family!r}; "
                 "pick one of those or add a family description (see README)"
@@ -124,7 +160,7 @@ class ModelSpec:
                 f"hidden must be divisible by heads: got hidden={self.hidden}, heads={self.heads}; "
                 "change --hidden or --heads"
             )
-        if self.kv_heads != self.heads and not FAMILIES[self.family]["gqa"]:
+        if self.kv_heads != self.heads and not family_flags(self.family)["gqa"]:
             raise ConfigError(
                 f"kv_heads must equal heads for {self.family} (grouped-query attention is for "
                 f"{', '.join(f for f, d in FAMILIES.items() if d['gqa'])} only): got kv_heads={self.kv_heads}, "
@@ -135,6 +171,7 @@ class ModelSpec:
                 f"kv_heads must divide heads (each key/value head serves heads/kv_heads query heads): got "
                 f"kv_heads={self.kv_heads}, heads={self.heads}; use a divisor of {self.heads} for --kv-heads"
             )
+        _check_extra(self)
         if self.max_positions < self.seq_len:
             raise ConfigError(
                 f"seq_len must not exceed max_positions: got seq_len={self.seq_len}, "
@@ -153,7 +190,7 @@ class ModelSpec:
     @property
     def encoder_decoder(self) -> bool:
         """An encoder stack of ``layers`` blocks and a decoder stack of ``decoder_layers`` (T5)."""
-        return FAMILIES[self.family].get("encoder_decoder", False)
+        return family_flag(self.family, "encoder_decoder")
 
     def t5(self, key: str) -> Any:
         """The T5 ``extra`` value ``key`` with its default filled in (see ``T5_EXTRA``)."""
@@ -180,37 +217,91 @@ class ModelSpec:
 
     @property
     def causal(self) -> bool:
-        return FAMILIES[self.family]["causal"]
+        return family_flags(self.family)["causal"]
 
     @property
     def gated_mlp(self) -> bool:
-        return FAMILIES[self.family]["gated_mlp"] or (self.encoder_decoder and bool(self.t5("gated")))
+        return family_flags(self.family)["gated_mlp"] or (self.encoder_decoder and bool(self.t5("gated")))
+
+    @property
+    def shared_layers(self) -> bool:
+        """Whether one layer's weights serve every layer (ALBERT): stored once, run ``layers`` times."""
+        return family_flag(self.family, "shared_layers")
+
+    @property
+    def sequence_parallel_ok(self) -> bool:
+        """Whether the family's layers can run sequence-parallel (not ALBERT's, see ``FAMILIES``)."""
+        return family_flag(self.family, "sequence_parallel")
+
+    @property
+    def local_attention(self) -> bool:
+        """Whether some layers attend within a window only (GPT-Neo's local layers)."""
+        return "local" in self.extra.get("attention_pattern", ())
+
+    @property
+    def stored_layers(self) -> int:
+        """Layers whose weights are stored: 1 for a shared-layer family, else ``layers``."""
+        return 1 if self.shared_layers else self.layers
+
+    @property
+    def embedding_size(self) -> int:
+        """The embedding width: ALBERT's factorized ``extra["embedding_size"]``, else ``hidden``."""
+        return int(self.extra.get("embedding_size", self.hidden))
+
+    def layer_attention_types(self) -> list[str]:
+        """Each layer's attention type: "global", or "local" (GPT-Neo's windowed layers)."""
+        pattern = self.extra.get("attention_pattern", ["global"])
+        return [str(pattern[i % len(pattern)]) for i in range(self.layers)]
 
     @property
     def name(self) -> str:
         """The preset name, or ``custom`` for hand-given shapes."""
         return self.preset
 
+    @property
+    def tied_head(self) -> bool:
+        """Whether the LM head shares the token embedding's weight (``extra["tie_word_embeddings"]``
+        from a config.json; T5's ``extra["tied"]``; otherwise the family's: tied except LLaMA)."""
+        if self.encoder_decoder:
+            return bool(self.t5("tied"))
+        return bool(self.extra.get("tie_word_embeddings", self.family != "llama"))
+
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights and biases, norms included)."""
         if self.encoder_decoder:
             return self.t5_block_params()[0]
+        if self.family == "user":
+            return int(self.extra["layer_params"])
         h, f, kvd = self.hidden, self.ffn, self.kv_heads * self.head_dim
         attn = h * h + 2 * h * kvd + h * h  # q, k, v, out
         if self.gated_mlp:
             mlp = 3 * h * f  # gate, up, down; LLaMA has no biases
-            return attn + mlp + 2 * h  # two RMSNorm weights
+            # a config.json's relatives may carry some (Qwen2: q, k, v; see autoslapo.models.hf)
+            biases = ((h + 2 * kvd) * self.extra.get("qkv_bias", False) + h * self.extra.get("out_bias", False)
+                      + (2 * f + h) * self.extra.get("mlp_bias", False))
+            return attn + mlp + biases + 2 * h  # two RMSNorm weights
         mlp = 2 * h * f
-        biases = h + 2 * kvd + h + f + h
+        qkv_bias = h + 2 * kvd if family_flag(self.family, "qkv_bias") else 0
+        biases = qkv_bias + h + f + h
         return attn + mlp + biases + 4 * h  # two LayerNorms (weight + bias)
 
     def embedding_params(self) -> int:
-        """Token (and learned position) embeddings; the LM head is tied where the family ties it."""
-        n = self.vocab * self.hidden
-        if self.encoder_decoder:  # one shared table; each stack's relative-position table
+        """Token (and learned position) embeddings; the LM head is tied where the family ties it.
+
+        ALBERT: tables of width E, its two token types and embedding LayerNorm, and the E -> hidden map.
+        T5: one table shared by both stacks, and each stack's relative-position table.
+        A user's module: every parameter outside its repeated blocks.
+        """
+        if self.family == "user":
+            return int(self.extra["params"]) - self.layers * self.layer_params()
+        e = self.embedding_size
+        n = self.vocab * e
+        if self.encoder_decoder:
             n += 2 * int(self.t5("buckets")) * self.heads
-        if FAMILIES[self.family]["learned_pos"]:
-            n += self.max_positions * self.hidden
+        if family_flags(self.family)["learned_pos"]:
+            n += self.max_positions * e
+        if self.family == "albert":
+            n += 2 * e + 2 * e + e * self.hidden + self.hidden
         return n
 
     def t5_block_params(self) -> tuple[int, int]:
@@ -226,14 +317,22 @@ class ModelSpec:
         return attn + mlp + 2 * h, 2 * attn + mlp + 3 * h
 
     def num_params(self) -> int:
-        """Total parameters (approximate to within the small heads/norms that differ per family)."""
+        """Total parameters (approximate to within the small heads/norms that differ per family).
+
+        A shared layer (ALBERT) counts once. ALBERT's MLM head: hidden -> E transform, LayerNorm, bias.
+        T5: encoder and decoder blocks, and the LM head unless tied.
+        """
+        if self.family == "user":
+            return int(self.extra["params"])
+        head = 0 if self.tied_head else self.vocab * self.hidden  # LLaMA's head is untied
         if self.encoder_decoder:
             enc, dec = self.t5_block_params()
-            head = 0 if self.t5("tied") else self.vocab * self.hidden
             return (self.layers * enc + self.decoder_layers * dec + self.embedding_params() + head
                     + 2 * self.hidden)
-        head = self.vocab * self.hidden if self.family == "llama" else 0  # LLaMA's head is untied
-        return self.layers * self.layer_params() + self.embedding_params() + head + 2 * self.hidden
+        if self.family == "albert":
+            e = self.embedding_size
+            head = self.hidden * e + e + 2 * e + self.vocab - 2 * self.hidden
+        return self.stored_layers * self.layer_params() + self.embedding_params() + head + 2 * self.hidden
 
     # --- (de)serialization ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -253,9 +352,12 @@ class ModelSpec:
         return cls(**d)
 
     def signature(self) -> str:
-        """Stable hash of the shape (family and dimensions, not the preset's name)."""
+        """Stable hash of the shape (family and dimensions, not the preset's name; a model file's digest,
+        not its name)."""
         d = self.to_dict()
         d.pop("preset", None)
+        if self.family == "user":  # a model file is found by its content, whatever the file is called
+            d["extra"] = {k: v for k, v in d["extra"].items() if k != "module"}
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -294,7 +396,8 @@ class ModelSpec:
         Raises:
             UsageError: unknown name, with the closest valid names.
         """
-        key = ALIASES.get(name.lower(), name.lower())
+        lowered = name.lower().replace("_", "-")  # gpt_neo-tiny is gpt-neo-tiny
+        key = ALIASES.get(lowered, lowered)
         if key not in PRESETS:
             close = difflib.get_close_matches(key, list(PRESETS) + list(ALIASES), n=3, cutoff=0.4)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -319,12 +422,36 @@ def _check_t5_extra(spec: ModelSpec) -> None:
         if not isinstance(spec.extra.get(key, T5_EXTRA[key]), bool):
             raise ConfigError(f"{spec.family} extra {key} must be true or false: got {spec.extra[key]!r} "
                               f"for {spec.preset}")
+def _check_extra(spec: ModelSpec) -> None:
+    """The family's ``extra`` keys are present, typed and sane; other families carry none of them."""
+    need = FAMILY_EXTRA.get(spec.family, {})
+    for key, typ in need.items():
+        v = spec.extra.get(key)
+        if not isinstance(v, typ) or isinstance(v, bool):
+            raise ConfigError(
+                f"a {spec.family} model needs extra[{key!r}] as {typ.__name__}: got {v!r} for {spec.preset}; "
+                f"start from a {spec.family} preset (`autoslapo models`)"
+            )
+    if spec.family == "albert" and not 0 < spec.extra["embedding_size"] <= MAX_HIDDEN:
+        raise ConfigError(f"embedding_size must be in 1..{MAX_HIDDEN:,}: got {spec.extra['embedding_size']}")
+    if spec.family == "gpt_neo":
+        pattern, window = spec.extra["attention_pattern"], spec.extra["window_size"]
+        if not pattern or any(t not in ("global", "local") for t in pattern):
+            raise ConfigError(
+                f"attention_pattern must be a non-empty list of 'global'/'local': got {pattern!r} for {spec.preset}"
+            )
+        if window < 1:
+            raise ConfigError(f"window_size must be a positive integer: got {window!r} for {spec.preset}")
 
 
 def _p(preset: str, family: str, hidden: int, layers: int, heads: int, ffn: int, seq: int, vocab: int,
        kv: int = 0, max_pos: int = 0, **extra: Any) -> ModelSpec:
     return ModelSpec(family=family, hidden=hidden, layers=layers, heads=heads, ffn=ffn, seq_len=seq,
-                     vocab=vocab, kv_heads=kv, preset=preset, max_positions=max_pos, extra=extra)
+                     vocab=vocab, kv_heads=kv, preset=preset, max_positions=max_pos,
+                     extra=json.loads(json.dumps(extra)))  # no list shared between presets
+
+
+_NEO: dict[str, Any] = {"window_size": 256, "attention_pattern": ["global", "local"]}
 
 
 # Shapes from the published configs (bert-*-uncased, roberta-*, gpt2*, facebook/opt-*, Llama-2-*).
@@ -360,6 +487,18 @@ PRESETS: dict[str, ModelSpec] = {
         _p("t5-base", "t5", 768, 12, 12, 3072, 512, 32128, decoder_layers=12, decoder_seq_len=128, d_kv=64),
         _p("t5-large", "t5", 1024, 24, 16, 4096, 512, 32128, decoder_layers=24, decoder_seq_len=128, d_kv=64),
         _p("t5-3b", "t5", 1024, 24, 32, 16384, 512, 32128, decoder_layers=24, decoder_seq_len=128, d_kv=128),
+        # albert-*-v2 (embedding 128, vocab 30000, 512 positions; one shared layer).
+        _p("albert-tiny", "albert", 128, 4, 4, 512, 128, 1024, max_pos=512, embedding_size=32),
+        _p("albert-base", "albert", 768, 12, 12, 3072, 512, 30000, embedding_size=128),
+        _p("albert-large", "albert", 1024, 24, 16, 4096, 512, 30000, embedding_size=128),
+        _p("albert-xxlarge", "albert", 4096, 12, 64, 16384, 512, 30000, embedding_size=128),
+        # EleutherAI/gpt-neo-* (global and local layers alternate, window 256). The tiny preset's
+        # window (32) is shorter than its sequence, so its local layers really are local.
+        _p("gpt-neo-tiny", "gpt_neo", 128, 2, 4, 512, 128, 1024, max_pos=2048,
+           window_size=32, attention_pattern=["global", "local"]),
+        _p("gpt-neo-125m", "gpt_neo", 768, 12, 12, 3072, 2048, 50257, **_NEO),
+        _p("gpt-neo-1.3b", "gpt_neo", 2048, 24, 16, 8192, 2048, 50257, **_NEO),
+        _p("gpt-neo-2.7b", "gpt_neo", 2560, 32, 20, 10240, 2048, 50257, **_NEO),
     ]
 }
 
@@ -370,6 +509,8 @@ ALIASES: dict[str, str] = {
     "opt": "opt-1.3b",
     "llama": "llama-7b",
     "t5": "t5-large",
+    "albert": "albert-xxlarge",
+    "gpt-neo": "gpt-neo-1.3b",
 }
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +33,8 @@ from autoslapo.errors import ScheduleError
 _INNER = "_autoslapo_inner_forward"
 _FLAGS = "_autoslapo_ckpt_rng"
 _KEEP = "_autoslapo_ckpt_keep"
+_CALLS = "_autoslapo_ckpt_calls"  # (calls to checkpoint, calls per model forward) of a shared module
+_COUNT = "_autoslapo_ckpt_count"
 KEEP = ("nothing", "linear")
 # The products of activations with weights (nn.Linear, transformers' Conv1D): 2-D after flattening
 # tokens. The attention core's products are batched (bmm) or a fused SDPA kernel, so recomputed.
@@ -51,6 +54,15 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     # A bound method (not a closure) so that copy.deepcopy rebinds it to the copy.
     inner = self.__dict__.get(_INNER)
     fn = inner if inner is not None else types.MethodType(type(self).forward, self)
+    by_call = self.__dict__.get(_CALLS)
+    if by_call is not None:
+        # A module run several times per forward (ALBERT's shared layer) checkpoints some calls:
+        # every call counts, so call i of each forward is call (count mod period).
+        calls, period = by_call
+        i = self.__dict__[_COUNT] % period
+        self.__dict__[_COUNT] = i + 1
+        if i not in calls:
+            return fn(*args, **kwargs)
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     rng = self.__dict__[_FLAGS]
@@ -61,20 +73,35 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool = True,
-               keep: str = "nothing") -> None:
+               keep: str = "nothing", calls: Collection[int] | None = None, period: int = 0) -> None:
     """Turn activation checkpointing of this module on (or off with ``enabled=False``).
 
     Takes: ``enabled`` and ``preserve_rng_state`` (keep True when the module has dropout: turning it
     off saves a little time but the recomputed masks differ and so do the gradients); ``keep``:
     "nothing" (recompute the whole module from its inputs) or "linear" (keep the linear layers'
-    outputs, recompute the rest: selective recomputation, see the module docstring).
-    Returns: None. Idempotent: checkpointing twice wraps once (the last ``keep`` holds).
-    Raises: ScheduleError for an unknown ``keep``.
+    outputs, recompute the rest: selective recomputation, see the module docstring); ``calls`` and
+    ``period`` for a module called ``period`` times per model forward (a shared layer): checkpoint
+    only those calls (0-based; ``None``: every call). Calls are counted modulo ``period`` from the
+    first, so every forward must call the module exactly ``period`` times.
+    Returns: None. Idempotent: checkpointing twice wraps once (the last ``keep``/``calls`` hold).
+    Raises: ScheduleError for an unknown ``keep``, or ``calls`` outside ``0..period-1``.
     """
     if keep not in KEEP:
         raise ScheduleError(f"checkpoint keep must be one of {', '.join(KEEP)}: got {keep!r}; "
                             "'linear' is selective recomputation")
     mod = sch.mod
+    if calls is not None:
+        chosen = frozenset(int(c) for c in calls)
+        if period < 1 or any(not 0 <= c < period for c in chosen):
+            raise ScheduleError(
+                f"checkpoint calls must lie in 0..period-1: got calls={sorted(chosen)}, period={period} "
+                f"at {sch.path!r}; give period = the module's calls per forward"
+            )
+        mod.__dict__[_CALLS] = (chosen, period)
+        mod.__dict__[_COUNT] = 0
+    else:
+        mod.__dict__.pop(_CALLS, None)
+        mod.__dict__.pop(_COUNT, None)
     mod.__dict__[_KEEP] = keep
     on = "forward" in mod.__dict__ and getattr(mod.__dict__["forward"], "__func__", None) is _checkpointed_forward
     if enabled and not on:
@@ -87,11 +114,17 @@ def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool 
         inner = mod.__dict__.pop(_INNER, None)
         mod.__dict__.pop(_FLAGS, None)
         mod.__dict__.pop(_KEEP, None)
+        mod.__dict__.pop(_CALLS, None)
+        mod.__dict__.pop(_COUNT, None)
         del mod.__dict__["forward"]
         if inner is not None:
             mod.forward = inner  # type: ignore[method-assign]
     if not enabled:
         mod.__dict__.pop(_KEEP, None)
+        mod.__dict__.pop(_CALLS, None)
+        mod.__dict__.pop(_COUNT, None)
     sch.meta["checkpoint"] = bool(enabled)
     if enabled:
         sch.meta["checkpoint_keep"] = keep
+        if calls is not None:
+            sch.meta["checkpoint_calls"] = sorted(mod.__dict__[_CALLS][0])

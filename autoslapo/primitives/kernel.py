@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from autoslapo.errors import ScheduleError
+from autoslapo.primitives.local_attention import LOCAL_ATTENTION_MODEL_TYPES, apply_local_attention_kernel
 from autoslapo.primitives.trace import swap_module, trace_module
 
 if TYPE_CHECKING:
@@ -243,6 +244,10 @@ def _hf_impl_name(impl: str) -> str:
 
 
 def _apply_hf(sch: Schedule, impl: str) -> None:
+    if getattr(getattr(sch.mod, "config", None), "model_type", None) in LOCAL_ATTENTION_MODEL_TYPES:
+        # GPT-Neo: its modules keep their own local masks; HF has no SDPA path for them
+        apply_local_attention_kernel(sch.mod, impl)
+        return
     name = _hf_impl_name(impl)
     try:
         sch.mod.set_attn_implementation(name)  # type: ignore[operator]

@@ -35,6 +35,7 @@ from torch import nn
 
 from autoslapo.config import ScheduleConfig
 from autoslapo.models.spec import ModelSpec
+from autoslapo.models.user import user_loss
 
 __all__ = ["loss_function", "reference_losses", "step_batch", "train", "train_entry", "train_many_entry"]
 
@@ -131,7 +132,7 @@ def reference_losses(spec: ModelSpec, *, global_batch: int, micro_batch: int, st
         batch = step_batch(spec, global_batch, step, seed)
         total = 0.0
         for mb in _micro_batches(batch, 0, 1, micro_batch, n, "cpu"):
-            loss = model(**mb).loss
+            loss = user_loss(model(**mb))
             (loss / n).backward()
             total += float(loss.detach())
         opt.step()
@@ -155,12 +156,12 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
     """
     n_ranks = config.dp * config.tp  # ranks whose shares add up (the loss-holding stage's, with pp)
     if engine is not None:
-        micro = int(rows["input_ids"].shape[0]) // config.grad_accum
+        micro = int(next(iter(rows.values())).shape[0]) // config.grad_accum
         total = torch.zeros((), device=device)
         for i in range(config.grad_accum):
             mb = {k: v[i * micro:(i + 1) * micro].to(device) for k, v in rows.items()}
             with _autocast(device, config.precision):
-                loss = engine(**mb).loss
+                loss = user_loss(engine(**mb))
             engine.backward(loss)
             engine.step()
             total += loss.detach().float()

@@ -2,19 +2,26 @@
 
 Every answer that is not a success is ``{"error": "<one line>"}``; bad input never changes the
 store. Submitting a study only writes a queued job: workers (``autoslapo worker``) run it.
+
+The hot reads stay off the database and the GIL's queue: ``GET /v1/best`` and ``GET /v1/studies``
+answer from an ``AnswerCache`` (at most ``answer_cache_s`` old, refreshed in the background) on
+the event loop, with a token verified in the last ``token_cache_s`` seconds; everything else runs
+in the thread pool as plain FastAPI sync endpoints.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     HTMLResponse,
@@ -32,7 +39,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoslapo import api
 from autoslapo.cluster import ClusterSpec
@@ -41,7 +50,8 @@ from autoslapo.errors import AutoslapoError, StorageError, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.redact import redact
 from autoslapo.service import pages
-from autoslapo.service.auth import Caller, TokenCheck
+from autoslapo.service.answers import FRESH_S, STALE_S, AnswerCache
+from autoslapo.service.auth import CACHE_S, Caller, TokenCheck
 from autoslapo.service.jobs import StudyRequest, check_name
 from autoslapo.service.views import LAUNCHED, all_studies, apply_snippet, study_view, trial_view
 from store import JobLimitError, Store
@@ -64,15 +74,22 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class ServiceSettings:
     """How the server answers: anonymous reads, the local backend, the request body limit, the
-    events' polling interval and how many unfinished studies one token may have."""
+    events' polling interval, how many unfinished studies one token may have, how old an answer of
+    ``GET /v1/best`` or ``GET /v1/studies`` may be (0: always read the store) and how long a verified
+    token is trusted before the store is asked again (so a revocation is seen within that time)."""
 
     allow_anonymous_read: bool = False
     allow_local: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     events_poll_s: float = EVENTS_POLL_S
     max_queued_per_token: int | None = None
+    answer_cache_s: float = FRESH_S
+    token_cache_s: float = CACHE_S
 
     def __post_init__(self) -> None:
+        if not 0 <= self.answer_cache_s <= STALE_S or self.token_cache_s < 0:
+            raise UsageError(f"answer_cache_s must be 0-{STALE_S:g} and token_cache_s >= 0: got "
+                             f"{self.answer_cache_s}, {self.token_cache_s}")
         if self.max_queued_per_token is not None and self.max_queued_per_token < 1:
             raise UsageError(f"--max-queued-per-token must be at least 1: got {self.max_queued_per_token}; "
                              "leave it out for no limit")
@@ -88,7 +105,8 @@ def _one_line(err: BaseException) -> str:
 def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI:
     """The service's app over an open ``store`` (the caller closes it)."""
     cfg = settings or ServiceSettings()
-    tokens = TokenCheck(store)
+    tokens = TokenCheck(store, cache_s=cfg.token_cache_s)
+    answers = AnswerCache(cfg.answer_cache_s, STALE_S)
     app = FastAPI(title="autoslapo", description="Automatic schedule tuner: studies, trials, best schedules.",
                   version="1")
     registry = CollectorRegistry()
@@ -98,10 +116,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     studies_gauge = Gauge("autoslapo_studies", "studies by status", ["status"], registry=registry)
     trials_gauge = Gauge("autoslapo_trials_stored", "trials stored by the service's studies", registry=registry)
 
-    def caller(request: Request, need: str) -> Caller:
-        found = tokens.caller(request.headers.get("authorization"))
-        if found is None and COOKIE in request.cookies:
-            found = tokens.caller(f"Bearer {request.cookies[COOKIE]}")
+    def allowed(found: Caller | None, need: str) -> Caller:
         if found is None:
             if need == "read" and cfg.allow_anonymous_read:
                 return Caller("anonymous", "read")
@@ -111,15 +126,32 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             raise ApiError(403, f"token {found.name!r} has role {found.role}: this needs {need} or above")
         return found
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next: Any) -> Response:
-        started = time.perf_counter()
-        response: Response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        latency.labels(path).observe(time.perf_counter() - started)
-        requests.labels(path, request.method, str(response.status_code)).inc()
-        return response
+    def caller(request: Request, need: str) -> Caller:
+        found = tokens.caller(request.headers.get("authorization"))
+        if found is None and COOKIE in request.cookies:
+            found = tokens.caller(f"Bearer {request.cookies[COOKIE]}")
+        return allowed(found, need)
+
+    rechecks: set[asyncio.Task[Any]] = set()  # held until done (the loop keeps only weak references)
+
+    async def caller_on_loop(request: Request, need: str) -> Caller:
+        """``caller`` for async endpoints: a recently verified token is checked in memory (and, when
+        ``due``, rechecked in the background); anything else (the store, argon2) runs in the thread
+        pool, off the event loop."""
+        header = request.headers.get("authorization")
+        found = tokens.cached(header)
+        if found is None and COOKIE in request.cookies:
+            header = f"Bearer {request.cookies[COOKIE]}"
+            found = tokens.cached(header)
+        if found is None:
+            return await run_in_threadpool(caller, request, need)
+        if tokens.claim_recheck(header):
+            task = asyncio.get_running_loop().create_task(run_in_threadpool(tokens.caller, header, recheck=True))
+            rechecks.add(task)
+            task.add_done_callback(_settled(rechecks))
+        return allowed(found, need)
+
+    app.add_middleware(_Measure, latency=latency, requests=requests)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
@@ -143,7 +175,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
 
     @app.post("/v1/studies", status_code=202)
     async def submit(request: Request) -> JSONResponse:
-        who = caller(request, "submit")
+        who = await caller_on_loop(request, "submit")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
             raise ApiError(413, f"request bodies must be at most {cfg.max_body_bytes} bytes: got {declared}")
@@ -155,25 +187,33 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ApiError(400, f"the body must be JSON: {err}") from None
         try:
-            study = StudyRequest.from_json(doc, allow_local=cfg.allow_local)
-            name = study.name or _free_name(store, study.default_name())
+            # Checking a request binds its search space and naming it reads the store: off the event loop.
+            study = await run_in_threadpool(StudyRequest.from_json, doc, allow_local=cfg.allow_local)
+            name = study.name if study.name else await run_in_threadpool(_free_name, store, study.default_name())
         except AutoslapoError as err:
             raise ApiError(400, _one_line(err)) from None
         try:
-            store.jobs.submit(name, {**study.to_dict(), "name": name}, owner=who.name,
-                              max_unfinished=cfg.max_queued_per_token)
+            if study.resume:
+                await run_in_threadpool(_check_resume, store, name, study, who)
+                await run_in_threadpool(store.jobs.requeue, name, {**study.to_dict(), "name": name}, owner=who.name,
+                                        max_unfinished=cfg.max_queued_per_token)
+            else:
+                await run_in_threadpool(store.jobs.submit, name, {**study.to_dict(), "name": name}, owner=who.name,
+                                        max_unfinished=cfg.max_queued_per_token)
         except JobLimitError as err:
             raise ApiError(429, f"token {_one_line(err)}") from None
         except StorageError as err:
             raise ApiError(409, _one_line(err)) from None
+        answers.expire()  # the next list request starts a refresh that shows the new job
         url = str(request.url_for("get_study", name=name))
         return JSONResponse({"name": name, "url": url, "status": "queued"}, status_code=202,
                             headers={"Location": url})
 
     @app.get("/v1/studies")
-    def list_studies(request: Request) -> dict[str, Any]:
-        caller(request, "read")
-        return {"studies": all_studies(store)}
+    async def list_studies(request: Request) -> Response:
+        await caller_on_loop(request, "read")
+        body = await answers.get(("studies",), lambda: _json_bytes({"studies": all_studies(store)}))
+        return Response(body, media_type="application/json")
 
     def _find(name: str) -> dict[str, Any]:
         check_name_or_404(name)
@@ -237,23 +277,29 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         if job.owner != who.name and not who.may("admin"):
             raise ApiError(403, f"token {who.name!r} may cancel only its own studies: {name!r} is {job.owner!r}'s")
         job = store.jobs.cancel(name)
+        answers.expire()
         return {"name": name, "status": job.status, "cancel_requested": job.cancel_requested}
 
     # -- answers -----------------------------------------------------------------------------
 
     @app.get("/v1/best")
-    def best(request: Request, model: str, gpus: int, gpu_type: str | None = None,
-             metric: str = "samples_per_s", measured_only: bool = False) -> dict[str, Any]:
-        caller(request, "read")
-        try:
-            t = api.best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=store, metric=metric,
-                               measured_only=measured_only)
-        except UsageError as err:
-            raise ApiError(404 if "no recorded schedule" in str(err) else 400, _one_line(err)) from None
-        study = store.get_study(t.study)
-        return {"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type, "study": t.study,
-                "trial": t.number, "backend": study.backend, **trial_view(t),
-                "apply_best": apply_snippet(study.model_name, study.gpus, study.gpu_type)}
+    async def best(request: Request, model: str, gpus: int, gpu_type: str | None = None,
+                   metric: str = "samples_per_s", measured_only: bool = False) -> Response:
+        await caller_on_loop(request, "read")
+
+        def answer() -> bytes:
+            try:
+                t = api.best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=store, metric=metric,
+                                   measured_only=measured_only)
+            except UsageError as err:
+                raise ApiError(404 if "no recorded schedule" in str(err) else 400, _one_line(err)) from None
+            study = store.get_study(t.study)
+            return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
+                                "study": t.study, "trial": t.number, "backend": study.backend, **trial_view(t),
+                                "apply_best": apply_snippet(study.model_name, study.gpus, study.gpu_type)})
+
+        body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only), answer)
+        return Response(body, media_type="application/json")
 
     @app.get("/v1/estimate")
     def estimate(request: Request, model: str, gpus: int, gpu_type: str = "a100-80gb",
@@ -305,7 +351,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     async def login(request: Request) -> Response:
         form = (await request.body())[: cfg.max_body_bytes].decode(errors="replace")
         token = (parse_qs(form).get("token") or [""])[0].strip()
-        if tokens.caller(f"Bearer {token}") is None:
+        if await run_in_threadpool(tokens.caller, f"Bearer {token}") is None:
             return HTMLResponse(pages.login_page("that token is not valid"), status_code=401)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
@@ -316,6 +362,54 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         return "User-agent: *\nDisallow: /\n"
 
     return app
+
+
+class _Measure:
+    """Counts requests and observes their latency (to the response's first byte) by route: a plain
+    ASGI middleware, cheaper than ``@app.middleware`` on every request."""
+
+    def __init__(self, app: ASGIApp, latency: Histogram, requests: Counter) -> None:
+        self.app = app
+        self.latency = latency
+        self.requests = requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def measured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                path = getattr(scope.get("route"), "path", "unmatched")
+                self.latency.labels(path).observe(time.perf_counter() - started)
+                self.requests.labels(path, scope["method"], str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, measured)
+
+
+def _settled(held: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    """A done-callback that lets go of a background task and reads its error (a failed recheck is
+    retried by the next request; asyncio must not report it as never retrieved)."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        held.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return done
+
+
+def _json_bytes(doc: Any) -> bytes:
+    """``doc`` as the JSON body FastAPI would send for it (encoded once, then served many times).
+
+    The views are plain JSON already: ``json.dumps`` (C) takes them; FastAPI's encoder (slow, pure
+    Python, and holding the GIL the event loop needs) only serves what it refuses."""
+    try:
+        return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        return bytes(JSONResponse(jsonable_encoder(doc)).body)
 
 
 def sse(event: str, data: Any) -> str:
@@ -354,6 +448,22 @@ def check_name_or_404(name: str) -> None:
         check_name(name)
     except UsageError as err:
         raise ApiError(404, _one_line(err)) from None
+
+
+def _check_resume(store: Store, name: str, study: StudyRequest, who: Caller) -> None:
+    """Refuse a resume of a study that does not exist (404), is another token's (403), or tuned
+    another model or cluster (400), before anything is written."""
+    job = store.jobs.get(name)
+    if job is None and not store.has_study(name):
+        raise ApiError(404, f"no study named {name!r} to resume: submit it without resume first")
+    if job is not None and job.owner != who.name and not who.may("admin"):
+        raise ApiError(403, f"token {who.name!r} may resume only its own studies: {name!r} is {job.owner!r}'s")
+    if store.has_study(name):
+        rec = store.get_study(name)
+        if (rec.model_signature, rec.cluster_fingerprint) != (study.model_spec().signature(),
+                                                              study.cluster_spec().fingerprint()):
+            raise ApiError(400, f"resume needs the study's model and cluster: {name!r} tuned {rec.model_name} on "
+                                f"{rec.gpus}x {rec.gpu_type}; send the same model, gpus and gpu_type")
 
 
 def _free_name(store: Store, base: str) -> str:

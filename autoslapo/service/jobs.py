@@ -2,22 +2,28 @@
 
 ``StudyRequest.from_json`` refuses unknown fields, wrong types and impossible values (one-line
 UsageError); ``to_options`` builds the same ``TuneOptions`` that ``autoslapo tune`` builds.
+An inline ``space`` (what a ``--space`` file holds, as a JSON object or TOML text) is parsed as
+data by the code that reads space files and kept, normalised, in the job's request, so the worker
+that runs the study, and any worker that takes it over after a crash, searches the same space.
 """
 
 from __future__ import annotations
 
 import re
+import tomllib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from autoslapo.cluster import ClusterSpec
-from autoslapo.errors import UsageError
+from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
-from search_spaces import space_for
+from search_spaces import SearchSpace, space_for, space_from_dict
 from tuner import TuneOptions, default_study_name
 
 NAME_RULE = re.compile(r"[A-Za-z0-9._-]{1,100}")
 SERVICE_BACKENDS = ("sim", "ray")
+SPACE_SOURCE = "the request's space"
 
 
 def check_name(name: Any) -> str:
@@ -45,6 +51,8 @@ class StudyRequest:
     patience: int | None = None
     baselines: bool = True
     name: str | None = None
+    space: Mapping[str, Any] | None = None  # None: the family's space; else a space description (data)
+    resume: bool = False  # continue study ``name`` to ``trials`` (its space kept unless one is given)
 
     @classmethod
     def from_json(cls, doc: Any, *, allow_local: bool = False) -> StudyRequest:
@@ -61,15 +69,20 @@ class StudyRequest:
         kinds: dict[str, tuple[type, ...]] = {
             "model": (str,), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
             "gpus": (int,), "gpus_per_node": (int,), "trials": (int,), "seed": (int,), "global_batch": (int,),
-            "patience": (int,), "timeout_s": (int, float), "baselines": (bool,),
+            "patience": (int,), "timeout_s": (int, float), "baselines": (bool,), "space": (dict, str),
+            "resume": (bool,),
         }
         for key, value in doc.items():
             if value is None and key not in ("model", "gpus"):
                 continue
-            ok = isinstance(value, kinds[key]) and (key == "baselines" or not isinstance(value, bool))
+            ok = isinstance(value, kinds[key]) and (kinds[key] == (bool,) or not isinstance(value, bool))
             if not ok:
                 want = " or ".join(k.__name__ for k in kinds[key])
                 raise UsageError(f"field {key!r} must be {want}: got {json_repr(value)}")
+        if isinstance(doc.get("space"), str):
+            doc = {**doc, "space": parse_space_text(doc["space"])}
+        if doc.get("space") is not None:  # normalised: what the job keeps is what every worker rebuilds
+            doc = {**doc, "space": space_from_dict(doc["space"], source=SPACE_SOURCE).to_dict()}
         request = cls(**doc)
         request.check(allow_local=allow_local)
         return request
@@ -81,10 +94,17 @@ class StudyRequest:
             raise UsageError(f"backend must be one of {', '.join(backends)} on this server: got {self.backend!r}")
         if self.name is not None:
             check_name(self.name)
+        elif self.resume:
+            raise UsageError("resume continues a study: name it, e.g. {\"name\": \"svc\", \"resume\": true}")
         if not 1 <= self.trials <= 100_000:
             raise UsageError(f"trials must be 1 to 100000: got {self.trials}")
         options = self.to_options(name=self.name or "check")
-        space_for(options.model.family).bind(options.model, options.cluster, options.global_batch, None)
+        space = options.space or space_for(options.model.family)
+        space.bind(options.model, options.cluster, options.global_batch, None)
+
+    def search_space(self) -> SearchSpace | None:
+        """The inline space of this request (None: the model family's); ConfigError if it is bad."""
+        return None if self.space is None else space_from_dict(self.space, source=SPACE_SOURCE)
 
     def model_spec(self) -> ModelSpec:
         """The model preset this request names."""
@@ -105,12 +125,22 @@ class StudyRequest:
             timeout_s=self.timeout_s, patience=self.patience, sampler=self.sampler or "tpe", seed=self.seed,
             sweep=False if self.sampler else None,  # an explicit sampler samples, on sim too (as the CLI)
             global_batch=self.global_batch, study=name, resume=resume, baselines=self.baselines,
+            space=self.search_space(),
             dispatch="ray" if self.backend == "ray" else "inline",
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The request as JSON-safe data (what the job row keeps)."""
         return asdict(self)
+
+
+def parse_space_text(text: str) -> dict[str, Any]:
+    """A space given as the text of a TOML space file, parsed as data; ConfigError naming the line."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        first = (str(err).splitlines() or ["?"])[0]
+        raise ConfigError(f"field 'space' as text must be a TOML space file: {first}; or send a JSON object") from None
 
 
 def json_repr(value: Any) -> str:

@@ -59,6 +59,11 @@ def study_view(store: Store, study: StudyRecord | None, job: JobRecord | None, *
         counts[t.status] = counts.get(t.status, 0) + 1
     complete = [t for t in trials if t.status == "complete" and t.samples_per_s]
     best = max(complete, key=lambda t: t.samples_per_s or 0.0, default=None)
+    return _study_doc(store, name, study, job, counts, best, baselines=baselines)
+
+
+def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecord | None, counts: dict[str, int],
+               best: TrialRecord | None, *, baselines: bool) -> dict[str, Any]:
     request = job.request if job is not None else {}
     doc: dict[str, Any] = {
         "name": name,
@@ -89,6 +94,7 @@ def study_view(store: Store, study: StudyRecord | None, job: JobRecord | None, *
 def all_studies(store: Store) -> list[dict[str, Any]]:
     """Every study in the store and every job not started yet, oldest first."""
     jobs = {j.study: j for j in store.jobs.list()}
-    out = [study_view(store, s, jobs.pop(s.name, None)) for s in store.list_studies()]
+    out = [_study_doc(store, s.study.name, s.study, jobs.pop(s.study.name, None), s.counts, s.best, baselines=False)
+           for s in store.study_summaries()]
     out.extend(study_view(store, None, j) for j in jobs.values())
     return out

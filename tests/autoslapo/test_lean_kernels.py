@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from autoslapo import layout
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import LOSS_CHUNK_TOKENS, ScheduleConfig
 from autoslapo.cost.estimate import estimate
@@ -161,10 +162,12 @@ def test_training_losses_match_with_the_lean_kernels() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_training_losses_match_with_the_lean_kernels_for_every_family(family: str) -> None:
-    # an encoder-decoder (T5) has no pipeline stages: TP over all four ranks instead
-    last = {"tp": 4} if FAMILIES[family].get("encoder_decoder") else {"tp": 2, "pp": 2, "grad_accum": 2}
-    _train([(f"{family}-tiny", {"dp": 4, **LEAN}), (f"{family}-tiny", {"tp": 2, "dp": 2, **LEAN}),
-            (f"{family}-tiny", {**last, **LEAN})])
+    runs = [{"dp": 4, **LEAN}, {"tp": 2, "dp": 2, **LEAN}, {"tp": 2, "pp": 2, "grad_accum": 2, **LEAN}]
+    spec = ModelSpec.from_name(f"{family}-tiny", seq_len=32)
+    allowed = [kw for kw in runs if not layout.pp_problem(int(kw.get("pp", 1)), spec)]  # ALBERT, T5: no pipeline
+    if spec.encoder_decoder:  # an encoder-decoder (T5) takes TP over all four ranks instead
+        allowed.append({"tp": 4, **LEAN})
+    _train([(f"{family}-tiny", kw) for kw in allowed])
 
 
 def test_cost_model_predicts_the_savings() -> None:

@@ -17,6 +17,8 @@ CLASSES = {
     "opt": "OPTForCausalLM",
     "llama": "LlamaForCausalLM",
     "t5": "T5ForConditionalGeneration",
+    "albert": "AlbertForMaskedLM",
+    "gpt_neo": "GPTNeoForCausalLM",
 }
 
 

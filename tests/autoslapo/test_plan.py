@@ -34,13 +34,20 @@ TP_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # T5: both stacks, cross-attention and relative-position tables sharded; every block recomputed
     "tp2-selective-t5": ("t5-tiny", {"tp": 2, "ckpt_ratio": 1.0, "ckpt_granularity": "selective",
                                      "attn_kernel": "eager"}),
+    # ALBERT's one shared layer: sharded once, its calls checkpointed (selectively here)
+    "tp2-ckpt-albert": ("albert-tiny", {"tp": 2, "ckpt_ratio": 0.5}),
+    "tp2-selective-albert": ("albert-tiny", {"tp": 2, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"}),
+    "tp2-sp-ckpt-fuse-gpt_neo": (
+        "gpt-neo-tiny", {"tp": 2, "sequence_parallel": True, "ckpt_ratio": 0.5, "fuse_bias_gelu": True}),
 }
+CAUSAL = ("gpt2", "gpt_neo", "llama", "opt")
 PP_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "pp2-ckpt-bert": ("bert-tiny", {"pp": 2, "grad_accum": 2, "ckpt_ratio": 1.0}),
     "pp2-ckpt-gpt2": (
         "gpt2-tiny",
         {"pp": 2, "grad_accum": 2, "ckpt_ratio": 1.0, "pipeline_schedule": "gpipe"},
     ),
+    "pp2-ckpt-gpt_neo": ("gpt-neo-tiny", {"pp": 2, "grad_accum": 2, "ckpt_ratio": 1.0}),
 }
 
 
@@ -96,7 +103,7 @@ def _world() -> dict[str, str]:
     tp = build_groups(2, 1, 1)
     for key, (name, knobs) in TP_CASES.items():
         out[key] = _verify_tp(name, knobs, tp)
-    for family in ("gpt2", "llama", "opt"):  # the vocab-parallel causal loss, at its own precision
+    for family in CAUSAL:  # the vocab-parallel causal loss, at its own precision
         out[f"tp2-{family}-fp32-loss"] = _verify_tp(f"{family}-tiny", {"tp": 2}, tp, dtype=torch.float32)
     out["broken-opt-heads"] = _verify_tp("opt-tiny", {"tp": 2}, tp, broken="attention_attrs")
     out["broken-bert-norms-sp"] = _verify_tp(
@@ -118,7 +125,7 @@ def test_tensor_parallel_schedule_matches_unscheduled(verdicts: dict[str, str], 
     assert verdicts[case].startswith("ok"), verdicts[case]
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "opt"])
+@pytest.mark.parametrize("family", CAUSAL)
 def test_vocab_parallel_causal_loss_matches_in_fp32(verdicts: dict[str, str], family: str) -> None:
     assert verdicts[f"tp2-{family}-fp32-loss"].startswith("ok"), verdicts[f"tp2-{family}-fp32-loss"]
 

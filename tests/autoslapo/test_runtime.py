@@ -4,11 +4,14 @@ sequence parallelism and checkpointing. Several configurations share one spawned
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autoslapo.config import ScheduleConfig
+from autoslapo.errors import ConfigError
+from autoslapo.models.resolve import resolve_model
 from autoslapo.models.spec import FAMILIES, ModelSpec
 from autoslapo.runtime.engine import DeepSpeedMPU, deepspeed_config
 from autoslapo.runtime.launcher import launch
@@ -39,20 +42,53 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
     ("roberta-tiny", {"tp": 2, "dp": 2, "sequence_parallel": True, "ckpt_ratio": 1.0}),
     # encoder-decoder: TP over self- and cross-attention, checkpoints across both stacks
     ("t5-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),
+    ("albert-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),  # a shared layer's calls
+    ("gpt-neo-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5}),  # local attention over TP/PP
 ]
 
-# An encoder-decoder (T5) has no pipeline stages or sequence parallelism (``autoslapo.layout``
-# refuses them): its matrix keeps the rest and adds TP over all 4 heads, selective recomputation
-# and checkpointing of every block of both stacks.
-ENCDEC_MATRIX: list[dict[str, Any]] = [
-    *(kw for kw in MATRIX if kw.get("pp", 1) == 1 and not kw.get("sequence_parallel")),
-    {"tp": 4, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
-    {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
+# LLaMA's relatives from a Hugging Face config.json (Mistral; Qwen2 with q/k/v biases and a tied head).
+HF_CONFIGS = [str(Path(__file__).parent / "data" / "hf" / f"{name}-tiny.json") for name in ("mistral", "qwen2")]
+MIXED.append((HF_CONFIGS[1], {"tp": 2, "pp": 2, "zero_stage": 1, "grad_accum": 2}))
+
+
+# Model files (a user's own module, WideResNet): no pipeline or sequence parallelism for them.
+FILE_MATRIX: list[dict[str, Any]] = [
+    {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
+    {"dp": 4, "zero_stage": 2, "grad_accum": 2},
+    {"tp": 2, "dp": 2, "zero_stage": 3},
+    {"tp": 4, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
 ]
+MY_MODEL = str(Path(__file__).resolve().parents[2] / "experiments" / "my_model.py")
+
+
+# What a family refuses (ALBERT: pipelines, sequence parallelism) leaves the matrix; these cover it
+# instead: its shared layer's calls checkpointed selectively and under ZeRO-3 with data parallelism.
+# An encoder-decoder (T5) refuses pipeline stages and sequence parallelism: TP over all 4 heads,
+# selective recomputation and checkpointing of every block of both stacks.
+MATRIX_EXTRA: dict[str, list[dict[str, Any]]] = {
+    "albert": [
+        {"tp": 2, "dp": 2, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
+        {"dp": 4, "zero_stage": 3, "ckpt_ratio": 0.5},
+    ],
+    "t5": [
+        {"tp": 4, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
+        {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
+    ],
+}
+
+
+def _allowed(name: str, knobs: dict[str, Any]) -> bool:
+    try:
+        ScheduleConfig(**knobs).validate(_spec(name))
+    except ConfigError:
+        return False
+    return True
 
 
 def _spec(name: str) -> ModelSpec:
-    return ModelSpec.from_name(name, seq_len=SEQ)
+    if name.endswith(".py"):
+        return resolve_model(name)
+    return resolve_model(name, seq_len=SEQ)
 
 
 def _check(runs: list[tuple[str, dict[str, Any]]]) -> None:
@@ -79,8 +115,21 @@ def test_scheduled_losses_match_the_unscheduled_model_for_every_family() -> None
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_full_matrix_per_family(family: str) -> None:
-    matrix = ENCDEC_MATRIX if FAMILIES[family].get("encoder_decoder") else MATRIX
-    _check([(f"{family}-tiny", kw) for kw in matrix])
+    name = f"{family}-tiny"
+    _check([(name, kw) for kw in [*MATRIX, *MATRIX_EXTRA.get(family, [])] if _allowed(name, kw)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", HF_CONFIGS, ids=lambda p: Path(p).stem)
+def test_full_matrix_per_hf_config(path: str) -> None:
+    _check([(path, kw) for kw in MATRIX])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [MY_MODEL])
+def test_full_matrix_for_model_files(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
+    _check([(model, kw) for kw in FILE_MATRIX])
 
 
 def test_deepspeed_config_and_mpu_follow_the_knobs() -> None:

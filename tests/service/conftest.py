@@ -1,4 +1,8 @@
-"""Fixtures for the service: a file store with tokens, the app over it, a worker thread."""
+"""Fixtures for the service: a store with tokens, the app over it, a worker thread.
+
+The store is an SQLite file unless a test parametrizes ``service_backend`` (``ON_BOTH``): then
+it runs on SQLite and on the session's private PostgreSQL server too.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,25 @@ from fastapi.testclient import TestClient
 
 from autoslapo.service import ServiceSettings, Worker, create_app, create_token
 from store import Store, open_store
+from tests.pgfixtures import BACKENDS, database_url
+
+#: Run a test on SQLite and on PostgreSQL (direct parametrization overrides ``service_backend``).
+ON_BOTH = pytest.mark.parametrize("service_backend", BACKENDS)
 
 
 @pytest.fixture
-def service_store(tmp_path: Path) -> Iterator[Store]:
-    with open_store(f"sqlite:///{tmp_path / 'svc.db'}") as store:
+def service_backend() -> str:
+    return "sqlite"
+
+
+@pytest.fixture
+def service_url(service_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from database_url(service_backend, tmp_path, request)
+
+
+@pytest.fixture
+def service_store(service_url: str) -> Iterator[Store]:
+    with open_store(service_url) as store:
         yield store
 
 

@@ -10,11 +10,13 @@ from fastapi.testclient import TestClient
 
 from autoslapo.errors import UsageError
 from autoslapo.service import Worker
+from search_spaces import get_space
 from store import Store
-from tests.service.conftest import bearer
+from tests.service.conftest import ON_BOTH, bearer
 
 BODY = {"model": "bert", "gpus": 8, "trials": 20, "backend": "sim", "name": "svc", "baselines": False,
         "sampler": "tpe"}  # the sampler named: a launched-trial budget, whatever sim does by default
+ISSUE_BODY = {"model": "bert", "gpus": 8, "trials": 20, "backend": "sim", "name": "svc"}  # the issue's, verbatim
 
 
 def wait_status(client: TestClient, name: str, token: str, timeout_s: float = 120.0) -> dict:
@@ -25,6 +27,33 @@ def wait_status(client: TestClient, name: str, token: str, timeout_s: float = 12
             return doc
         time.sleep(0.2)
     raise AssertionError(f"{name} did not finish in {timeout_s}s: {doc}")
+
+
+@ON_BOTH
+def test_the_issues_done_when_flow(client: TestClient, tokens: dict[str, str], worker: Worker,
+                                   service_store: Store) -> None:
+    """The issue's body as it stands (sim's default sweep, baselines on), on SQLite and PostgreSQL."""
+    assert client.post("/v1/studies", json=ISSUE_BODY).status_code == 401
+    refused = client.post("/v1/studies", json=ISSUE_BODY, headers=bearer(tokens["read"]))
+    assert refused.status_code == 403 and "\n" not in refused.json()["error"]
+    bad = client.post("/v1/studies", content=b'{"model": "bert", "gpus": 8,', headers={
+        **bearer(tokens["submit"]), "Content-Type": "application/json"})
+    assert 400 <= bad.status_code < 500 and list(bad.json()) == ["error"] and "\n" not in bad.json()["error"]
+    assert service_store.jobs.list() == [] and service_store.list_studies() == []
+    r = client.post("/v1/studies", json=ISSUE_BODY, headers=bearer(tokens["submit"]))
+    assert r.status_code == 202, r.text
+    doc = wait_status(client, "svc", tokens["read"], timeout_s=240)
+    assert doc["status"] == "complete" and doc["launched"] == 20, doc
+    assert len([t for t in service_store.trials("svc") if t.status != "pruned"]) == 20
+    assert client.get("/v1/best", params={"model": "bert", "gpus": 8, "gpu_type": "a100-80gb"}).status_code == 401
+    best = client.get("/v1/best", params={"model": "bert", "gpus": 8, "gpu_type": "a100-80gb"},
+                      headers=bearer(tokens["read"]))
+    assert best.status_code == 200, best.text
+    assert best.json()["study"] == "svc" and best.json()["samples_per_s"] == doc["best"]["samples_per_s"]
+    config = best.json()["config"]
+    assert config["tp"] * config["pp"] * config["dp"] == 8
+    job = service_store.jobs.get("svc")
+    assert job is not None and job.status == "complete" and job.attempts == 1
 
 
 def test_submit_runs_to_budget_and_best_answers(client: TestClient, tokens: dict[str, str], worker: Worker,
@@ -56,6 +85,7 @@ def test_submit_runs_to_budget_and_best_answers(client: TestClient, tokens: dict
     assert "autoslapo_http_request_seconds_bucket" in metrics
 
 
+@ON_BOTH
 def test_tokens_are_required_and_roles_enforced(client: TestClient, tokens: dict[str, str],
                                                 service_store: Store) -> None:
     assert client.get("/v1/studies").status_code == 401
@@ -86,6 +116,11 @@ def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> N
     (b'{"model": "bert", "gpus": 8, "backend": "local"}', 400, "backend"),
     (b'{"model": "bert", "gpus": 8, "name": "a b"}', 400, "study names"),
     (b'{"model": "bert", "gpus": 8, "trials": 0}', 400, "trials"),
+    (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"colour": [1]}}}', 400, "unknown knob 'colour'"),
+    (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"tp": [3]}}}', 400, "no value of tp"),
+    (b'{"model": "bert", "gpus": 8, "space": "name = "}', 400, "TOML"),
+    (b'{"model": "bert", "gpus": 8, "resume": true}', 400, "resume continues a study: name it"),
+    (b'{"model": "bert", "gpus": 8, "resume": 1}', 400, "'resume' must be bool"),
     (b'{"model": "bert", "gpus": 8, "pad": "' + b"x" * 70_000 + b'"}', 413, "bytes"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(client: TestClient, tokens: dict[str, str],
@@ -97,6 +132,59 @@ def test_bad_input_is_one_line_and_changes_nothing(client: TestClient, tokens: d
     error = r.json()["error"]
     assert words in error and "\n" not in error
     assert service_store.jobs.list() == [] and service_store.list_studies() == []
+
+
+def test_an_inline_space_is_what_the_study_searches(client: TestClient, tokens: dict[str, str], worker: Worker,
+                                                    service_store: Store) -> None:
+    space = {"name": "mine", "version": "2", "knobs": {"tp": [1, 2], "pp": [1], "micro_batch": [2, 4, 8]},
+             "fixed": {"zero_stage": 2, "attn_kernel": "flash", "ckpt_ratio": 0.0}}
+    r = client.post("/v1/studies", json={**BODY, "name": "inline", "trials": 6, "space": space},
+                    headers=bearer(tokens["submit"]))
+    assert r.status_code == 202, r.text
+    doc = wait_status(client, "inline", tokens["read"])
+    assert doc["status"] == "complete" and doc["launched"] == 6, doc
+    study = service_store.get_study("inline")
+    assert (study.space_name, study.space_version) == ("mine", "2")
+    for t in service_store.trials("inline"):
+        assert (t.config["zero_stage"], t.config["attn_kernel"], t.config["ckpt_ratio"]) == (2, "flash", 0.0)
+        assert t.config["tp"] in (1, 2) and t.config["pp"] == 1 and t.config["micro_batch"] in (2, 4, 8)
+    job = service_store.jobs.get("inline")
+    assert job is not None and job.request["space"]["fixed"]["attn_kernel"] == "flash"
+
+
+def test_resume_continues_a_study_in_its_space(client: TestClient, tokens: dict[str, str], worker: Worker,
+                                               service_store: Store) -> None:
+    space = {"name": "mine", "knobs": {"tp": [1, 2], "pp": [1], "micro_batch": [2, 4]},
+             "fixed": {"zero_stage": 1, "attn_kernel": "sdpa", "ckpt_ratio": 0.0}}
+    submit = bearer(tokens["submit"])
+    missing = client.post("/v1/studies", json={**BODY, "name": "again", "resume": True}, headers=submit)
+    assert missing.status_code == 404 and "no study named 'again'" in missing.json()["error"]
+    assert client.post("/v1/studies", json={**BODY, "name": "again", "trials": 4, "space": space},
+                       headers=submit).status_code == 202
+    assert wait_status(client, "again", tokens["read"])["launched"] == 4
+    resume = {**BODY, "name": "again", "trials": 7, "resume": True}  # no space: the one it began with
+    other = client.post("/v1/studies", json={**resume, "gpus": 16}, headers=submit)
+    assert other.status_code == 400 and "same model, gpus and gpu_type" in other.json()["error"]
+    from autoslapo.service import create_token
+
+    stranger = client.post("/v1/studies", json=resume, headers=bearer(create_token(service_store, "x", "submit")))
+    assert stranger.status_code == 403
+    assert service_store.jobs.get("again").request["trials"] == 4  # refusals wrote nothing
+    assert client.post("/v1/studies", json=resume, headers=submit).status_code == 202
+    doc = wait_status(client, "again", tokens["read"])
+    assert doc["status"] == "complete" and doc["launched"] == 7, doc
+    launched = [t for t in service_store.trials("again") if t.status != "pruned"]
+    assert len(launched) == 7 and len({t.config_hash for t in launched}) == 7
+    assert all((t.config["attn_kernel"], t.config["micro_batch"] in (2, 4)) == ("sdpa", True) for t in launched)
+    job = service_store.jobs.get("again")
+    assert job is not None and job.request["space"]["name"] == "mine" and job.attempts == 2
+    wide = get_space("bert").to_dict()  # a space that 5000 trials do not exhaust before the cancel
+    busy = client.post("/v1/studies", json={**resume, "trials": 5000, "space": wide}, headers=submit)
+    assert busy.status_code == 202
+    running = client.post("/v1/studies", json=resume, headers=submit)
+    assert running.status_code == 409 and "already" in running.json()["error"]
+    assert client.post("/v1/studies/again/cancel", headers=submit).status_code == 202
+    assert wait_status(client, "again", tokens["read"])["status"] == "cancelled"
 
 
 def test_duplicate_name_is_409_and_cancel_of_queued_job(client: TestClient, tokens: dict[str, str],

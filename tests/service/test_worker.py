@@ -1,12 +1,15 @@
-"""Workers under a server-wide running limit: a worker claims nothing while the limit's jobs run."""
+"""Workers: two at once share a queue without running a job twice; a server-wide running limit."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from autoslapo.errors import UsageError
 from autoslapo.service import Worker
-from store import Store
+from store import Store, open_store
+from tests.service.conftest import ON_BOTH
 
 REQUEST = {"model": "bert", "gpus": 8, "trials": 3, "backend": "sim", "sampler": "tpe", "baselines": False}
 
@@ -28,3 +31,36 @@ def test_a_worker_waits_while_the_limit_runs(service_store: Store) -> None:
 def test_a_limit_below_one_is_refused(service_store: Store) -> None:
     with pytest.raises(UsageError, match="--max-running must be at least 1: got 0"):
         Worker(service_store, max_running=0)
+
+
+@ON_BOTH
+def test_two_workers_share_the_queue_and_run_each_job_once(service_store: Store, service_url: str) -> None:
+    names = [f"job{i}" for i in range(3)]
+    for name in names:
+        service_store.jobs.submit(name, {**REQUEST, "name": name, "trials": 2})
+    ran: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def work(label: str) -> None:
+        try:
+            with open_store(service_url) as own:  # a worker of its own, with its own connections
+                worker = Worker(own, lease_s=30, poll_s=0.1, name=label)
+                ran[label] = 0
+                while worker.run(once=True):  # one job at a time until the queue is empty
+                    ran[label] += 1
+        except BaseException as err:  # reported below: a thread's failure must fail the test
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(label,)) for label in ("w1", "w2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    assert sum(ran.values()) == len(names)
+    jobs = service_store.jobs.list()
+    assert [(j.study, j.status, j.attempts) for j in jobs] == [(n, "complete", 1) for n in names]
+    assert {j.worker for j in jobs} <= {"w1", "w2"}
+    for name in names:
+        launched = [t for t in service_store.trials(name) if t.status != "pruned"]
+        assert len(launched) == 2 and len({t.config_hash for t in launched}) == 2

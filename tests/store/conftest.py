@@ -1,14 +1,13 @@
 """Fixtures for the store suite: every contract test runs on SQLite and on a private PostgreSQL.
 
-The PostgreSQL server is real (tests/pgserver.py starts it on a free port for the session and
-removes it afterwards). Where it cannot start, its tests skip, except under CI=true, where a
-missing server is a failure rather than a silently smaller suite.
+The PostgreSQL server is real (the session fixture ``pg_server`` of tests/pgfixtures.py, shared by
+every folder through tests/conftest.py, starts it on a free port and removes it afterwards). Where
+it cannot start, its tests skip, except under CI=true, where a missing server is a failure rather
+than a silently smaller suite.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,37 +15,7 @@ from typing import Any
 import pytest
 
 from store import Store, open_store
-from tests.pgserver import PgServer, unavailable_reason
-
-_counter = itertools.count()
-
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    """A private PostgreSQL server for the whole session (skipped, or failed under CI, if impossible)."""
-    reason = unavailable_reason()
-    if reason is not None:
-        if _ci():
-            pytest.fail(f"CI=true needs the PostgreSQL tests to run: {reason}")
-        pytest.skip(reason)
-    server = PgServer()
-    try:
-        server.start()
-    except Exception as err:
-        if _ci():
-            pytest.fail(f"CI=true needs the PostgreSQL tests to run: {err}")
-        pytest.skip(f"PostgreSQL did not start: {err}")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+from tests.pgfixtures import BACKENDS, database_url
 
 
 @pytest.fixture(params=BACKENDS)
@@ -58,16 +27,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """A URL to a fresh, empty database on ``backend``."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-        return
-    server: PgServer = request.getfixturevalue("pg_server")
-    name = f"t{os.getpid()}_{next(_counter)}"
-    url = server.create_database(name)
-    try:
-        yield url
-    finally:
-        server.drop_database(name)
+    yield from database_url(backend, tmp_path, request)
 
 
 @pytest.fixture

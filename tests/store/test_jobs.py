@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -91,3 +92,65 @@ def test_submit_respects_an_unfinished_limit_per_owner(store_url: str) -> None:
         db.jobs.cancel("a")
         db.jobs.submit("d", {}, owner="me", max_unfinished=2)
         assert [j.study for j in db.jobs.list()] == ["a", "b", "c", "d"]
+
+
+def test_workers_racing_to_claim_take_each_job_once(store_url: str) -> None:
+    """Four workers, each with its own connections, drain the queue at once (``FOR UPDATE SKIP
+    LOCKED`` on PostgreSQL, a locked transaction on SQLite): every job is claimed exactly once."""
+    with open_store(store_url) as db:
+        ids = [db.jobs.submit(f"j{i}", {"model": "bert", "gpus": 8}).id for i in range(24)]
+    taken: list[tuple[int, str]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def drain(worker: str) -> None:
+        try:
+            with open_store(store_url) as own:
+                start.wait(timeout=30)
+                while (job := own.jobs.claim(worker, 60)) is not None:
+                    taken.append((job.id, worker))
+        except BaseException as err:  # reported below: a thread's failure must fail the test
+            errors.append(err)
+
+    threads = [threading.Thread(target=drain, args=(f"w{k}",)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sorted(job for job, _ in taken) == ids  # none twice, none left
+    with open_store(store_url) as db:
+        jobs = db.jobs.list()
+    assert all(j.status == "running" and j.attempts == 1 for j in jobs)
+    assert {j.id: j.worker for j in jobs} == dict(taken)
+
+
+def test_requeue_resumes_a_finished_job_and_keeps_its_space(store_url: str) -> None:
+    with open_store(store_url) as db:
+        space = {"name": "mine", "knobs": {"tp": [1, 2]}}
+        job = db.jobs.submit("a", {"model": "bert", "gpus": 8, "trials": 5, "space": space}, owner="me")
+        with pytest.raises(StorageError, match="'a' is queued already"):
+            db.jobs.requeue("a", {"model": "bert", "gpus": 8, "trials": 9})
+        claimed = db.jobs.claim("w1", 30)
+        assert claimed is not None and claimed.id == job.id
+        with pytest.raises(StorageError, match="'a' is running already"):
+            db.jobs.requeue("a", {"model": "bert", "gpus": 8, "trials": 9})
+        assert db.jobs.finish(job.id, "w1", "complete", "")
+        again = db.jobs.requeue("a", {"model": "bert", "gpus": 8, "trials": 9, "space": None}, owner="you")
+        assert (again.id, again.status, again.owner, again.worker) == (job.id, "queued", "you", "")
+        assert again.request["trials"] == 9 and again.request["space"] == space  # the space it began with
+        other = {"name": "other", "knobs": {"tp": [4]}}
+        second = db.jobs.claim("w2", 30)
+        assert second is not None and db.jobs.finish(second.id, "w2", "cancelled", "")
+        assert db.jobs.requeue("a", {"trials": 10, "space": other}).request["space"] == other
+        with pytest.raises(StorageError, match="no study 'nope' to resume"):
+            db.jobs.requeue("nope", {})
+        db.create_study("cli", **study_kwargs())  # tuned outside the service: its first job
+        first = db.jobs.requeue("cli", {"trials": 3}, owner="me", max_unfinished=5)
+        assert first.status == "queued" and db.jobs.get("cli") == first
+        taken = db.jobs.claim("w3", 30)
+        assert taken is not None and taken.study == "a"
+        db.jobs.finish(taken.id, "w3", "complete", "")
+        with pytest.raises(JobLimitError):  # "me" has "cli" queued
+            db.jobs.requeue("a", {}, owner="me", max_unfinished=1)
+        assert db.jobs.get("a").status == "complete"

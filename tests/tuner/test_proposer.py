@@ -165,3 +165,15 @@ def test_grid_sampler_uses_the_index_space(name: str) -> None:
     p = Proposer(bound, sampler=name, seed=0)
     prop = p.propose()
     assert prop is not None and prop.config in bound.configs()
+
+
+def test_megatron_baseline_drops_sequence_parallelism_where_the_family_refuses_it() -> None:
+    from store import open_store
+    from tuner import StudyRunner, TuneOptions
+
+    store = open_store("sqlite://")
+    r = StudyRunner(TuneOptions(model=ModelSpec.from_name("albert-xxlarge"), cluster=ClusterSpec(gpus=16),
+                                trials=1, prior_seeds=0, warm_start=False), store)
+    mg = megatron_config(r.baseline_context())
+    assert mg is not None and mg.tp == 8 and mg.pp == 1 and not mg.sequence_parallel  # ALBERT: no SP, no PP
+    store.close()

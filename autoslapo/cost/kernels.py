@@ -1,0 +1,87 @@
+"""GPU kernel physics the step-time model builds on: a fused attention kernel, GEMM size, host issue rate. Pure.
+
+Three effects that a per-FLOP and per-byte roofline misses, each with its basis:
+
+- **Fused (flash) attention.** FlashAttention keeps each block of scores in on-chip SRAM: its HBM
+  traffic is the Q, K, V and output tensors (and their gradients), never the ``s x s`` score
+  matrix (Dao et al. 2022, section 3.2; K and V blocks re-read by every query block are served by
+  the L2 cache). Besides its two tensor-core products, every score element goes through the
+  online softmax (scale, running max, subtract, exp, running sum; in backward the recomputed
+  ``exp`` and ``dS = P (dP - D)``) on the FP32 units, which an A100 runs at 19.5 TFLOP/s against
+  312 for 16-bit matmul: "each non-matmul FLOP is 16x more expensive than a matmul FLOP" (Dao 2023,
+  FlashAttention-2, section 3.1). The exponential runs on the special-function units at a quarter
+  of the FP32 rate (NVIDIA A100 whitepaper: 16 SFU against 64 FP32 lanes an SM), so it counts as
+  four FP32 operations. Per score element that is about 9 FP32-equivalent operations in forward
+  (``FLASH_SOFTMAX_FWD_OPS``) and 11 in backward (``FLASH_SOFTMAX_BWD_OPS``); FlashAttention-2
+  overlaps only part of it with the products (``FLASH_SOFTMAX_EXPOSED``), which is why its
+  backward and short head dimensions reach a lower fraction of peak (Dao 2023, figures 4-6). With
+  a 64-wide head the softmax costs as much as a third of the products; with a 128-wide one a sixth.
+- **GEMM size.** A GEMM's rate saturates with its size. Wave quantization (tiles that leave SMs
+  idle in the last wave) is modelled in ``autoslapo.cost.time``; beyond it every launch pays a
+  ramp (the first wave of thread blocks filling the SMs, the prologue loading the first tiles)
+  and a drain (the last wave's epilogue): a fixed time ``DevicePerf.gemm_fixed_s`` whatever the
+  GEMM's FLOPs, of the order of a kernel launch (a few microseconds; NVIDIA's "Matrix
+  Multiplication Background" guide shows cuBLAS throughput rising with the problem size until
+  the GPU is filled). Efficiency therefore saturates as ``F / (F + R t0)`` (``R`` the large-GEMM
+  rate): small micro-batches at high tensor parallelism (tokens x hidden / tp) pay it on every
+  GEMM. 3 us at an A100's ~255 TFLOP/s puts half efficiency at ~0.8 GFLOP (a 740^3 GEMM); not
+  fitted to any row.
+- **Host issue rate.** Eager PyTorch issues every kernel from the host: Python, the dispatcher
+  and ``cudaLaunchKernel`` take several microseconds a kernel on a server CPU, which is why
+  short kernels leave the GPU idle ("Accelerating PyTorch with CUDA Graphs", PyTorch blog 2021,
+  the motivation for CUDA graphs; ``DevicePerf.host_op_s`` = 8 us, not fitted). The GPU runs ahead of the host only while the host issues faster than the GPU
+  retires: a micro-batch takes at least its kernel count times ``DevicePerf.host_op_s``. Megatron's
+  pipeline synchronizes the host at every point-to-point exchange, so the floor applies per
+  micro-batch, not per step.
+"""
+
+from __future__ import annotations
+
+# FP32-equivalent operations a score element costs in the online softmax (see the module docstring).
+FLASH_SOFTMAX_FWD_OPS = 9.0
+FLASH_SOFTMAX_BWD_OPS = 11.0
+# Share of the softmax's FP32 time a FlashAttention-2 kernel does not hide behind its tensor-core
+# products (warps of one block alternate between the two; the paper's tuning aims to overlap them).
+FLASH_SOFTMAX_EXPOSED = 0.5
+# Fraction of the FP32 peak those elementwise operations reach inside the kernel (register-resident:
+# the same fraction as a large GEMM of its tensor-core peak is an upper bound; use it).
+FLASH_FP32_EFF = 0.8
+
+
+def flash_traffic_bytes(seq_q: float, seq_k: float, head_dim: float, batch: float, elem: float,
+                        backward: bool = False) -> float:
+    """HBM bytes of a fused attention kernel over ``batch`` (micro-batch x heads) attention problems.
+
+    Forward reads Q, K, V and writes O (plus a row statistic, negligible); backward reads Q, K, V,
+    O, dO and writes dQ, dK, dV. The score matrix never leaves on-chip memory.
+    """
+    per_problem = (2 * seq_q + 2 * seq_k) * head_dim if not backward else (4 * seq_q + 4 * seq_k) * head_dim
+    return elem * per_problem * batch
+
+
+def flash_softmax_s(scores: float, fp32_tflops: float, backward: bool = False) -> float:
+    """Exposed seconds of the online softmax over ``scores`` score elements on the FP32 units."""
+    if scores <= 0:
+        return 0.0
+    if fp32_tflops <= 0:
+        raise ValueError(f"flash_softmax_s: fp32_tflops must be > 0, got {fp32_tflops}; give the device's "
+                         "FP32 (non-tensor) peak in TFLOP/s")
+    ops = FLASH_SOFTMAX_BWD_OPS if backward else FLASH_SOFTMAX_FWD_OPS
+    return FLASH_SOFTMAX_EXPOSED * scores * ops / (fp32_tflops * 1e12 * FLASH_FP32_EFF)
+
+
+def gemm_size_efficiency(flops: float, rate_flops_s: float, fixed_s: float) -> float:
+    """Fraction of ``rate_flops_s`` a GEMM of ``flops`` reaches when each launch costs ``fixed_s`` more.
+
+    ``F / (F + rate * fixed_s)``: 1 for a large GEMM, 1/2 when its FLOPs take ``fixed_s`` at the
+    large-GEMM rate, falling towards 0 for tiny ones.
+    """
+    if fixed_s <= 0 or flops <= 0:
+        return 1.0
+    return flops / (flops + rate_flops_s * fixed_s)
+
+
+def host_floor_s(kernels: float, host_op_s: float, device_s: float) -> float:
+    """Seconds a micro-batch takes when the host must issue ``kernels`` kernels at ``host_op_s`` each:
+    the longer of the device's time and the host's."""
+    return max(device_s, kernels * host_op_s)

@@ -1,0 +1,133 @@
+"""Tests of the kernel physics (``autoslapo.cost.kernels``) and how the step-time model uses it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.cost.device import PERF
+from autoslapo.cost.kernels import (
+    FLASH_SOFTMAX_BWD_OPS,
+    FLASH_SOFTMAX_FWD_OPS,
+    flash_softmax_s,
+    flash_traffic_bytes,
+    gemm_size_efficiency,
+    host_floor_s,
+)
+from autoslapo.cost.time import estimate_time
+from autoslapo.models.spec import ModelSpec
+
+A100 = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+
+
+def _gpt(seq: int, hidden: int = 2048, heads: int = 16) -> ModelSpec:
+    return ModelSpec(family="gpt2", hidden=hidden, layers=8, heads=heads, ffn=4 * hidden, seq_len=seq,
+                     vocab=50368, max_positions=max(seq, 1024))
+
+
+def test_flash_traffic_is_linear_in_sequence_not_quadratic() -> None:
+    a = flash_traffic_bytes(4096, 4096, 128, 16, 2)
+    b = flash_traffic_bytes(8192, 8192, 128, 16, 2)
+    assert b == pytest.approx(2 * a)
+    assert flash_traffic_bytes(4096, 4096, 128, 16, 2, backward=True) == pytest.approx(2 * a)
+
+
+def test_flash_softmax_scales_with_scores_and_fp32_rate() -> None:
+    one = flash_softmax_s(1e9, 19.5)
+    assert flash_softmax_s(2e9, 19.5) == pytest.approx(2 * one)
+    assert flash_softmax_s(1e9, 39.0) == pytest.approx(one / 2)
+    assert flash_softmax_s(1e9, 19.5, backward=True) == pytest.approx(one * FLASH_SOFTMAX_BWD_OPS / FLASH_SOFTMAX_FWD_OPS)
+    assert flash_softmax_s(0, 19.5) == 0.0
+    with pytest.raises(ValueError, match="fp32_tflops must be > 0"):
+        flash_softmax_s(1e9, 0.0)
+
+
+def test_gemm_size_efficiency_saturates() -> None:
+    rate, fixed = 250e12, 3e-6
+    sizes = [1e6, 1e8, rate * fixed, 1e10, 1e12, 1e14]
+    effs = [gemm_size_efficiency(f, rate, fixed) for f in sizes]
+    assert effs == sorted(effs)
+    assert effs[2] == pytest.approx(0.5)
+    assert effs[0] < 0.01 and effs[-1] > 0.999
+    assert gemm_size_efficiency(1e6, rate, 0.0) == 1.0
+
+
+def test_host_floor_is_the_longer_of_host_and_device() -> None:
+    assert host_floor_s(100, 10e-6, 5e-3) == 5e-3
+    assert host_floor_s(1000, 10e-6, 5e-3) == pytest.approx(1e-2)
+
+
+def test_long_sequences_cost_more_per_token_with_flash() -> None:
+    """Attention grows with s^2: tokens/s falls as the sequence grows at a fixed number of tokens."""
+    times = []
+    for seq in (2048, 8192, 32768):
+        cfg = ScheduleConfig(dp=8, micro_batch=65536 // seq, attn_kernel="flash", precision="bf16")
+        times.append(estimate_time(_gpt(seq), cfg, A100, PERF["a100-80gb"], dropout=False).compute)
+    assert times[0] < times[1] < times[2]
+
+
+def test_flash_attention_is_not_bound_by_score_traffic() -> None:
+    """A fused kernel's time barely depends on HBM bandwidth (scores stay on chip): a 64-wide head's
+    attention on a long sequence takes about as long on a 1555 GB/s part as on a 2039 GB/s one."""
+    cfg = ScheduleConfig(dp=8, micro_batch=1, attn_kernel="flash", precision="bf16")
+    model = _gpt(32768, hidden=1024, heads=16)  # head_dim 64
+    slow = estimate_time(model, cfg, ClusterSpec(gpus=8, gpu_type="a100-40gb"), PERF["a100-40gb"], dropout=False)
+    fast = estimate_time(model, cfg, A100, PERF["a100-80gb"], dropout=False)
+    assert slow.compute / fast.compute < 1.1
+
+
+def test_slower_fp32_units_slow_flash_attention() -> None:
+    cfg = ScheduleConfig(dp=8, micro_batch=1, attn_kernel="flash", precision="bf16")
+    model = _gpt(16384)
+    weak = ClusterSpec(gpus=8, gpu_type="a100-80gb", peak_tflops_fp32=9.75)
+    base = estimate_time(model, cfg, A100, PERF["a100-80gb"], dropout=False)
+    slow = estimate_time(model, cfg, weak, PERF["a100-80gb"], dropout=False)
+    assert slow.compute > base.compute
+
+
+def test_fixed_gemm_cost_hits_small_micro_batches_at_high_tp_hardest() -> None:
+    """Per token, the per-GEMM fixed cost weighs most where GEMMs are smallest (tp 8, micro-batch 1)."""
+    model = _gpt(2048, hidden=4096, heads=32)
+    cluster = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    no_fixed = replace(PERF["a100-80gb"], gemm_fixed_s=0.0)
+
+    def slowdown(mb: int) -> float:
+        cfg = ScheduleConfig(tp=8, micro_batch=mb, grad_accum=16 // mb, precision="fp16", attn_kernel="eager")
+        return (estimate_time(model, cfg, cluster, PERF["a100-80gb"]).total
+                / estimate_time(model, cfg, cluster, no_fixed).total)
+
+    assert slowdown(1) > slowdown(16) > 1.0
+
+
+def test_host_issue_rate_floors_tiny_layers_only() -> None:
+    """A slow host (1 ms a kernel) dominates a tiny model's step; a large model's kernels outlast it."""
+    slow_host = replace(PERF["a100-80gb"], host_op_s=1e-3)
+    tiny = ModelSpec(family="gpt2", hidden=128, layers=2, heads=2, ffn=512, seq_len=128, vocab=1024)
+    cfg = ScheduleConfig(dp=8, micro_batch=1, precision="bf16")
+    base = estimate_time(tiny, cfg, A100, PERF["a100-80gb"])
+    slow = estimate_time(tiny, cfg, A100, slow_host)
+    assert slow.total > 3 * base.total
+    big = _gpt(2048, hidden=8192, heads=64)
+    cfg = ScheduleConfig(dp=8, micro_batch=4, precision="bf16", attn_kernel="flash")
+    assert estimate_time(big, cfg, A100, replace(PERF["a100-80gb"], host_op_s=20e-6)).total == pytest.approx(
+        estimate_time(big, cfg, A100, replace(PERF["a100-80gb"], host_op_s=0.0)).total)
+
+
+def test_pipeline_sends_cross_nodes_and_scale_with_micro_batches() -> None:
+    """What the model charges a pipeline: per micro-batch p2p in every slot (m + p - 1 of them), at
+    the network's bandwidth once the stages sit on different nodes (Megatron places stages tp x dp
+    ranks apart)."""
+    model = _gpt(2048, hidden=8192, heads=64)
+    perf = PERF["a100-80gb"]
+    one_node = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    many = ClusterSpec(gpus=32, gpu_type="a100-80gb")
+    within = ScheduleConfig(tp=2, pp=4, micro_batch=1, grad_accum=8, precision="fp16", attn_kernel="eager")
+    across = ScheduleConfig(tp=2, pp=4, dp=4, micro_batch=1, grad_accum=8, precision="fp16", attn_kernel="eager")
+    assert estimate_time(model, across, many, perf).pp_comm > 5 * estimate_time(model, within, one_node, perf).pp_comm
+    fewer = replace(across, grad_accum=4)
+    t8, t4 = estimate_time(model, across, many, perf), estimate_time(model, fewer, many, perf)
+    assert t8.pp_comm / t4.pp_comm == pytest.approx((8 + 3) / (4 + 3))
+    assert t8.bubble == pytest.approx(t4.bubble)

@@ -1,0 +1,192 @@
+"""The user's own model file (``autoslapo.models.user``): loading, its measured shape, its rules, its schedule."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.cost import estimate
+from autoslapo.cost.flops import hw_flops_per_sample, model_flops_per_sample
+from autoslapo.errors import ConfigError, UsageError
+from autoslapo.models.build import build_model, example_batch
+from autoslapo.models.resolve import resolve_model
+from autoslapo.models.user import load_user_model, model_cache_dir, user_loss, user_spec
+from autoslapo.plan import apply_schedule
+from search_spaces import space_for
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "experiments" / "my_model.py"
+
+BARE = '''
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x, y):
+        for b in self.blocks:
+            x = torch.relu(b(x))
+        return ((self.out(x) - y) ** 2).mean()
+
+def build():
+    return Net()
+
+def batch(micro_batch, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"x": torch.randn(micro_batch, 8, generator=g), "y": torch.randn(micro_batch, 1, generator=g)}
+'''
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _file(tmp_path: Path, text: str, name: str = "net.py") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_the_worked_example_is_measured_by_its_trace(cache: Path) -> None:
+    spec = user_spec(EXAMPLE)
+    x = spec.extra
+    model = build_model(spec)
+    assert spec.family == "user" and spec.preset == "my_model" and x["layers"] == "blocks" and x["tp"]
+    assert spec.num_params() == sum(p.numel() for p in model.parameters())
+    assert spec.layer_params() == sum(p.numel() for p in model.blocks[0].parameters())
+    # 4 blocks, hidden 64, 4 heads, MLP 256, 32 tokens, vocab 512: Megatron's per-matrix count per sample
+    s, h, f, v = 32, 64, 256, 512
+    block = s * (2 * 4 * h * h + 2 * 2 * h * f) + 2 * 2 * s * s * h
+    assert x["layer_fwd_flops"] == block
+    assert x["fwd_flops"] == 4 * block + 2 * s * h * v
+    assert model_flops_per_sample(spec) == 3 * x["fwd_flops"]
+    assert hw_flops_per_sample(spec, ScheduleConfig(ckpt_ratio=0.5)) == 3 * x["fwd_flops"] + 2 * block
+    assert x["layer_input_bytes"] == s * h * 4  # one fp32 sample of hidden states
+    # tp may be any divisor of 4 (the heads); the sequence is the batch's input_ids
+    assert (spec.heads, spec.layers, spec.seq_len) == (4, 4, 32)
+    # traced once: the result is cached beside the file's copy, by digest
+    assert json.loads((cache / x["digest"] / "trace-v1.json").read_text())["fwd_flops"] == x["fwd_flops"]
+    assert (cache / x["digest"] / "my_model.py").read_bytes() == EXAMPLE.read_bytes()
+
+
+def test_a_file_is_found_by_content_not_by_name(tmp_path: Path) -> None:
+    a = user_spec(_file(tmp_path, BARE, "a.py"))
+    b = user_spec(_file(tmp_path, BARE, "b.py"))
+    c = user_spec(_file(tmp_path, BARE + "\n# changed\n", "a2.py"))
+    assert a.signature() == b.signature() != c.signature()
+    assert (a.preset, b.preset) == ("a", "b")
+    assert load_user_model(b).module == "b"
+
+
+def test_ranks_load_the_cached_copy_by_digest(tmp_path: Path, cache: Path) -> None:
+    path = _file(tmp_path, BARE, "gone.py")
+    spec = user_spec(path)
+    path.unlink()  # the ranks never read the user's path
+    from autoslapo.models import user
+
+    user._LOADED.clear()
+    assert load_user_model(spec).module == "gone"
+    shutil.rmtree(cache)
+    user._LOADED.clear()
+    with pytest.raises(ConfigError, match="not in the model cache"):
+        load_user_model(spec)
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "message"),
+    [
+        (BARE.replace("def build", "def make"), "net.py", "must define build() -> nn.Module"),
+        (BARE.replace("def batch", "def data"), "net.py", "must define batch(micro_batch, seed) -> dict"),
+        (BARE + "\nlayers = 'block'\n", "net.py", "no 'block' in Net (children: blocks, out)"),
+        (BARE + "\nlayers = 'out'\n", "net.py", "must name a non-empty ModuleList"),
+        (BARE + "\nlayers = 3\n", "net.py", "layers must be the dotted path"),
+        (BARE + "\nfamily = 'gpt2'\n", "net.py", "family must be an autoslapo.FamilyDescription"),
+        (BARE + "\nraise RuntimeError('boom')\n", "net.py", "failed to import: RuntimeError: boom"),
+        (BARE.replace("micro_batch, 8", "3, 8"), "net.py", "must return tensors of 2 rows"),
+        (BARE, "net.txt", "must be a Python file (.py)"),
+    ],
+)
+def test_a_bad_file_is_one_line_with_rule_value_and_fix(tmp_path: Path, text: str, name: str, message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        user_spec(_file(tmp_path, text, name))
+    assert message in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_resolve_model_takes_presets_and_files(tmp_path: Path) -> None:
+    assert resolve_model("bert-tiny", hidden=256).hidden == 256
+    assert resolve_model(str(_file(tmp_path, BARE))).family == "user"
+    with pytest.raises(UsageError, match=r"shape flags do not apply to a model file \(its shape is its own\): got --hidden"):
+        resolve_model(str(_file(tmp_path, BARE)), hidden=256)
+    with pytest.raises(UsageError, match="model file not found"):
+        resolve_model(str(tmp_path / "missing.py"))
+
+
+def test_what_the_file_declares_decides_the_knobs(tmp_path: Path) -> None:
+    bare = user_spec(_file(tmp_path, BARE))
+    blocks = user_spec(_file(tmp_path, BARE + "\nlayers = 'blocks'\n", "blocks.py"))
+    full = user_spec(EXAMPLE)
+    with pytest.raises(ConfigError, match="tensor parallelism needs the model file to declare family"):
+        ScheduleConfig(tp=2).validate(blocks)
+    with pytest.raises(ConfigError, match="checkpointing needs the model file to declare layers"):
+        ScheduleConfig(ckpt_ratio=0.5).validate(bare)
+    with pytest.raises(ConfigError, match="pipeline stages are not offered"):
+        ScheduleConfig(pp=2, grad_accum=2).validate(full)
+    with pytest.raises(ConfigError, match="share the divisor 4"):
+        ScheduleConfig(tp=8).validate(full)
+    ScheduleConfig(tp=4, ckpt_ratio=0.5).validate(full)
+    cluster = ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4)
+    b = space_for("user").bind(bare, cluster)
+    assert (b.domains["tp"], b.domains["ckpt_ratio"], b.domains["attn_kernel"]) == ((1,), (0.0,), ("sdpa",))
+    assert b.domains["fuse_bias_gelu"] == (False,) and len(b.domains["zero_stage"]) == 4
+    assert space_for("user").bind(blocks, cluster).domains["ckpt_ratio"] == (0.0, 0.25, 0.5, 0.75, 1.0)
+    f = space_for("user").bind(full, cluster)
+    assert f.domains["tp"] == (1, 2, 4) and f.domains["attn_kernel"] == ("eager", "sdpa")
+    assert all(c.pp == 1 and not c.sequence_parallel for c in f.configs())
+
+
+@pytest.mark.parametrize("knobs", [{"ckpt_ratio": 0.5, "fuse_bias_gelu": True},
+                                   {"ckpt_ratio": 1.0, "attn_kernel": "eager"}])
+def test_the_schedule_keeps_loss_and_gradients(knobs: dict[str, object]) -> None:
+    spec = user_spec(EXAMPLE)
+    ref, model = build_model(spec, seed=1), build_model(spec, seed=1)
+    sch = apply_schedule(model, spec, ScheduleConfig(**knobs), compiler="eager")  # type: ignore[arg-type]
+    plan = sch.meta["plan"]
+    assert plan["family"] == "user" and plan["checkpointed"] == ScheduleConfig(**knobs).checkpointed_layers(4)  # type: ignore[arg-type]
+    batch = example_batch(spec, 2, seed=3)
+    want, got = user_loss(ref(**batch)), user_loss(model(**batch))
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(got, want)
+    grads = dict(ref.named_parameters())
+    common = [(n, p) for n, p in model.named_parameters() if n in grads]
+    assert len(common) >= len(grads) - 8  # fusion renames fc1's weight and bias in each of the 4 blocks
+    for name, p in common:
+        torch.testing.assert_close(p.grad, grads[name].grad, msg=name)
+    norms = sorted(float(p.grad.norm()) for p in model.parameters() if p.grad is not None)
+    torch.testing.assert_close(norms, sorted(float(p.grad.norm()) for p in ref.parameters() if p.grad is not None))
+
+
+def test_the_cost_model_reads_the_trace() -> None:
+    spec = user_spec(EXAMPLE)
+    cluster = ClusterSpec(gpus=4, gpu_type="a100-80gb", gpus_per_node=4)
+    base = estimate(spec, ScheduleConfig(dp=4, micro_batch=8, precision="fp32"), cluster)
+    assert base.fits and base.samples_per_s > 0 and base.tokens_per_s == base.samples_per_s * 32
+    assert base.memory.params == spec.num_params() * 4
+    tp = estimate(spec, ScheduleConfig(tp=2, dp=2, micro_batch=8, precision="fp32"), cluster)
+    assert tp.memory.params < base.memory.params and tp.time.tp_comm > 0 == base.time.tp_comm
+    ckpt = estimate(spec, ScheduleConfig(dp=4, micro_batch=8, ckpt_ratio=1.0, precision="fp32"), cluster)
+    assert ckpt.memory.activations < base.memory.activations and ckpt.time.recompute > 0
+    z3 = estimate(spec, ScheduleConfig(dp=4, micro_batch=8, zero_stage=3, precision="fp32"), cluster)
+    assert z3.memory.params < base.memory.params
+    assert model_cache_dir().name == "cache"
