@@ -297,9 +297,9 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
     def wide(T: float) -> float:  # q and o are heads x d_kv wide, not hidden
         return (r.gemm(T, inner / t, h) + r.gemm(T, h, inner / t)) - (r.gemm(T, h / t, h) + r.gemm(T, h, h / t))
 
-    ef, eb, ec = _layer_times(enc, config, r, dropout)
+    ef, eb, ec, _ = _layer_times(enc, config, r, dropout)
     ef, eb = ef + wide(Ts), eb + 2 * wide(Ts)
-    df, db, dc = _layer_times(dec, config, r, dropout)
+    df, db, dc, _ = _layer_times(dec, config, r, dropout)
     proj = r.gemm(Tu, inner / t, h) + r.gemm(Ts, 2 * inner / t, h) + r.gemm(Tu, h, inner / t)
     core = r.gemm(u, s, d, b * heads) + r.gemm(u, d, s, b * heads) + r.mem(b * heads * u * s * e * 6, 3)
     df, db, dc = df + wide(Tu) + proj + core, db + 2 * wide(Tu) + 2 * proj + 2 * core, dc + core
@@ -419,7 +419,10 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     # forward's kernels) and recomputation; a micro-batch whose kernels run for less than the host
     # takes to issue them waits on the host, in every slot of the pipeline
     if perf.host_op_s > 0:
-        issued = per_stage * kernels_l * 3 + n_ckpt * (kernels_l if config.ckpt_granularity == "full" else 1)
+        blocks_run, n_rec = per_stage, n_ckpt
+        if model.encoder_decoder:  # T5: the blocks of both stacks (no pipeline)
+            blocks_run, n_rec = model.blocks, len(config.checkpointed_layers(model.blocks))
+        issued = blocks_run * kernels_l * 3 + n_rec * (kernels_l if config.ckpt_granularity == "full" else 1)
         overhead += (m + bubble_slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 
     return TimeBreakdown(
