@@ -15,6 +15,10 @@ Keys this module writes into ``ModelSpec.extra`` (part of the spec's signature):
 * ``tie_word_embeddings``: whether the LM head shares the token embedding's weight.
 * ``qkv_bias`` / ``out_bias`` / ``mlp_bias`` (gated-MLP families only): which projections of a
   layer carry biases (Qwen2: q, k, v; LLaMA's ``attention_bias``: q, k, v and o).
+* T5 (``model_type`` "t5"): its ``T5_EXTRA`` keys (``decoder_layers``, ``d_kv``, ``gated``,
+  ``tied``, ``buckets``) from ``num_decoder_layers``, ``d_kv``, ``feed_forward_proj`` ("gated-..."),
+  ``tie_word_embeddings`` and ``relative_attention_num_buckets``. A config gives no target length:
+  the decoder trains on as many tokens as the encoder (``extra["decoder_seq_len"]`` unset).
 
 A relative that differs from its family in a way the schedule or the cost model does not follow
 is refused with the reason (a sliding attention window shorter than the sequence; a head width
@@ -382,5 +386,62 @@ register_hf_model_type(
         ("hidden_dropout_prob", "attention_probs_dropout_prob"),
         position_offset=2,
         check=_check_not_decoder_of,
+    )
+)
+
+
+# T5: relative positions (no table; the published models train on 512 source tokens), an encoder
+# and a decoder stack. The spec's T5 keys (``T5_EXTRA``) hold what the config says of both stacks;
+# ``derived`` writes them back, so shape flags (``--layers`` moves both stacks) reach the model.
+_T5_KEYS: dict[str, str] = {
+    "hidden": "d_model",
+    "layers": "num_layers",
+    "heads": "num_heads",
+    "ffn": "d_ff",
+    "vocab": "vocab_size",
+}
+
+
+def _t5_extra(config: Mapping[str, Any]) -> dict[str, Any]:
+    layers = config.get("num_layers")
+    decoder_layers = config.get("num_decoder_layers")
+    return {
+        "decoder_layers": decoder_layers if decoder_layers is not None else layers,
+        "d_kv": _int(config, "d_kv", "t5") if config.get("d_kv") is not None else 64,
+        "gated": str(config.get("feed_forward_proj", "relu")).startswith("gated-"),
+        "tied": bool(config.get("tie_word_embeddings", True)),
+        "buckets": _int(config, "relative_attention_num_buckets", "t5")
+        if config.get("relative_attention_num_buckets") is not None
+        else 32,
+    }
+
+
+def _t5_derived(spec: ModelSpec) -> dict[str, Any]:
+    return {
+        "num_decoder_layers": spec.decoder_layers,
+        "d_kv": spec.head_dim,
+        "relative_attention_num_buckets": int(spec.t5("buckets")),
+    }
+
+
+def _check_t5(config: Mapping[str, Any], spec: ModelSpec) -> None:
+    if config.get("is_encoder_decoder") is False:
+        raise ConfigError(
+            "a t5 config with is_encoder_decoder false is not the encoder-decoder autoslapo schedules "
+            "(T5ForConditionalGeneration): got is_encoder_decoder=False; set it to true"
+        )
+
+
+register_hf_model_type(
+    HFModelType(
+        "t5",
+        "t5",
+        "T5ForConditionalGeneration",
+        _T5_KEYS,
+        ("dropout_rate",),
+        positions=512,
+        derived=_t5_derived,
+        check=_check_t5,
+        extra=_t5_extra,
     )
 )

@@ -408,11 +408,18 @@ class ModelSpec:
         return PRESETS[key].with_overrides(**overrides)
 
 
+# ``extra`` keys a spec read from a config.json carries beside its family's (``autoslapo.models.hf``).
+HF_EXTRA_KEYS = ("hf_config", "tie_word_embeddings")
+
+
 def _check_t5_extra(spec: ModelSpec) -> None:
-    unknown = sorted(set(spec.extra) - set(T5_EXTRA))
+    unknown = sorted(set(spec.extra) - set(T5_EXTRA) - set(HF_EXTRA_KEYS))
     if unknown:
         raise ConfigError(f"unknown {spec.family} extra keys {unknown} for {spec.preset}; valid keys are "
                           f"{sorted(T5_EXTRA)}")
+    if "tie_word_embeddings" in spec.extra and spec.extra["tie_word_embeddings"] != spec.t5("tied"):
+        raise ConfigError(f"{spec.family} extra tie_word_embeddings and tied must agree: got "
+                          f"{spec.extra['tie_word_embeddings']!r} and {spec.t5('tied')!r} for {spec.preset}")
     for key in ("decoder_layers", "decoder_seq_len", "d_kv", "buckets"):
         v = spec.extra.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_SEQ_LEN):

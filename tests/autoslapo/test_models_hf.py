@@ -16,7 +16,7 @@ from autoslapo.cost.flops import model_flops_per_sample
 from autoslapo.cost.memory import stage_params
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.build import build_config, build_model, example_batch
-from autoslapo.models.families import get_family
+from autoslapo.models.families import family_description
 from autoslapo.models.hf import (
     DEFAULT_SEQ_LEN,
     HF_CONFIG_KEY,
@@ -92,6 +92,24 @@ TINY: dict[str, dict[str, Any]] = {
         "pad_token_id": 1,
         "type_vocab_size": 1,
     },
+    # T5 v1.1's shape: gated-GeLU MLP, untied head; a deeper decoder and heads narrower than
+    # hidden / heads, so every T5 key is read from the config and none is a default
+    "t5": {
+        "model_type": "t5",
+        "d_model": 64,
+        "num_layers": 2,
+        "num_decoder_layers": 3,
+        "num_heads": 4,
+        "d_kv": 8,
+        "d_ff": 96,
+        "vocab_size": 512,
+        "relative_attention_num_buckets": 16,
+        "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+    },
 }
 
 
@@ -118,15 +136,17 @@ def test_the_built_model_is_transformers_own_model_of_the_config(model_type: str
     model = build_model(spec)
     reference = getattr(transformers, entry.lm_class)(transformers.AutoConfig.for_model(**raw))
     assert type(model).__name__ == entry.lm_class
-    assert _count(model) == _count(reference)
+    # transformers 5 ties T5's head whatever the config says; build_model unties it as T5 v1.1 has it
+    untied_t5 = spec.encoder_decoder and not spec.tied_head
+    assert _count(model) == _count(reference) + (spec.vocab * spec.hidden if untied_t5 else 0)
     assert {k: v.shape for k, v in model.state_dict().items()} == {
         k: v.shape for k, v in reference.state_dict().items()
     }
-    # the family's description finds every part it schedules
-    desc = get_family(spec.family)
-    layer = model.get_submodule(desc.layer_path(0))
-    for path in (*desc.qkv, desc.attn_out, *desc.mlp_in, desc.mlp_out, *desc.norms):
-        layer.get_submodule(path)
+    # the family's description (of each stack) finds every part it schedules
+    for desc in family_description(spec).stacks():
+        layer = model.get_submodule(desc.layer_path(0))
+        for path in (*desc.qkv, desc.attn_out, *desc.mlp_in, desc.mlp_out, *desc.norms, *desc.cross_qkv):
+            layer.get_submodule(path)
     assert model.config.use_cache is False
 
 
@@ -288,3 +308,25 @@ def test_the_registry_takes_one_reader_per_model_type(monkeypatch: pytest.Monkey
         HFModelType("relpos", "gpt2", "GPT2LMHeadModel", keys, ())
     with pytest.raises(ConfigError, match="unknown family 'mamba'"):
         HFModelType("relpos", "mamba", "X", keys, (), positions=512)
+
+
+def test_a_t5_config_reads_both_stacks_and_counts_what_the_model_holds() -> None:
+    """Every T5 key of the config reaches the spec (and the spec's FLOPs and parameter count equal
+    what the built model computes and holds); --layers moves both stacks, as for the presets."""
+    spec = resolve_model(str(DATA / "t5-tiny.json"), seq_len=32)
+    assert (spec.family, spec.hidden, spec.layers, spec.decoder_layers, spec.heads, spec.head_dim) == (
+        "t5", 64, 2, 3, 4, 8)
+    assert (spec.ffn, spec.vocab, spec.t5("buckets"), spec.gated_mlp, spec.tied_head) == (96, 512, 16, True, False)
+    assert spec.decoder_seq_len == spec.seq_len == 32
+    model = build_model(spec, dropout=0.0, attn_kernel="eager")
+    assert _count(model) == spec.num_params()
+    assert model.lm_head.weight is not model.shared.weight and not model.config.scale_decoder_outputs
+    assert len(model.decoder.block) == 3 and model.encoder.block[0].layer[0].SelfAttention.q.weight.shape == (32, 64)
+    with FlopCounterMode(display=False) as counter:
+        model(**example_batch(spec, 2)).loss.backward()
+    assert counter.get_total_flops() == pytest.approx(2 * model_flops_per_sample(spec), rel=1e-6)
+    deeper = resolve_model(str(DATA / "t5-tiny.json"), layers=4)
+    assert (deeper.layers, deeper.decoder_layers) == (4, 4)
+    assert build_config(deeper).num_decoder_layers == 4
+    with pytest.raises(ConfigError, match="is_encoder_decoder"):
+        spec_from_hf_config({**TINY["t5"], "is_encoder_decoder": False})
