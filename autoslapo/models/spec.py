@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from autoslapo.errors import ConfigError, UsageError
+from autoslapo.models.extra import FAMILY_EXTRA as FAMILY_EXTRA
+from autoslapo.models.extra import T5_EXTRA, check_extra
 
 # Families autoslapo can build and schedule. ``causal``: decoder-only LM (causal mask, next-token
 # loss); ``gated_mlp``: SwiGLU-style MLP with three matrices (LLaMA); ``learned_pos``: learned
@@ -41,15 +43,6 @@ FAMILIES: dict[str, dict[str, bool]] = {
                 "qkv_bias": False},
 }
 
-# T5's keys in ``ModelSpec.extra`` and their defaults (None: derived from the spec). ``layers`` and
-# ``seq_len`` are the encoder's; ``decoder_layers`` / ``decoder_seq_len`` the decoder's (default: the
-# same); ``d_kv`` the width of one head (default hidden // heads; t5-3b has 32 heads of 128 on a
-# 1024-wide model, so heads * d_kv need not equal hidden); ``gated``: T5 v1.1's gated-GeLU MLP
-# (wi_0, wi_1, wo) instead of ReLU (wi, wo); ``tied``: the LM head shares the embedding (T5 v1.0)
-# and the decoder output is scaled by hidden**-0.5 before it; ``buckets``: relative-position buckets.
-T5_EXTRA: dict[str, Any] = {
-    "decoder_layers": None, "decoder_seq_len": None, "d_kv": None, "gated": False, "tied": True, "buckets": 32,
-}
 # The user's own module (``autoslapo.models.user``): no presets, no transformers class; its shape is
 # measured from its file and kept in ``extra``. Apart from ``FAMILIES``, which lists the built-in ones.
 USER_FAMILY = "user"
@@ -60,12 +53,6 @@ def family_flags(family: str) -> dict[str, bool]:
     """The flags of a built-in family or of the user's own module. Raises KeyError for another name."""
     return USER_FLAGS if family == USER_FAMILY else FAMILIES[family]
 
-#: The ``ModelSpec.extra`` keys each family requires, with their types.
-FAMILY_EXTRA: dict[str, dict[str, type]] = {
-    "albert": {"embedding_size": int},
-    "gpt_neo": {"window_size": int, "attention_pattern": list},
-}
-
 
 #: Flags that are on for a family that does not list them.
 FLAGS_ON_BY_DEFAULT = ("qkv_bias", "sequence_parallel")
@@ -74,6 +61,7 @@ FLAGS_ON_BY_DEFAULT = ("qkv_bias", "sequence_parallel")
 def family_flag(family: str, flag: str) -> bool:
     """A family's flag; one a family does not list is off, unless in ``FLAGS_ON_BY_DEFAULT``."""
     return bool(family_flags(family).get(flag, flag in FLAGS_ON_BY_DEFAULT))
+
 
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
 # 128 heads, vocab 256k, 10M-token contexts), so only typos and absurd values are refused.
@@ -171,14 +159,12 @@ class ModelSpec:
                 f"kv_heads must divide heads (each key/value head serves heads/kv_heads query heads): got "
                 f"kv_heads={self.kv_heads}, heads={self.heads}; use a divisor of {self.heads} for --kv-heads"
             )
-        _check_extra(self)
+        check_extra(self, max_width=MAX_HIDDEN, max_len=MAX_SEQ_LEN)
         if self.max_positions < self.seq_len:
             raise ConfigError(
                 f"seq_len must not exceed max_positions: got seq_len={self.seq_len}, "
                 f"max_positions={self.max_positions} for {self.preset}; lower --seq-len"
             )
-        if self.encoder_decoder:
-            _check_t5_extra(self)
 
     # --- derived shape -------------------------------------------------------------------
     @property
@@ -406,49 +392,6 @@ class ModelSpec:
                 f"(valid: {', '.join(sorted(PRESETS))})"
             )
         return PRESETS[key].with_overrides(**overrides)
-
-
-# ``extra`` keys a spec read from a config.json carries beside its family's (``autoslapo.models.hf``).
-HF_EXTRA_KEYS = ("hf_config", "tie_word_embeddings")
-
-
-def _check_t5_extra(spec: ModelSpec) -> None:
-    unknown = sorted(set(spec.extra) - set(T5_EXTRA) - set(HF_EXTRA_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown {spec.family} extra keys {unknown} for {spec.preset}; valid keys are "
-                          f"{sorted(T5_EXTRA)}")
-    if "tie_word_embeddings" in spec.extra and spec.extra["tie_word_embeddings"] != spec.t5("tied"):
-        raise ConfigError(f"{spec.family} extra tie_word_embeddings and tied must agree: got "
-                          f"{spec.extra['tie_word_embeddings']!r} and {spec.t5('tied')!r} for {spec.preset}")
-    for key in ("decoder_layers", "decoder_seq_len", "d_kv", "buckets"):
-        v = spec.extra.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_SEQ_LEN):
-            raise ConfigError(f"{spec.family} extra {key} must be a positive integer: got {v!r} for "
-                              f"{spec.preset}; give a positive {key} in ModelSpec.extra")
-    for key in ("gated", "tied"):
-        if not isinstance(spec.extra.get(key, T5_EXTRA[key]), bool):
-            raise ConfigError(f"{spec.family} extra {key} must be true or false: got {spec.extra[key]!r} "
-                              f"for {spec.preset}")
-def _check_extra(spec: ModelSpec) -> None:
-    """The family's ``extra`` keys are present, typed and sane; other families carry none of them."""
-    need = FAMILY_EXTRA.get(spec.family, {})
-    for key, typ in need.items():
-        v = spec.extra.get(key)
-        if not isinstance(v, typ) or isinstance(v, bool):
-            raise ConfigError(
-                f"a {spec.family} model needs extra[{key!r}] as {typ.__name__}: got {v!r} for {spec.preset}; "
-                f"start from a {spec.family} preset (`autoslapo models`)"
-            )
-    if spec.family == "albert" and not 0 < spec.extra["embedding_size"] <= MAX_HIDDEN:
-        raise ConfigError(f"embedding_size must be in 1..{MAX_HIDDEN:,}: got {spec.extra['embedding_size']}")
-    if spec.family == "gpt_neo":
-        pattern, window = spec.extra["attention_pattern"], spec.extra["window_size"]
-        if not pattern or any(t not in ("global", "local") for t in pattern):
-            raise ConfigError(
-                f"attention_pattern must be a non-empty list of 'global'/'local': got {pattern!r} for {spec.preset}"
-            )
-        if window < 1:
-            raise ConfigError(f"window_size must be a positive integer: got {window!r} for {spec.preset}")
 
 
 def _p(preset: str, family: str, hidden: int, layers: int, heads: int, ffn: int, seq: int, vocab: int,
