@@ -46,8 +46,9 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
     ("gpt-neo-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5}),  # local attention over TP/PP
 ]
 
-# LLaMA's relatives from a Hugging Face config.json (Mistral; Qwen2 with q/k/v biases and a tied head).
-HF_CONFIGS = [str(Path(__file__).parent / "data" / "hf" / f"{name}-tiny.json") for name in ("mistral", "qwen2")]
+# LLaMA's relatives from a Hugging Face config.json (Mistral; Qwen2 with q/k/v biases and a tied head);
+# a T5 v1.1 config (gated MLP, untied head, a deeper decoder).
+HF_CONFIGS = [str(Path(__file__).parent / "data" / "hf" / f"{name}-tiny.json") for name in ("mistral", "qwen2", "t5")]
 MIXED.append((HF_CONFIGS[1], {"tp": 2, "pp": 2, "zero_stage": 1, "grad_accum": 2}))
 
 
@@ -122,7 +123,8 @@ def test_full_matrix_per_family(family: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", HF_CONFIGS, ids=lambda p: Path(p).stem)
 def test_full_matrix_per_hf_config(path: str) -> None:
-    _check([(path, kw) for kw in MATRIX])
+    family = _spec(path).family
+    _check([(path, kw) for kw in [*MATRIX, *MATRIX_EXTRA.get(family, [])] if _allowed(path, kw)])
 
 
 @pytest.mark.slow
