@@ -14,18 +14,28 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from autoslapo.errors import ConfigError, UsageError
+from autoslapo.models.wrn_shape import wrn_end_params, wrn_params
 
 # Families autoslapo can build and schedule. ``causal``: decoder-only LM (causal mask, next-token
 # loss); ``gated_mlp``: SwiGLU-style MLP with three matrices (LLaMA); ``learned_pos``: learned
 # position embeddings of ``seq_len`` rows (BERT/GPT-2/OPT) rather than rotary (LLaMA); ``gqa``:
-# grouped-query attention, fewer key/value heads than query heads (LLaMA).
+# grouped-query attention, fewer key/value heads than query heads (LLaMA); ``convolutional`` (only
+# where true): a convolutional image classifier, no attention, tokens or vocabulary (WideResNet:
+# ``hidden``/``ffn`` are channel widths, ``seq_len`` the image side, ``vocab`` the classes; see
+# ``autoslapo.models.wrn_shape``). ``extra`` holds no keys for it.
 FAMILIES: dict[str, dict[str, bool]] = {
     "bert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "roberta": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "gpt2": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "opt": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True},
+    "wideresnet": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "convolutional": True},
 }
+
+
+def is_convolutional(family: str) -> bool:
+    """Whether ``family`` is a convolutional image classifier (no attention, sequence or vocabulary)."""
+    return FAMILIES[family].get("convolutional", False)
 
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
 # 128 heads, vocab 256k, 10M-token contexts), so only typos and absurd values are refused.
@@ -50,9 +60,12 @@ GATED_MLP_RULES: dict[str, tuple[int, float]] = {"llama-tiny": (32, 1.0), "llama
 def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
     """The MLP's inner width that ``family`` (and ``preset``'s own rounding) gives a ``hidden`` width.
 
-    4 x hidden for BERT/RoBERTa/GPT-2/OPT; LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs.
+    4 x hidden for BERT/RoBERTa/GPT-2/OPT; LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs;
+    a WideResNet's bottleneck width at width factor 2 (``hidden / 2``; give ``ffn`` for other factors).
     Every preset's ``ffn`` is what this returns for its ``hidden`` (a test checks it).
     """
+    if family == "wideresnet":
+        return hidden // 2
     if not FAMILIES[family]["gated_mlp"]:
         return 4 * hidden
     multiple_of, multiplier = GATED_MLP_RULES.get(preset, GATED_MLP_RULE)
@@ -146,7 +159,10 @@ class ModelSpec:
         return self.preset
 
     def layer_params(self) -> int:
-        """Parameters of one transformer layer (weights and biases, norms included)."""
+        """Parameters of one transformer layer (weights and biases, norms included); of a WideResNet,
+        the mean over its blocks."""
+        if self.family == "wideresnet":
+            return (wrn_params(self.hidden, self.ffn, self.layers, self.vocab) - self.embedding_params()) // self.layers
         h, f, kvd = self.hidden, self.ffn, self.kv_heads * self.head_dim
         attn = h * h + 2 * h * kvd + h * h  # q, k, v, out
         if self.gated_mlp:
@@ -157,14 +173,20 @@ class ModelSpec:
         return attn + mlp + biases + 4 * h  # two LayerNorms (weight + bias)
 
     def embedding_params(self) -> int:
-        """Token (and learned position) embeddings; the LM head is tied where the family ties it."""
+        """Token (and learned position) embeddings; the LM head is tied where the family ties it.
+        A WideResNet's stem and classifier."""
+        if self.family == "wideresnet":
+            return wrn_end_params(self.hidden, self.layers, self.vocab)
         n = self.vocab * self.hidden
         if FAMILIES[self.family]["learned_pos"]:
             n += self.max_positions * self.hidden
         return n
 
     def num_params(self) -> int:
-        """Total parameters (approximate to within the small heads/norms that differ per family)."""
+        """Total parameters (approximate to within the small heads/norms that differ per family; exact
+        for a WideResNet)."""
+        if self.family == "wideresnet":
+            return wrn_params(self.hidden, self.ffn, self.layers, self.vocab)
         head = self.vocab * self.hidden if self.family == "llama" else 0  # LLaMA's head is untied
         return self.layers * self.layer_params() + self.embedding_params() + head + 2 * self.hidden
 
@@ -267,6 +289,13 @@ PRESETS: dict[str, ModelSpec] = {
         _p("llama-7b", "llama", 4096, 32, 32, 11008, 4096, 32000),
         _p("llama-13b", "llama", 5120, 40, 40, 13824, 4096, 32000),
         _p("llama-70b", "llama", 8192, 80, 64, 28672, 4096, 32000, kv=8),
+        # WideResNet-50 (torchvision's wide_resnet50_2 at width 2; Slapo's paper scales the width):
+        # hidden = first stage's output channels, ffn = its bottleneck width, layers = blocks,
+        # seq_len = image side, vocab = classes, no heads. The tiny one: 4 blocks, 32x32 images, 10 classes.
+        _p("wideresnet-tiny", "wideresnet", 32, 4, 1, 16, 32, 10),
+        _p("wideresnet-50-2", "wideresnet", 256, 16, 1, 128, 224, 1000),
+        _p("wideresnet-50-4", "wideresnet", 256, 16, 1, 256, 224, 1000),
+        _p("wideresnet-50-8", "wideresnet", 256, 16, 1, 512, 224, 1000),
     ]
 }
 
@@ -276,6 +305,8 @@ ALIASES: dict[str, str] = {
     "gpt2-small": "gpt2",
     "opt": "opt-1.3b",
     "llama": "llama-7b",
+    "wideresnet": "wideresnet-50-2",
+    "wide_resnet50_2": "wideresnet-50-2",
 }
 
 
