@@ -205,6 +205,9 @@ class BoundSpace:
         layers = self.model.layers
         knobs["ckpt_ratio"] = round(float(knobs.get("ckpt_ratio", 0.0)) * layers) / layers
         try:
+            for n in layout.inapplicable_knobs(self.model, KNOBS):
+                if n not in self.fixed:  # a knob the family cannot use runs at its default
+                    knobs[n] = KNOB[n].default
             return ScheduleConfig(**canonical(knobs, layers)).validate(self.model, self.cluster)
         except ConfigError as err:
             return Invalid(str(err))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError
-from autoslapo.models.spec import ModelSpec
+from autoslapo.models.spec import ModelSpec, is_convolutional
 
 if TYPE_CHECKING:
     import torch
@@ -162,21 +162,33 @@ def build_model(
     the device to build on (``None``: the ambient default, so ``with torch.device("meta")`` works);
     the parameter dtype (``None``: float32); dropout (``None``: the family's default; 0 turns it off).
     Returns: ``BertForMaskedLM`` / ``RobertaForMaskedLM`` / ``GPT2LMHeadModel`` / ``OPTForCausalLM`` /
-    ``LlamaForCausalLM``, in train mode. Raises: ConfigError for an unknown kernel or family.
+    ``LlamaForCausalLM`` / ``autoslapo.models.wideresnet.WideResNet``, in train mode. Raises: ConfigError for an unknown kernel or family.
     """
     import torch
-    import transformers
 
-    config = build_config(spec, attn_kernel=attn_kernel, dropout=dropout)
-    cls = getattr(transformers, _MODEL_CLASSES[spec.family])
+    make: Callable[[], nn.Module]
+    if spec.family == "wideresnet":
+        # written in the project (torchvision does not load here); no attention kernel, no dropout
+        from autoslapo.models.wideresnet import WideResNet
+
+        def make() -> nn.Module:
+            return WideResNet(spec)
+    else:
+        import transformers
+
+        config = build_config(spec, attn_kernel=attn_kernel, dropout=dropout)
+        cls = getattr(transformers, _MODEL_CLASSES[spec.family])
+
+        def make() -> nn.Module:
+            return cls(config)  # type: ignore[no-any-return]
     # Fork the RNG so that building a model does not move the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if device is not None:
             with torch.device(device):
-                model = cls(config)
+                model = make()
         else:
-            model = cls(config)
+            model = make()
     if dtype is not None:
         model.to(dtype=dtype)
     model.train()
@@ -195,12 +207,16 @@ def example_batch(
     Takes: the spec, the batch size, the sequence length (``None``: ``spec.seq_len``), a seed.
     Returns: ``{"input_ids", "labels"}`` (int64, shape ``(batch, seq_len)``). Token ids avoid the
     special ids 0-2 so no position is treated as padding (RoBERTa and OPT derive positions from it).
+    A convolutional family's batch is ``{"images", "labels"}`` instead: float32 images
+    ``(batch, 3, seq_len, seq_len)`` (``seq_len`` is the image side) and int64 classes ``(batch,)``.
     For causal families the labels equal the inputs (the model shifts them); for masked LM families
     labels are -100 except on about 15% of positions. Raises: ConfigError for bad sizes.
     """
     import torch
 
     seq = spec.seq_len if seq_len is None else seq_len
+    if is_convolutional(spec.family):
+        return _image_batch(spec, batch, seq, seed, device)
     if batch < 1 or seq < 1 or seq > spec.max_positions:
         raise ConfigError(
             f"example batch needs batch >= 1 and 1 <= seq_len <= {spec.max_positions}: got batch={batch}, "
@@ -217,6 +233,22 @@ def example_batch(
         mask[:, 0] = True  # at least one labelled position per row, so the loss is never empty
         labels = torch.where(mask, input_ids, torch.full_like(input_ids, -100))
     out = {"input_ids": input_ids, "labels": labels}
+    if device is not None:
+        out = {k: v.to(device) for k, v in out.items()}
+    return out
+
+
+def _image_batch(spec: ModelSpec, batch: int, side: int, seed: int,
+                 device: torch.device | str | None) -> dict[str, torch.Tensor]:
+    import torch
+
+    if batch < 1 or side < 1:
+        raise ConfigError(
+            f"example batch needs batch >= 1 and an image side >= 1: got batch={batch}, side={side} for {spec.preset}"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    out = {"images": torch.randn((batch, 3, side, side), generator=gen),
+           "labels": torch.randint(0, spec.vocab, (batch,), generator=gen)}
     if device is not None:
         out = {k: v.to(device) for k, v in out.items()}
     return out

@@ -155,7 +155,7 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
     """
     n_ranks = config.dp * config.tp  # ranks whose shares add up (the loss-holding stage's, with pp)
     if engine is not None:
-        micro = int(rows["input_ids"].shape[0]) // config.grad_accum
+        micro = int(rows["labels"].shape[0]) // config.grad_accum  # every family's batch has labels
         total = torch.zeros((), device=device)
         for i in range(config.grad_accum):
             mb = {k: v[i * micro:(i + 1) * micro].to(device) for k, v in rows.items()}
