@@ -137,8 +137,9 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
     problem = tp_problem(config.tp, model, cluster) or pp_problem(config.pp, model, cluster, config.virtual_stages)
     if problem:
         raise ConfigError(problem)
-    for f in fields(config):
-        if f.name in inapplicable_knobs(model, [f.metadata["knob"]]) and getattr(config, f.name) != f.default:
+    # the knobs ``inapplicable_knobs`` names, read off the config's own field declarations
+    for f in fields(config) if is_convolutional(model.family) else ():
+        if f.metadata["knob"].transformer_only and getattr(config, f.name) != f.default:
             flag = f.metadata["knob"].flag or "--" + f.name.replace("_", "-")
             raise ConfigError(
                 f"{f.name} does not apply to {model.family} (a convolutional family has no attention, tokens or "

@@ -291,8 +291,9 @@ PRESETS: dict[str, ModelSpec] = {
         _p("llama-70b", "llama", 8192, 80, 64, 28672, 4096, 32000, kv=8),
         # WideResNet-50 (torchvision's wide_resnet50_2 at width 2; Slapo's paper scales the width):
         # hidden = first stage's output channels, ffn = its bottleneck width, layers = blocks,
-        # seq_len = image side, vocab = classes, no heads. The tiny one: 4 blocks, 32x32 images, 10 classes.
-        _p("wideresnet-tiny", "wideresnet", 32, 4, 1, 16, 32, 10),
+        # seq_len = image side, vocab = classes, no heads. The tiny one: 4 blocks, 64x64 images (the last stage 2x2, so BatchNorm
+        # trains on one image a micro-batch), 10 classes.
+        _p("wideresnet-tiny", "wideresnet", 32, 4, 1, 16, 64, 10),
         _p("wideresnet-50-2", "wideresnet", 256, 16, 1, 128, 224, 1000),
         _p("wideresnet-50-4", "wideresnet", 256, 16, 1, 256, 224, 1000),
         _p("wideresnet-50-8", "wideresnet", 256, 16, 1, 512, 224, 1000),
