@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cost.conv import estimate_conv_memory, estimate_conv_time
 from autoslapo.cost.device import DevicePerf, device_perf
 from autoslapo.cost.flops import hw_flops_per_sample, model_flops_per_sample
 from autoslapo.cost.memory import MemoryBreakdown, estimate_memory
 from autoslapo.cost.time import TimeBreakdown, estimate_time
+from autoslapo.models.spec import is_convolutional
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -90,8 +92,12 @@ def estimate(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec, *,
         config.validate(model, cluster)
     if perf is None:
         perf = device_perf(cluster, profile)
-    mem = estimate_memory(model, config, perf, dropout)
-    tb = estimate_time(model, config, cluster, perf, dropout)
+    if is_convolutional(model.family):  # WideResNet: convolutions, not a transformer's layers
+        mem = estimate_conv_memory(model, config, perf)
+        tb = estimate_conv_time(model, config, cluster, perf)
+    else:
+        mem = estimate_memory(model, config, perf, dropout)
+        tb = estimate_time(model, config, cluster, perf, dropout)
     step = tb.total
     samples = config.global_batch / step
     world = config.world_size

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoslapo.errors import ConfigError
 
-__all__ = ["RESNET50_BLOCKS", "Conv", "block_convs", "stage_blocks", "stem_convs", "wrn_end_params", "wrn_params"]
+__all__ = ["RESNET50_BLOCKS", "Conv", "block_convs", "stage_blocks", "stem_convs", "wrn_end_params", "wrn_params", "wrn_split_params"]
 
 #: torchvision's ResNet-50 depth: bottleneck blocks per stage.
 RESNET50_BLOCKS = (3, 4, 6, 3)
@@ -108,3 +108,8 @@ def wrn_params(hidden: int, ffn: int, layers: int, vocab: int) -> int:
     """Parameters of the WideResNet (68,883,240 for wide_resnet50_2: 256, 128, 16, 1000)."""
     convs = sum(c.params for block in block_convs(hidden, ffn, layers, 224) for c in block)
     return convs + wrn_end_params(hidden, layers, vocab)
+
+
+def wrn_split_params(hidden: int, ffn: int, layers: int) -> int:
+    """Parameters tensor parallelism splits: every block's conv1 (with bn1) and conv2."""
+    return sum(c.params for block in block_convs(hidden, ffn, layers, 224) for c in block if c.sharded)
