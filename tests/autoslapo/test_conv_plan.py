@@ -56,7 +56,7 @@ def test_one_rank_schedule_checkpoints_blocks_and_keeps_the_function() -> None:
 
 
 def test_group_size_must_match_tp() -> None:
-    with pytest.raises(ScheduleError, match="config.tp=2"):
+    with pytest.raises(ScheduleError, match=r"config\.tp=2"):
         apply_schedule(build_model(TINY), TINY, ScheduleConfig(tp=2))
 
 
