@@ -56,16 +56,19 @@ SHAPE_LIMITS: dict[str, int] = {
 GATED_MLP_RULE = (256, 1.0)
 GATED_MLP_RULES: dict[str, tuple[int, float]] = {"llama-tiny": (32, 1.0), "llama-70b": (4096, 1.3)}
 
+# A WideResNet's width factor (bottleneck width over ``hidden / 4``) where a preset is not torchvision's 2.
+WIDTH_FACTORS: dict[str, int] = {"wideresnet-50-4": 4, "wideresnet-50-8": 8}
+
 
 def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
     """The MLP's inner width that ``family`` (and ``preset``'s own rounding) gives a ``hidden`` width.
 
     4 x hidden for BERT/RoBERTa/GPT-2/OPT; LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs;
-    a WideResNet's bottleneck width at width factor 2 (``hidden / 2``; give ``ffn`` for other factors).
+    a WideResNet's bottleneck width, ``hidden / 4`` x the preset's width factor (``WIDTH_FACTORS``, default 2).
     Every preset's ``ffn`` is what this returns for its ``hidden`` (a test checks it).
     """
     if family == "wideresnet":
-        return hidden // 2
+        return hidden // 4 * WIDTH_FACTORS.get(preset, 2)
     if not FAMILIES[family]["gated_mlp"]:
         return 4 * hidden
     multiple_of, multiplier = GATED_MLP_RULES.get(preset, GATED_MLP_RULE)

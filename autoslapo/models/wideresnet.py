@@ -115,7 +115,8 @@ class WideResNet(nn.Module):
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None
                 ) -> ImageClassifierOutputWithNoAttention:
-        h = self.stem(images)
+        # float32 batches feed a model built in another dtype (float64 checks, 16-bit weights)
+        h = self.stem(images.to(self.stem.conv1.weight.dtype))
         for block in self.blocks:
             h = block(h)
         logits = self.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
