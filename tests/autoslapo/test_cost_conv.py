@@ -83,3 +83,14 @@ def test_estimate_on_8_gpus() -> None:
     assert slower.memory.activations < est.memory.activations
     best = best_config(WRN50_2, cluster, global_batch=512)
     assert best.config.pp == 1 and best.config.attn_kernel == "sdpa" and not best.config.sequence_parallel
+
+
+def test_estimate_command_reports_torchvisions_parameter_count(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from autoslapo.cli import main
+
+    assert main(["estimate", "wideresnet-50-2", "--gpus", "8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["num_params"] == 68_883_240 and d["model"]["family"] == "wideresnet"
+    assert d["config"]["pp"] == 1 and d["samples_per_s"] > 0 and d["fits"]
