@@ -77,6 +77,15 @@ class Estimate:
         )
 
 
+def estimate_family_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
+                           dropout: bool | None = None) -> MemoryBreakdown:
+    """Per-device memory by the terms of ``model``'s family: ``estimate_memory`` (transformers) or
+    ``autoslapo.cost.conv.estimate_conv_memory`` (a convolutional family)."""
+    if is_convolutional(model.family):
+        return estimate_conv_memory(model, config, perf)
+    return estimate_memory(model, config, perf, dropout)
+
+
 def estimate(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec, *,
              profile: dict[str, Any] | None = None, perf: DevicePerf | None = None,
              validate: bool = True, dropout: bool | None = None) -> Estimate:
@@ -92,11 +101,10 @@ def estimate(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec, *,
         config.validate(model, cluster)
     if perf is None:
         perf = device_perf(cluster, profile)
+    mem = estimate_family_memory(model, config, perf, dropout)
     if is_convolutional(model.family):  # WideResNet: convolutions, not a transformer's layers
-        mem = estimate_conv_memory(model, config, perf)
         tb = estimate_conv_time(model, config, cluster, perf)
     else:
-        mem = estimate_memory(model, config, perf, dropout)
         tb = estimate_time(model, config, cluster, perf, dropout)
     step = tb.total
     samples = config.global_batch / step
