@@ -22,6 +22,7 @@ from search_spaces.space import (
     load_space,
     space_from_dict,
 )
+from search_spaces.wideresnet import WIDERESNET
 
 #: Family (or space name) -> its space. Families not listed use ``default``.
 SPACES: dict[str, SearchSpace] = {
@@ -31,6 +32,7 @@ SPACES: dict[str, SearchSpace] = {
     "gpt2": GPT2,
     "opt": GPT2,
     "llama": LLAMA,
+    "wideresnet": WIDERESNET,
 }
 
 

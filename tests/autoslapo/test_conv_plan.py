@@ -70,10 +70,13 @@ def test_degrees_and_sweeps_never_pipeline_or_use_transformer_knobs() -> None:
         assert all(getattr(c, n) == KNOB[n].default for n in TRANSFORMER_ONLY)
 
 
-def test_search_space_keeps_transformer_knobs_at_defaults() -> None:
+@pytest.mark.parametrize("space", ["wideresnet", "default"])
+def test_search_space_keeps_transformer_knobs_at_defaults(space: str) -> None:
     cluster = ClusterSpec(gpus=4, gpu_type="a100-80gb")
-    bound = space_for("wideresnet").bind(TINY, cluster, 32)
+    bound = space_for(space).bind(TINY, cluster, 256)
     configs = bound.configs()
-    assert configs
+    assert configs and {c.tp for c in configs} == {1, 2, 4}
+    if space == "wideresnet":
+        assert max(c.micro_batch for c in configs) == 256 and "loss_kernel" not in bound.domains
     for c in configs:
         assert c.pp == 1 and all(getattr(c, n) == KNOB[n].default for n in TRANSFORMER_ONLY)
