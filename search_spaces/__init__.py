@@ -23,6 +23,7 @@ from search_spaces.space import (
     space_from_dict,
 )
 from search_spaces.user import USER
+from search_spaces.wideresnet import WIDERESNET
 
 #: Family (or space name) -> its space. Families not listed use ``default``.
 SPACES: dict[str, SearchSpace] = {
@@ -34,6 +35,7 @@ SPACES: dict[str, SearchSpace] = {
     "llama": LLAMA,
     "user": USER,
     "gpt_neo": GPT2,  # a GELU decoder like GPT-2 (pp, sp, fusion); ALBERT takes the default (no pp)
+    "wideresnet": WIDERESNET,
 }
 
 

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     perf = corrected_perf(cluster, calibration["params"] if calibration else None, profile)
     est = best_config(model, cluster, global_batch=args.global_batch, profile=profile, perf=perf, **fixed)
     d = est.to_dict()
-    d.update(model=model.to_dict(), params=model.num_params(), cluster=cluster.to_dict(), profile=source or None,
+    d.update(model=model.to_dict(), num_params=model.num_params(), cluster=cluster.to_dict(), profile=source or None,
              searched=est.breakdown.get("searched"),
              calibration=None if calibration is None else {"study": args.cluster_from, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})

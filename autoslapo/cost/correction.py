@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost.device import DevicePerf, device_perf
-from autoslapo.cost.estimate import estimate
-from autoslapo.cost.memory import estimate_memory
+from autoslapo.cost.estimate import estimate, estimate_family_memory
 from autoslapo.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -154,7 +153,7 @@ def _fit_activation(obs: Sequence[Observation], base: DevicePerf, start: Correct
 
     terms: list[tuple[str, int, int, int]] = []  # kind, other bytes, activation bytes at factor 1, target bytes
     for o in obs:
-        m = estimate_memory(o.model, o.config, base)
+        m = estimate_family_memory(o.model, o.config, base)
         other, act = m.total - m.activations, m.activations
         cap = o.cluster.memory_bytes
         if o.status == "complete" and o.peak_memory_bytes:

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.config import LOSS_CHUNK_TOKENS
+from autoslapo.models.spec import is_convolutional
+from autoslapo.models.wrn_shape import wrn_split_params
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -83,6 +85,10 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     Embeddings are vocab-parallel over TP (Megatron); with pp > 1 the last stage keeps its own copy
     of tied word embeddings for the logits; LLaMA's untied head is always on the last stage.
     """
+    if is_convolutional(model.family):  # WideResNet: only the bottlenecks' conv1/bn1/conv2 split over tp
+        split = wrn_split_params(model.hidden, model.ffn, model.layers)
+        n = model.num_params() - split + split / config.tp
+        return n, n
     # a shared layer (ALBERT) is stored once however often it runs (its family refuses pp > 1)
     layers = model.stored_layers / config.pp
     body = layers * model.layer_params() / config.tp

@@ -14,11 +14,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from autoslapo.errors import ConfigError, UsageError
+from autoslapo.models.wrn_shape import wrn_end_params, wrn_params
 
 # Families autoslapo can build and schedule. ``causal``: decoder-only LM (causal mask, next-token
 # loss); ``gated_mlp``: SwiGLU-style MLP with three matrices (LLaMA); ``learned_pos``: learned
 # position embeddings of ``seq_len`` rows (BERT/GPT-2/OPT) rather than rotary (LLaMA); ``gqa``:
-# grouped-query attention, fewer key/value heads than query heads (LLaMA).
+# grouped-query attention, fewer key/value heads than query heads (LLaMA); ``convolutional`` (only
+# where true): a convolutional image classifier, no attention, tokens or vocabulary (WideResNet:
+# ``hidden``/``ffn`` are channel widths, ``seq_len`` the image side, ``vocab`` the classes; see
+# ``autoslapo.models.wrn_shape``). ``extra`` holds no keys for it.
 FAMILIES: dict[str, dict[str, bool]] = {
     "bert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "roberta": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
@@ -37,6 +41,8 @@ FAMILIES: dict[str, dict[str, bool]] = {
     # types, repeated over the layers (["global", "local"] in the published models). No q/k/v biases.
     "gpt_neo": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False, "local_attention": True,
                 "qkv_bias": False},
+    # WideResNet (``convolutional``): see the presets below for how its shape maps onto ModelSpec.
+    "wideresnet": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "convolutional": True},
 }
 # The user's own module (``autoslapo.models.user``): no presets, no transformers class; its shape is
 # measured from its file and kept in ``extra``. Apart from ``FAMILIES``, which lists the built-in ones.
@@ -63,6 +69,11 @@ def family_flag(family: str, flag: str) -> bool:
     """A family's flag; one a family does not list is off, unless in ``FLAGS_ON_BY_DEFAULT``."""
     return bool(family_flags(family).get(flag, flag in FLAGS_ON_BY_DEFAULT))
 
+
+def is_convolutional(family: str) -> bool:
+    """Whether ``family`` is a convolutional image classifier (no attention, sequence or vocabulary)."""
+    return family_flag(family, "convolutional")
+
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
 # 128 heads, vocab 256k, 10M-token contexts), so only typos and absurd values are refused.
 MAX_HIDDEN = 2**18  # 262,144
@@ -82,13 +93,19 @@ SHAPE_LIMITS: dict[str, int] = {
 GATED_MLP_RULE = (256, 1.0)
 GATED_MLP_RULES: dict[str, tuple[int, float]] = {"llama-tiny": (32, 1.0), "llama-70b": (4096, 1.3)}
 
+# A WideResNet's width factor (bottleneck width over ``hidden / 4``) where a preset is not torchvision's 2.
+WIDTH_FACTORS: dict[str, int] = {"wideresnet-50-4": 4, "wideresnet-50-8": 8}
+
 
 def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
     """The MLP's inner width that ``family`` (and ``preset``'s own rounding) gives a ``hidden`` width.
 
-    4 x hidden for BERT/RoBERTa/GPT-2/OPT; LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs.
+    4 x hidden for BERT/RoBERTa/GPT-2/OPT; LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs;
+    a WideResNet's bottleneck width, ``hidden / 4`` x the preset's width factor (``WIDTH_FACTORS``, default 2).
     Every preset's ``ffn`` is what this returns for its ``hidden`` (a test checks it).
     """
+    if family == "wideresnet":
+        return hidden // 4 * WIDTH_FACTORS.get(preset, 2)
     if not family_flags(family)["gated_mlp"]:
         return 4 * hidden
     multiple_of, multiplier = GATED_MLP_RULES.get(preset, GATED_MLP_RULE)
@@ -219,7 +236,10 @@ class ModelSpec:
         return bool(self.extra.get("tie_word_embeddings", self.family != "llama"))
 
     def layer_params(self) -> int:
-        """Parameters of one transformer layer (weights and biases, norms included)."""
+        """Parameters of one transformer layer (weights and biases, norms included); of a WideResNet,
+        the mean over its blocks."""
+        if self.family == "wideresnet":
+            return (wrn_params(self.hidden, self.ffn, self.layers, self.vocab) - self.embedding_params()) // self.layers
         if self.family == "user":
             return int(self.extra["layer_params"])
         h, f, kvd = self.hidden, self.ffn, self.kv_heads * self.head_dim
@@ -239,8 +259,10 @@ class ModelSpec:
         """Token (and learned position) embeddings; the LM head is tied where the family ties it.
 
         ALBERT: tables of width E, its two token types and embedding LayerNorm, and the E -> hidden map.
-        A user's module: every parameter outside its repeated blocks.
+        A user's module: every parameter outside its repeated blocks. A WideResNet's stem and classifier.
         """
+        if self.family == "wideresnet":
+            return wrn_end_params(self.hidden, self.layers, self.vocab)
         if self.family == "user":
             return int(self.extra["params"]) - self.layers * self.layer_params()
         e = self.embedding_size
@@ -256,6 +278,8 @@ class ModelSpec:
 
         A shared layer (ALBERT) counts once. ALBERT's MLM head: hidden -> E transform, LayerNorm, bias.
         """
+        if self.family == "wideresnet":
+            return wrn_params(self.hidden, self.ffn, self.layers, self.vocab)  # exact
         if self.family == "user":
             return int(self.extra["params"])
         head = 0 if self.tied_head else self.vocab * self.hidden  # LLaMA's head is untied
@@ -405,6 +429,14 @@ PRESETS: dict[str, ModelSpec] = {
         _p("gpt-neo-125m", "gpt_neo", 768, 12, 12, 3072, 2048, 50257, **_NEO),
         _p("gpt-neo-1.3b", "gpt_neo", 2048, 24, 16, 8192, 2048, 50257, **_NEO),
         _p("gpt-neo-2.7b", "gpt_neo", 2560, 32, 20, 10240, 2048, 50257, **_NEO),
+        # WideResNet-50 (torchvision's wide_resnet50_2 at width 2; Slapo's paper scales the width):
+        # hidden = first stage's output channels, ffn = its bottleneck width, layers = blocks,
+        # seq_len = image side, vocab = classes, no heads. The tiny one: 4 blocks, 64x64 images (the last stage 2x2, so BatchNorm
+        # trains on one image a micro-batch), 10 classes.
+        _p("wideresnet-tiny", "wideresnet", 32, 4, 1, 16, 64, 10),
+        _p("wideresnet-50-2", "wideresnet", 256, 16, 1, 128, 224, 1000),
+        _p("wideresnet-50-4", "wideresnet", 256, 16, 1, 256, 224, 1000),
+        _p("wideresnet-50-8", "wideresnet", 256, 16, 1, 512, 224, 1000),
     ]
 }
 
@@ -416,6 +448,8 @@ ALIASES: dict[str, str] = {
     "llama": "llama-7b",
     "albert": "albert-xxlarge",
     "gpt-neo": "gpt-neo-1.3b",
+    "wideresnet": "wideresnet-50-2",
+    "wide-resnet50-2": "wideresnet-50-2",  # torchvision's wide_resnet50_2 (from_name reads _ as -)
 }
 
 
