@@ -55,6 +55,8 @@ INTERRUPTED_PREFIX = "interrupted"
 
 #: How many of the first prior's best configurations a learning study re-ranks after each refit.
 LEARNED_SHORTLIST = 2000
+#: ... and every this many trials it takes the shortlist anew from the whole corrected ranking.
+LEARNED_REFRESH = 20
 
 
 @dataclass(frozen=True)
@@ -389,6 +391,9 @@ class StudyRunner:
         if self.learner.observe(proposal.config, result):
             self.proposer.set_prior(self.learner.prior())
             every = self.options.learned_every
+            if every and self.launched % LEARNED_REFRESH == 0:
+                # the corrected prior may rank configurations far down the first ranking at the top
+                self.proposer.shortlist = self.proposer.ranking()[:LEARNED_SHORTLIST]
             if every and self.launched % every == 0 and not self.proposer.has_queued("prior", "learned"):
                 self.proposer.seed_best("learned")
         if self.mirror is not None:
