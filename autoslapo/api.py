@@ -225,7 +225,7 @@ class TrainingJob:
 
         from autoslapo.runtime.train import train_step
 
-        size = int(batch["input_ids"].shape[0])
+        size = int(batch["labels"].shape[0])
         per_step = self.config.dp * self.config.grad_accum
         if size % per_step:
             raise UsageError(

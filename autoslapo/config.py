@@ -78,14 +78,15 @@ class ScheduleConfig:
         inert=lambda k, _: k.get("dp", 1) == 1))
     attn_kernel: AttnKernel = field(default="sdpa", metadata=knob(
         "choice", "attention kernel", "attn", choices=ATTN_KERNELS, flag="--attn", sweep=ATTN_KERNELS,
-        brief=True, verify=True, effect=True))
+        brief=True, verify=True, effect=True, transformer_only=True))
     fuse_bias_gelu: bool = field(default=False, metadata=knob(
-        "bool", "fuse the MLP's bias + GeLU", "fuse", verify=True, effect=True))
+        "bool", "fuse the MLP's bias + GeLU", "fuse", verify=True, effect=True, transformer_only=True))
     compile_layers: bool = field(default=False, metadata=knob(
         "bool", "run each layer as a torch.compile region", "compile", verify=True))
     sequence_parallel: bool = field(default=False, metadata=knob(
         "bool", "sequence parallelism: norms and dropout split over the tp group (needs tp > 1)", "sp",
-        sweep=(False, True), verify=True, effect=True, inert=lambda k, _: k.get("tp", 1) == 1))
+        sweep=(False, True), verify=True, effect=True, inert=lambda k, _: k.get("tp", 1) == 1,
+        transformer_only=True))
     pipeline_schedule: PipelineSchedule = field(default="1f1b", metadata=knob(
         "choice", "pipeline schedule", "sched", choices=PIPELINE_SCHEDULES, effect=True,
         inert=lambda k, _: k.get("pp", 1) == 1))
@@ -99,11 +100,11 @@ class ScheduleConfig:
         "choice", "what a checkpointed layer recomputes: full (the whole layer, keeping its input) or "
         "selective (only the attention core, keeping the linear layers' outputs; Korthikanti et al. 2022)",
         "gran", choices=CKPT_GRANULARITIES, sweep=CKPT_GRANULARITIES, verify=True, since=2,
-        inert=lambda k, _: float(k.get("ckpt_ratio", 0.0)) == 0.0))
+        inert=lambda k, _: float(k.get("ckpt_ratio", 0.0)) == 0.0, transformer_only=True))
     loss_kernel: LossKernel = field(default="eager", metadata=knob(
         "choice", "cross-entropy kernel: eager (whole tokens x vocabulary logits) or chunked (head matmul, "
         "log-softmax and loss chunk by chunk over tokens, logits recomputed in backward)", "loss",
-        choices=LOSS_KERNELS, sweep=LOSS_KERNELS, verify=True, since=2))
+        choices=LOSS_KERNELS, sweep=LOSS_KERNELS, verify=True, since=2, transformer_only=True))
 
     def __post_init__(self) -> None:
         for k in KNOBS:

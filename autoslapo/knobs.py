@@ -40,7 +40,10 @@ class Knob:
     verify`` takes it (it changes how the schedule is applied, which ``Verify`` checks). ``effect``:
     the perturbed simulator gives its values a hidden effect. ``since``: the knob set's version that
     added it; knobs after version 1 at their default are left out of the config hash, so trials
-    stored before the knob existed keep their digests.
+    stored before the knob existed keep their digests. ``transformer_only``: the knob acts on attention,
+    tokens or a vocabulary, so a convolutional family (WideResNet) runs it at its default only:
+    spaces and sweeps keep it there and a config that sets it otherwise is refused
+    (``autoslapo.layout.inapplicable_knobs``).
     """
 
     kind: Kind
@@ -57,6 +60,7 @@ class Knob:
     effect: bool = False
     inert: Inert | None = None
     since: int = 1
+    transformer_only: bool = False
     # Filled in from the dataclass field by ``bind_knobs``.
     name: str = ""
     default: Any = None

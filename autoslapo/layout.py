@@ -14,14 +14,17 @@ Pure: no torch, no I/O. Messages name the rule, the values and the fix.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from autoslapo.errors import ConfigError
+from autoslapo.models.spec import is_convolutional
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
     from autoslapo.config import ScheduleConfig
+    from autoslapo.knobs import Knob
     from autoslapo.models.spec import ModelSpec
 
 
@@ -59,7 +62,12 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
     if model.family == "user" and model.heads % tp:
         return (f"tp must divide every size the schedule shards (heads, projection widths): got tp={tp} for "
                 f"{model.preset}.py, whose sizes share the divisor {model.heads}; use a tp that divides {model.heads}")
-    if model.heads % tp or model.kv_heads % tp:
+    if is_convolutional(model.family):
+        # tp splits each bottleneck's width (conv1's outputs, conv2's inputs); later stages double it
+        if model.ffn % tp:
+            return (f"tp must divide the bottleneck width: got tp={tp} for width {model.ffn} ({model.preset}); "
+                    f"use a tp that divides {model.ffn}")
+    elif model.heads % tp or model.kv_heads % tp:
         return (f"tp must divide the attention heads: got tp={tp} for {model.heads} heads and "
                 f"{model.kv_heads} key/value heads ({model.preset}); use a tp that divides {model.kv_heads}")
     if model.ffn % tp:
@@ -88,6 +96,9 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
         return (f"pipeline stages cannot split a shared-layer model: got pp={pp} x virtual_stages="
                 f"{virtual_stages} for {model.preset} ({model.family} runs one layer's weights "
                 f"{model.layers} times); use pp=1")
+    if pp > 1 and is_convolutional(model.family):
+        return (f"pp must be 1 for {model.family}: got pp={pp}; the pipeline runtime carries one hidden-state "
+                "tensor of a transformer, not a convolutional net's feature maps; use tp and dp")
     if model.layers % chunks:
         return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
@@ -199,6 +210,14 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             f"sequence_parallel cannot split {model.family}'s layers (its attention module adds its own "
             f"input back as a residual): got sequence_parallel on for {model.preset}; turn it off"
         )
+    # the knobs ``inapplicable_knobs`` names, read off the config's own field declarations
+    for f in fields(config) if is_convolutional(model.family) else ():
+        if f.metadata["knob"].transformer_only and getattr(config, f.name) != f.default:
+            flag = f.metadata["knob"].flag or "--" + f.name.replace("_", "-")
+            raise ConfigError(
+                f"{f.name} does not apply to {model.family} (a convolutional family has no attention, tokens or "
+                f"vocabulary): got {getattr(config, f.name)!r}; leave {flag} at its default {f.default!r}"
+            )
     if config.sequence_parallel and model.seq_len % config.tp:
         raise ConfigError(
             f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={config.tp}"
@@ -209,6 +228,15 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             raise ConfigError(f"attn_kernel flash needs a device with FlashAttention: {dev.name} has none; use sdpa")
         if config.precision == "bf16" and not dev.bf16:
             raise ConfigError(f"precision bf16 is not supported on {dev.name}; use fp16 or fp32")
+
+
+def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:
+    """The names of ``knobs`` (``autoslapo.config.KNOBS``) that ``model``'s family cannot use:
+    ``Knob.transformer_only`` ones on a convolutional family. They stay at their defaults in spaces
+    and sweeps, and ``check_layout`` refuses a config that sets one otherwise."""
+    if not is_convolutional(model.family):
+        return ()
+    return tuple(k.name for k in knobs if k.transformer_only)
 
 
 def default_precision(has_bf16: bool, runnable: Collection[str] | None = None) -> str:

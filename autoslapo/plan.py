@@ -22,6 +22,9 @@ applies primitives to the schedule tree, in this order:
    ``ckpt_granularity="selective"``
    its attention module keeping the linear layers' outputs (only the attention core recomputed); ``compile_layers``; the pipeline cuts (pp x virtual stages).
 
+A convolutional family (WideResNet) has no attention, MLP or vocabulary: its schedule (bottleneck
+tensor parallelism, block checkpointing) is ``autoslapo.conv_plan.apply_conv_schedule``.
+
 Pure schedule code: it starts no processes and sets up no groups (the runtime, the verify command
 and the tests pass the tensor-parallel group in ``groups`` or on the schedule).
 """
@@ -32,8 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from autoslapo.conv_plan import apply_conv_schedule
 from autoslapo.errors import ScheduleError
 from autoslapo.models.families import FamilyDescription, family_description
+from autoslapo.models.spec import is_convolutional
 from autoslapo.models.user import USER_FAMILY, load_user_model
 from autoslapo.schedule import Schedule, create_schedule
 
@@ -235,6 +240,8 @@ def apply_schedule(
     when the model does not match the spec or the schedule's group size differs from ``config.tp``.
     """
     config.validate(spec)
+    if is_convolutional(spec.family):
+        return apply_conv_schedule(_root(sch_or_model, groups), spec, config, compiler=compiler)
     sch = _root(sch_or_model, groups)
     if sch.group_size != config.tp:
         raise ScheduleError(

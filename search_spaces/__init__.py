@@ -24,6 +24,7 @@ from search_spaces.space import (
 )
 from search_spaces.t5 import T5
 from search_spaces.user import USER
+from search_spaces.wideresnet import WIDERESNET
 
 #: Family (or space name) -> its space. Families not listed use ``default``.
 SPACES: dict[str, SearchSpace] = {
@@ -36,6 +37,7 @@ SPACES: dict[str, SearchSpace] = {
     "t5": T5,
     "user": USER,
     "gpt_neo": GPT2,  # a GELU decoder like GPT-2 (pp, sp, fusion); ALBERT takes the default (no pp)
+    "wideresnet": WIDERESNET,
 }
 
 

@@ -131,7 +131,10 @@ class SearchSpace:
         # their declared sweep: a new knob is searchable without editing every space.
         later = {k.name: k.sweep for k in KNOBS if k.since > 1 and k.sweep and not k.derived
                  and k.name not in self.knobs and k.name not in self.fixed}
+        unusable = layout.inapplicable_knobs(model, KNOBS)  # not searched: they run at their defaults
         for knob, dom in {**self.knobs, **later}.items():
+            if knob in unusable:
+                continue
             values = _auto_domain(knob, model, cluster, self.rules) if dom == AUTO else tuple(dom)
             kept = tuple(v for v in values if _statically_ok(knob, v, model, cluster, self.rules)
                          and (knob != "precision" or precisions is None or v in precisions))
@@ -149,8 +152,8 @@ class SearchSpace:
 
 
 def _auto_domain(knob: str, model: ModelSpec, cluster: ClusterSpec, rules: Mapping[str, Any]) -> tuple[int, ...]:
-    if knob == "tp":
-        return tuple(layout.divisors(math.gcd(model.kv_heads, cluster.gpus)))
+    if knob == "tp":  # what cannot shard the model (``layout.tp_problem``) is dropped after
+        return tuple(layout.divisors(cluster.gpus))
     if knob == "pp":
         return tuple(layout.divisors(math.gcd(model.layers, cluster.gpus)))
     if knob == "micro_batch":
@@ -207,6 +210,9 @@ class BoundSpace:
         layers = self.model.layers
         knobs["ckpt_ratio"] = round(float(knobs.get("ckpt_ratio", 0.0)) * layers) / layers
         try:
+            for n in layout.inapplicable_knobs(self.model, KNOBS):
+                if n not in self.fixed:  # a knob the family cannot use runs at its default
+                    knobs[n] = KNOB[n].default
             return ScheduleConfig(**canonical(knobs, layers)).validate(self.model, self.cluster)
         except ConfigError as err:
             return Invalid(str(err))

@@ -50,9 +50,10 @@ def cost_prior(model: ModelSpec, cluster: ClusterSpec, *, runtime_device: str | 
     cluster's calibration (``autoslapo.cost.correction``), applied to the device's figures.
     """
     from autoslapo.cost import estimate
-    from autoslapo.cost.correction import corrected_perf
+    from autoslapo.cost.correction import corrected_cluster, corrected_perf
 
     perf = corrected_perf(cluster, correction)
+    links = corrected_cluster(cluster, correction)  # the memory capacity stays the cluster's
     check: Callable[..., None] | None = None
     if runtime_device is not None:
         from autoslapo.runtime import check_runnable
@@ -65,7 +66,7 @@ def cost_prior(model: ModelSpec, cluster: ClusterSpec, *, runtime_device: str | 
                 check(model, config, device=runtime_device)
             except UsageError as err:
                 return Prediction(False, 0.0, 0, f"the runtime cannot run it: {err}")
-        e = estimate(model, config, cluster, perf=perf, validate=False)
+        e = estimate(model, config, links, perf=perf, validate=False)
         reason = "" if e.fits else (
             f"predicted {e.memory_per_device_bytes / 2**30:.1f} GiB per device exceeds "
             f"{e.memory_capacity_bytes / 2**30:.1f} GiB")
@@ -173,8 +174,8 @@ class PerturbedSimEvaluator:
         from autoslapo.cost import estimate
 
         r = estimate(self.model, config, self._truth, validate=False).to_trial_result()
-        if r.status != "complete":
-            return r
+        if r.status != "complete":  # the simulated device ran out of memory: as certain as an allocator's error
+            return replace(r, extra={**r.extra, "oom_evidence": "simulated device memory"})
         factor = 1.0
         for knob in KNOBS:
             if knob.effect:

@@ -6,15 +6,27 @@ studies and models), then each trial the running study measures. After each one 
 the correction in the store under the cluster's fingerprint, and hands out the corrected prior;
 the study gives it to its proposer for the trials that remain. The fit is the cost model's (pure);
 this module decides what counts and when to refit.
+
+The physical correction moves whole terms (compute, links, latencies, memory); what a cluster does
+differently for one knob value (its fused kernel or ZeRO-3 slower than modelled, a pipeline
+schedule faster) it cannot express. ``KnobEffects`` is that second layer: a multiplicative effect
+per knob value, fitted to this model's residuals (log measured over log corrected prediction) by
+ridge regression toward no effect, so one trial with a knob value moves it little and many move it
+to the measured residual. It is the study's (one model on one cluster), not the cluster's, and is
+not stored: a resumed study refits it from its trials.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from autoslapo.cluster import ClusterSpec
-from autoslapo.config import ScheduleConfig
+from autoslapo.config import KNOBS, ScheduleConfig
 from autoslapo.cost.correction import Correction, Observation, fit_correction
 from autoslapo.cost.device import device_perf
 from autoslapo.errors import ConfigError
@@ -29,6 +41,61 @@ if TYPE_CHECKING:
 #: Keys a real trial's result carries beside its measurement (``TrialResult.extra``).
 PREDICTED_SAMPLES = "predicted_samples_per_s"
 PREDICTED_MEMORY = "predicted_memory_bytes"
+#: Ridge of the knob effects, in observations: the log residuals' noise variance over the effects'
+#: prior variance (effects of ~10 %, trial-to-trial noise and model error of ~7 %).
+EFFECT_RIDGE = 0.5
+#: The physical correction the prior uses is replaced only when a factor moved by more than this
+#: (relative): re-predicting a 20,000-configuration space takes seconds, and smaller moves do not
+#: change its ranking.
+REPREDICT_TOLERANCE = 0.01
+
+
+def _knob_values(config: ScheduleConfig) -> list[tuple[str, str]]:
+    return [(k.name, repr(getattr(config, k.name))) for k in KNOBS]
+
+
+@dataclass(frozen=True)
+class KnobEffects:
+    """Multiplicative throughput effects per knob value, ``(knob, repr(value)) -> factor``.
+
+    A value never measured has no effect (factor 1). Built by ``fit_knob_effects``.
+    """
+
+    effects: Mapping[tuple[str, str], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.effects.items() if not (math.isfinite(v) and v > 0)}
+        if bad:
+            raise ConfigError(f"knob effects must be positive finite factors: got {bad}; refit them")
+
+    def factor(self, config: ScheduleConfig) -> float:
+        """The product of ``config``'s knob values' effects."""
+        if not self.effects:
+            return 1.0
+        return math.exp(sum(math.log(self.effects.get(kv, 1.0)) for kv in _knob_values(config)))
+
+
+def fit_knob_effects(residuals: Sequence[tuple[ScheduleConfig, float]], ridge: float = EFFECT_RIDGE) -> KnobEffects:
+    """Ridge regression of log residuals on one-hot knob values (every knob of ``KNOBS``).
+
+    Takes ``(config, log(measured / predicted))`` pairs and the ridge (>= 0, in observations).
+    Returns the ``KnobEffects`` (empty with no pairs). Raises ConfigError for a negative ridge.
+    """
+    if ridge < 0:
+        raise ConfigError(f"the knob-effect ridge must not be negative: got {ridge}; pass 0 or more")
+    if not residuals:
+        return KnobEffects()
+    rows = [_knob_values(c) for c, _ in residuals]
+    cols = sorted({kv for row in rows for kv in row})
+    index = {kv: j for j, kv in enumerate(cols)}
+    x = np.zeros((len(rows), len(cols)))
+    for i, row in enumerate(rows):
+        x[i, [index[kv] for kv in row]] = 1.0
+    y = np.array([r for _, r in residuals])
+    # Dual form: (X X^T + ridge I) alpha = y, beta = X^T alpha; well-posed at ridge 0 with few rows too.
+    gram = x @ x.T + max(ridge, 1e-9) * np.eye(len(rows))
+    beta = x.T @ np.linalg.solve(gram, y)
+    return KnobEffects({kv: float(math.exp(min(1.0, max(-1.0, b)))) for kv, b in zip(cols, beta, strict=True)})
 
 
 def with_prediction(result: TrialResult, prediction: Prediction) -> TrialResult:
@@ -59,7 +126,8 @@ class PriorLearner:
     """
 
     def __init__(self, store: Store | None, model: ModelSpec, cluster: ClusterSpec, *, enabled: bool,
-                 runtime_device: str | None = None, prior_weight: float = 0.5) -> None:
+                 runtime_device: str | None = None, prior_weight: float = 0.5,
+                 knob_effects: bool = True) -> None:
         self.store = store
         self.model = model
         self.cluster = cluster
@@ -68,11 +136,18 @@ class PriorLearner:
         self.prior_weight = prior_weight
         self.fingerprint = cluster.fingerprint()
         self.base = device_perf(cluster)
+        self.knob_effects = knob_effects
         self.correction = Correction()
+        self.effects = KnobEffects()
         self.observations: list[Observation] = []
         self.refits = 0
         if enabled and store is not None:
             self._load(store)
+        self._applied = self.correction  # the correction the cached physical predictions use
+        self._physics: dict[ScheduleConfig, Prediction] = {}
+        self._physical_prior: Prior | None = None
+        if enabled and self.knob_effects:
+            self.effects = self._fit_effects()
 
     def _load(self, store: Store) -> None:
         saved = store.calibration(self.fingerprint)
@@ -97,10 +172,46 @@ class PriorLearner:
                 if obs is not None:
                     self.observations.append(obs)
 
+    def _physical(self, config: ScheduleConfig) -> Prediction:
+        """The corrected cost model's prediction (cached until the correction moves)."""
+        pred = self._physics.get(config)
+        if pred is None:
+            if self._physical_prior is None:
+                self._physical_prior = cost_prior(
+                    self.model, self.cluster, runtime_device=self.runtime_device,
+                    correction=None if self._applied.is_identity() else self._applied)
+            pred = self._physics[config] = self._physical_prior(config)
+        return pred
+
+    def _use(self, correction: Correction) -> None:
+        """Predict with ``correction`` from now on, when it moved enough to change a ranking."""
+        old, new = self._applied.to_dict(), correction.to_dict()
+        if max(abs(math.log(new[k] / old[k])) for k in new) <= math.log1p(REPREDICT_TOLERANCE):
+            return
+        self._applied = correction
+        self._physics.clear()
+        self._physical_prior = None
+
+    def _fit_effects(self) -> KnobEffects:
+        pairs = []
+        for o in self.observations:
+            if o.model == self.model and o.status == "complete" and o.samples_per_s:
+                pred = self._physical(o.config).samples_per_s
+                if pred > 0:
+                    pairs.append((o.config, math.log(o.samples_per_s / pred)))
+        return fit_knob_effects(pairs)
+
     def prior(self) -> Prior:
-        """The cost model with the current correction, as the proposer's prior."""
-        return cost_prior(self.model, self.cluster, runtime_device=self.runtime_device,
-                          correction=None if self.correction.is_identity() else self.correction)
+        """The cost model with the current correction (and this model's knob effects), as the
+        proposer's prior."""
+        effects = self.effects
+
+        def predict(config: ScheduleConfig) -> Prediction:
+            pred = self._physical(config)
+            f = effects.factor(config)
+            return pred if f == 1.0 else replace(pred, samples_per_s=pred.samples_per_s * f)
+
+        return predict
 
     def observe(self, config: ScheduleConfig, result: TrialResult) -> bool:
         """Add a measured trial; refit and save when it tells something. Returns True on a refit."""
@@ -112,6 +223,9 @@ class PriorLearner:
         self.observations.append(obs)
         self.correction = fit_correction(self.observations, self.base, start=self.correction,
                                          prior_weight=self.prior_weight)
+        self._use(self.correction)
+        if self.knob_effects:
+            self.effects = self._fit_effects()
         self.refits += 1
         if self.store is not None:
             self.store.save_calibration(self.fingerprint, self.correction.to_dict(), len(self.observations))

@@ -138,6 +138,10 @@ class Proposer:
         self.pending: set[ScheduleConfig] = set()  # handed out, not told yet
         self._predictions: dict[ScheduleConfig, Prediction] = {}
         self._ranking: list[ScheduleConfig] | None = None
+        # Where a learning study's re-seeding looks (None: the whole ranking). Re-predicting a whole
+        # space after every refit costs seconds; the corrected best lies among the first prior's best.
+        self.shortlist: list[ScheduleConfig] | None = None
+        self._short_ranking: list[ScheduleConfig] | None = None
         self._queue: list[tuple[ScheduleConfig, str]] = []
         self.asks = 0
         # Opt-in: every ``local_every``-th proposal refines the incumbent with an unmeasured one-knob
@@ -173,12 +177,39 @@ class Proposer:
         self.prior = prior
         self._predictions.clear()
         self._ranking = None
+        self._short_ranking = None
         seeds = sum(1 for _, source in self._queue if source == "prior")
         if seeds:
             self._queue = [(c, s) for c, s in self._queue if s != "prior"]
             queued = {c for c, _ in self._queue}
-            fresh = [c for c in self.ranking() if self._launchable(c) and c not in queued][:seeds]
+            fresh = [c for c in self._reseed_ranking() if self._launchable(c) and c not in queued][:seeds]
             self._queue.extend((c, "prior") for c in fresh)
+
+    def has_queued(self, *sources: str) -> bool:
+        """Whether a configuration queued by one of ``sources`` is still waiting to be proposed."""
+        return any(s in sources for _, s in self._queue)
+
+    def seed_best(self, source: str) -> ScheduleConfig | None:
+        """Queue the prior's best configuration not yet measured, handed out or queued (None: none left).
+
+        A study that learns calls it after a refit, so the corrected prior's pick is measured next.
+        """
+        queued = {c for c, _ in self._queue}
+        for c in self._reseed_ranking():
+            if self._launchable(c) and c not in queued:
+                self._queue.append((c, source))
+                return c
+        return None
+
+    def _reseed_ranking(self) -> list[ScheduleConfig]:
+        """The shortlist ranked by the current prior (the whole ranking without a shortlist)."""
+        if self.shortlist is None:
+            return self.ranking()
+        if self._short_ranking is None:
+            fits = [(c, self.predict(c)) for c in self.shortlist]
+            self._short_ranking = [c for c, p in sorted(((c, p) for c, p in fits if p.fits),
+                                                        key=lambda cp: -cp[1].samples_per_s)]
+        return self._short_ranking
 
     def ranking(self) -> list[ScheduleConfig]:
         """Every valid configuration predicted to fit, best predicted first (computed once)."""

@@ -53,6 +53,12 @@ LAUNCHED = ("complete", "oom", "failed", "timeout")
 INTERRUPTED_PREFIX = "interrupted"
 
 
+#: How many of the first prior's best configurations a learning study re-ranks after each refit.
+LEARNED_SHORTLIST = 2000
+#: ... and every this many trials it takes the shortlist anew from the whole corrected ranking.
+LEARNED_REFRESH = 20
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     """Everything one ``autoslapo tune`` needs (the CLI builds it; tests build it directly)."""
@@ -83,6 +89,9 @@ class TuneOptions:
     mirror_every: int = 25  # finished trials between two mirror writes
     # refit the cluster's cost-model correction after each trial (None: only when trials are real)
     learn_prior: bool | None = None
+    # A study that learns measures the corrected prior's best unmeasured configuration after every
+    # ``learned_every``-th trial (0: never; the sampler proposes the others).
+    learned_every: int = 2
     sweep: bool | None = None  # score every configuration (None: when the evaluator is the plain cost model)
 
     def __post_init__(self) -> None:
@@ -105,6 +114,9 @@ class TuneOptions:
             raise UsageError("--join needs --study NAME: the study the tuners share")
         if self.steps < 1:
             raise UsageError(f"--steps must be a positive integer: got {self.steps!r}")
+        if not isinstance(self.learned_every, int) or self.learned_every < 0:
+            raise UsageError(f"learned_every must be 0 (never) or a positive number of trials: "
+                             f"got {self.learned_every!r}")
         if not isinstance(self.repeats, int) or self.repeats < 0:
             raise UsageError(f"--repeats must be a whole number of re-measurements, 0 or more: got {self.repeats!r}")
         if self.sweep not in (None, True, False):
@@ -280,6 +292,8 @@ class StudyRunner:
         k = self.options.prior_seeds if self.options.prior_seeds is not None else min(10, max(3, self.options.trials // 10))
         if k:
             self.proposer.enqueue(self.proposer.ranking()[:k], "prior")
+        if self.learner.enabled and self.options.learned_every:
+            self.proposer.shortlist = self.proposer.ranking()[:LEARNED_SHORTLIST]
 
     def _count(self, config: ScheduleConfig, result: TrialResult) -> None:
         self.counts[result.status] = self.counts.get(result.status, 0) + 1
@@ -376,6 +390,12 @@ class StudyRunner:
         self._count(proposal.config, result)
         if self.learner.observe(proposal.config, result):
             self.proposer.set_prior(self.learner.prior())
+            every = self.options.learned_every
+            if every and self.launched % LEARNED_REFRESH == 0:
+                # the corrected prior may rank configurations far down the first ranking at the top
+                self.proposer.shortlist = self.proposer.ranking()[:LEARNED_SHORTLIST]
+            if every and self.launched % every == 0 and not self.proposer.has_queued("prior", "learned"):
+                self.proposer.seed_best("learned")
         if self.mirror is not None:
             self.mirror.note(number)
         if self.progress is not None:

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     """Estimate the given (or best) schedule; prints a summary or JSON. Returns 0."""
     from autoslapo.cluster import ClusterSpec
     from autoslapo.cost import best_config
-    from autoslapo.cost.correction import corrected_perf
+    from autoslapo.cost.correction import corrected_cluster, corrected_perf
     from autoslapo.models.resolve import resolve_model
 
     overrides = shape_overrides(args)
@@ -105,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if args.global_batch is not None and "grad_accum" in fixed:
         raise UsageError("--global-batch and --grad-accum both fix the batch: give one of them")
     perf = corrected_perf(cluster, calibration["params"] if calibration else None, profile)
-    est = best_config(model, cluster, global_batch=args.global_batch, profile=profile, perf=perf, **fixed)
+    links = corrected_cluster(cluster, calibration["params"] if calibration else None)
+    est = best_config(model, links, global_batch=args.global_batch, profile=profile, perf=perf, **fixed)
     d = est.to_dict()
-    d.update(model=model.to_dict(), params=model.num_params(), cluster=cluster.to_dict(), profile=source or None,
+    d.update(model=model.to_dict(), num_params=model.num_params(), cluster=cluster.to_dict(), profile=source or None,
              searched=est.breakdown.get("searched"),
              calibration=None if calibration is None else {"study": args.cluster_from, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})

@@ -114,11 +114,15 @@ def run(args: argparse.Namespace) -> int:
     }
     # Imported once in the fork server rather than in every rank (the model module alone takes
     # seconds to import on a busy 2-core machine).
+    model_module = (
+        "autoslapo.models.wideresnet" if spec.family == "wideresnet"
+        else f"transformers.models.{spec.family}.modeling_{spec.family}"
+    )
     preload = (
         "torch",
         "torch.distributed",
         "transformers",
-        *([f"transformers.models.{spec.family}.modeling_{spec.family}"] if spec.family != "user" else []),
+        *([model_module] if spec.family != "user" else []),
         "autoslapo.models.build",
         "autoslapo.plan",
         "autoslapo.verify",

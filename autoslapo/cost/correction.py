@@ -1,23 +1,28 @@
 """A small per-cluster correction of the cost model, fitted to measured trials. Pure.
 
-The cost model's device figures (``DevicePerf``) come from datasheets or a profile; a real cluster
-reaches more or less. ``Correction`` holds five multiplicative factors, each a physical knob of the
-model, bounded to [1/4, 4]:
+The cost model's device and link figures (``DevicePerf``, ``ClusterSpec``) come from datasheets or
+a profile; a real cluster reaches more or less. ``Correction`` holds seven multiplicative factors,
+each a physical knob of the model, bounded to [1/4, 4]:
 
 * ``compute``: the achieved GEMM rate (``gemm_eff``, or a measured GEMM curve's rates);
 * ``memory_bw``: the memory bandwidth elementwise kernels reach (``hbm_gbps``, or a copy curve);
-* ``comm``: the fraction of the link bandwidth collectives reach (``comm_eff``);
-* ``overhead``: the fixed costs (kernel/op latency, collective latency, per-step and per-micro-batch
-  overhead);
+* ``intra_bw`` / ``inter_bw``: the bandwidth collectives reach inside a node (tensor parallelism,
+  node-local data parallelism) and between nodes (``ClusterSpec.intra_node_gbps`` /
+  ``inter_node_gbps``): one factor per link, since a cluster's NVLink and its network are off by
+  different amounts and move different layouts;
+* ``latency``: the per-op and per-collective-hop latencies (``op_latency_s``, ``coll_latency_s``);
+* ``overhead``: the runtime's fixed cost a step and a micro-batch (``step_overhead_s``,
+  ``microbatch_overhead_s``);
 * ``activation``: resident bytes per activation byte the model counts (``activation_slack`` and
   ``heap_retention``).
 
 ``fit_correction`` fits them in log space to ``Observation`` s (a configuration with what was
-measured): throughput residuals move the four speed factors; peak memory, and an ``oom`` *with
+measured): throughput residuals move the six speed factors; peak memory, and an ``oom`` *with
 evidence* that the kernel or the allocator ran out where the model said it fits (or a run that
 completed where it said it would not), move the activation factor. A ridge toward 1 (``prior_weight``
 pseudo-observations) keeps few points from moving the factors far. ``Correction.apply`` gives the
-corrected ``DevicePerf`` for ``estimate(..., perf=...)``.
+corrected ``DevicePerf`` and ``Correction.apply_cluster`` the corrected links, for
+``estimate(model, config, correction.apply_cluster(cluster), perf=correction.apply(perf))``.
 """
 
 from __future__ import annotations
@@ -28,8 +33,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost.device import DevicePerf, device_perf
-from autoslapo.cost.estimate import estimate
-from autoslapo.cost.memory import estimate_memory
+from autoslapo.cost.estimate import estimate, estimate_family_memory
 from autoslapo.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
 #: Each factor stays within [1/BOUND, BOUND]: a cluster 4x off its preset is a wrong preset, not a correction.
 BOUND = 4.0
-SPEED_FACTORS = ("compute", "memory_bw", "comm", "overhead")
+SPEED_FACTORS = ("compute", "memory_bw", "intra_bw", "inter_bw", "latency", "overhead")
 #: The fit keeps the most recent observations only (a refit after every trial stays cheap).
 MAX_OBSERVATIONS = 64
 # An out-of-memory run where the model predicted a fit says the prediction was at least this much
@@ -53,7 +57,9 @@ class Correction:
 
     compute: float = 1.0
     memory_bw: float = 1.0
-    comm: float = 1.0
+    intra_bw: float = 1.0
+    inter_bw: float = 1.0
+    latency: float = 1.0
     overhead: float = 1.0
     activation: float = 1.0
 
@@ -73,7 +79,18 @@ class Correction:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Correction:
-        """Inverse of ``to_dict``; unknown keys are an error naming the valid ones."""
+        """Inverse of ``to_dict``; unknown keys are an error naming the valid ones.
+
+        A calibration stored before the links had a factor each (one ``comm`` factor on both, and
+        ``overhead`` on the latencies too) is read as that: ``comm`` on both links, ``overhead``
+        also as ``latency``.
+        """
+        if "comm" in d:
+            d = dict(d)
+            comm = d.pop("comm")
+            d.setdefault("intra_bw", comm)
+            d.setdefault("inter_bw", comm)
+            d.setdefault("latency", d.get("overhead", 1.0))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -81,24 +98,31 @@ class Correction:
         return cls(**{k: float(v) for k, v in d.items()})
 
     def apply(self, perf: DevicePerf) -> DevicePerf:
-        """``perf`` with the factors applied (speeds multiplied, latencies and memory scaled)."""
+        """``perf`` with the device factors applied (speeds multiplied, latencies and memory scaled);
+        the link factors are the cluster's (``apply_cluster``)."""
         if self.is_identity():
             return perf
-        o = self.overhead
+        lat, o = self.latency, self.overhead
         return replace(
             perf,
             gemm_eff=perf.gemm_eff * self.compute,
             gemm_curve=tuple((f, r * self.compute) for f, r in perf.gemm_curve),
             hbm_gbps=perf.hbm_gbps * self.memory_bw,
             mem_curve=tuple((b, r * self.memory_bw) for b, r in perf.mem_curve),
-            comm_eff=perf.comm_eff * self.comm,
-            op_latency_s=perf.op_latency_s * o,
-            coll_latency_s=perf.coll_latency_s * o,
+            op_latency_s=perf.op_latency_s * lat,
+            coll_latency_s=perf.coll_latency_s * lat,
             step_overhead_s=perf.step_overhead_s * o,
             microbatch_overhead_s=perf.microbatch_overhead_s * o,
             activation_slack=perf.activation_slack * self.activation,
             heap_retention=perf.heap_retention * self.activation,
         )
+
+    def apply_cluster(self, cluster: ClusterSpec) -> ClusterSpec:
+        """``cluster`` with the link factors applied to its intra- and inter-node bandwidths."""
+        if self.intra_bw == 1.0 and self.inter_bw == 1.0:
+            return cluster
+        return replace(cluster, intra_node_gbps=cluster.intra_node_gbps * self.intra_bw,
+                       inter_node_gbps=cluster.inter_node_gbps * self.inter_bw)
 
 
 @dataclass(frozen=True)
@@ -124,9 +148,8 @@ def _factor(x: float) -> float:
     return min(BOUND, max(1 / BOUND, math.exp(x)))
 
 
-def _speed_perf(base: DevicePerf, logs: Sequence[float], activation: float) -> DevicePerf:
-    kw = dict(zip(SPEED_FACTORS, (_factor(v) for v in logs), strict=True))
-    return Correction(**kw, activation=activation).apply(base)
+def _speed_correction(logs: Sequence[float], activation: float = 1.0) -> Correction:
+    return Correction(**dict(zip(SPEED_FACTORS, (_factor(v) for v in logs), strict=True)), activation=activation)
 
 
 def _fit_speed(obs: Sequence[Observation], base: DevicePerf, start: Correction, weight: float) -> dict[str, float]:
@@ -135,17 +158,23 @@ def _fit_speed(obs: Sequence[Observation], base: DevicePerf, start: Correction, 
     speed = [o for o in obs if o.status == "complete" and o.samples_per_s and o.samples_per_s > 0]
     if not speed:
         return {k: getattr(start, k) for k in SPEED_FACTORS}
+    n = len(SPEED_FACTORS)
     lo, hi = -math.log(BOUND), math.log(BOUND)
     ridge = math.sqrt(weight)
 
     def residuals(x: Any) -> list[float]:
-        perf = _speed_perf(base, x, 1.0)
+        c = _speed_correction(x)
+        perf = c.apply(base)
         r = [math.log(o.samples_per_s) - math.log(  # type: ignore[arg-type]
-            estimate(o.model, o.config, o.cluster, perf=perf, validate=False).samples_per_s) for o in speed]
+            estimate(o.model, o.config, c.apply_cluster(o.cluster), perf=perf, validate=False).samples_per_s)
+            for o in speed]
         return r + [ridge * v for v in x]
 
     x0 = [min(hi, max(lo, math.log(getattr(start, k)))) for k in SPEED_FACTORS]
-    sol = least_squares(residuals, x0, bounds=([lo] * 4, [hi] * 4), diff_step=1e-3, x_scale=1.0, max_nfev=200)
+    # Tolerances of 1e-4 in log space (0.01 %) are far below any measurement's noise; a refit after
+    # every trial starts from the last one and stops within a few Jacobians.
+    sol = least_squares(residuals, x0, bounds=([lo] * n, [hi] * n), diff_step=1e-3, x_scale=1.0, max_nfev=30,
+                        ftol=1e-4, xtol=1e-4, gtol=1e-4)
     return {k: _factor(v) for k, v in zip(SPEED_FACTORS, sol.x, strict=True)}
 
 
@@ -154,7 +183,7 @@ def _fit_activation(obs: Sequence[Observation], base: DevicePerf, start: Correct
 
     terms: list[tuple[str, int, int, int]] = []  # kind, other bytes, activation bytes at factor 1, target bytes
     for o in obs:
-        m = estimate_memory(o.model, o.config, base)
+        m = estimate_family_memory(o.model, o.config, base)
         other, act = m.total - m.activations, m.activations
         cap = o.cluster.memory_bytes
         if o.status == "complete" and o.peak_memory_bytes:
@@ -204,11 +233,21 @@ def fit_correction(observations: Sequence[Observation], base: DevicePerf, *,
     return Correction(**speed, activation=activation)
 
 
+def _as_correction(correction: Correction | dict[str, Any] | None) -> Correction | None:
+    if correction is None or isinstance(correction, Correction):
+        return correction
+    return Correction.from_dict(correction)
+
+
 def corrected_perf(cluster: ClusterSpec, correction: Correction | dict[str, Any] | None,
                    profile: dict[str, Any] | None = None) -> DevicePerf:
     """``device_perf(cluster, profile)`` with ``correction`` (a ``Correction`` or its dict) applied."""
     perf = device_perf(cluster, profile)
-    if correction is None:
-        return perf
-    c = correction if isinstance(correction, Correction) else Correction.from_dict(correction)
-    return c.apply(perf)
+    c = _as_correction(correction)
+    return perf if c is None else c.apply(perf)
+
+
+def corrected_cluster(cluster: ClusterSpec, correction: Correction | dict[str, Any] | None) -> ClusterSpec:
+    """``cluster`` with the link factors of ``correction`` (a ``Correction`` or its dict) applied."""
+    c = _as_correction(correction)
+    return cluster if c is None else c.apply_cluster(cluster)

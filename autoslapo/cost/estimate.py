@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cost.conv import estimate_conv_memory, estimate_conv_time
 from autoslapo.cost.device import DevicePerf, device_perf
 from autoslapo.cost.flops import hw_flops_per_sample, model_flops_per_sample
 from autoslapo.cost.memory import MemoryBreakdown, estimate_memory
 from autoslapo.cost.time import TimeBreakdown, estimate_time
+from autoslapo.models.spec import is_convolutional
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -75,6 +77,15 @@ class Estimate:
         )
 
 
+def estimate_family_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
+                           dropout: bool | None = None) -> MemoryBreakdown:
+    """Per-device memory by the terms of ``model``'s family: ``estimate_memory`` (transformers) or
+    ``autoslapo.cost.conv.estimate_conv_memory`` (a convolutional family)."""
+    if is_convolutional(model.family):
+        return estimate_conv_memory(model, config, perf)
+    return estimate_memory(model, config, perf, dropout)
+
+
 def estimate(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec, *,
              profile: dict[str, Any] | None = None, perf: DevicePerf | None = None,
              validate: bool = True, dropout: bool | None = None) -> Estimate:
@@ -90,8 +101,11 @@ def estimate(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec, *,
         config.validate(model, cluster)
     if perf is None:
         perf = device_perf(cluster, profile)
-    mem = estimate_memory(model, config, perf, dropout)
-    tb = estimate_time(model, config, cluster, perf, dropout)
+    mem = estimate_family_memory(model, config, perf, dropout)
+    if is_convolutional(model.family):  # WideResNet: convolutions, not a transformer's layers
+        tb = estimate_conv_time(model, config, cluster, perf)
+    else:
+        tb = estimate_time(model, config, cluster, perf, dropout)
     step = tb.total
     samples = config.global_batch / step
     world = config.world_size

@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autoslapo.cost.encdec import encdec_flops_per_sample, encdec_hw_flops_per_sample
+from autoslapo.models.spec import is_convolutional
+from autoslapo.models.wrn_shape import block_convs, stage_blocks, stem_convs
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -69,6 +71,8 @@ def model_flops_per_sample(model: ModelSpec) -> float:
         return 3.0 * float(model.extra["fwd_flops"])
     if model.encoder_decoder:  # T5: encoder over the source, decoder and head over the target
         return encdec_flops_per_sample(model)
+    if is_convolutional(model.family):
+        return 3.0 * conv_forward_flops(model)
     fwd = model.layers * layer_flops_per_token(model) + head_flops_per_token(model)
     return 3.0 * fwd * model.seq_len
 
@@ -77,6 +81,9 @@ def hw_flops_per_sample(model: ModelSpec, config: ScheduleConfig) -> float:
     """FLOPs actually executed per sequence: model FLOPs plus the recomputed forward passes."""
     if model.encoder_decoder:
         return encdec_hw_flops_per_sample(model, config)
+    if is_convolutional(model.family):
+        blocks = block_forward_flops(model)
+        return model_flops_per_sample(model) + sum(blocks[i] for i in config.checkpointed_layers(model.layers))
     recomputed = len(config.checkpointed_layers(model.layers))
     if model.family == "user" and not model.extra.get("layers"):
         recomputed = 0  # no blocks to checkpoint
@@ -93,3 +100,19 @@ def megatron_flops_per_iteration(batch: int, seq: int, layers: int, hidden: int,
     if recompute:
         return 96.0 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
     return 72.0 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+
+
+# -- a convolutional family (WideResNet): 2 x K^2 x Cin x Cout x Hout x Wout per convolution ---------
+
+
+def block_forward_flops(model: ModelSpec) -> list[float]:
+    """Forward FLOPs per image of each WideResNet bottleneck block (its convolutions, shortcut included)."""
+    convs = block_convs(model.hidden, model.ffn, model.layers, model.seq_len)
+    return [float(sum(c.flops_per_sample for c in block)) for block in convs]
+
+
+def conv_forward_flops(model: ModelSpec) -> float:
+    """Forward FLOPs per image of a WideResNet: stem, blocks and the classifier (``2 C classes``)."""
+    stem, _ = stem_convs(model.hidden, model.seq_len)
+    features = model.hidden * 2 ** (len(stage_blocks(model.layers)) - 1)
+    return stem.flops_per_sample + sum(block_forward_flops(model)) + 2.0 * features * model.vocab

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.config import LOSS_CHUNK_TOKENS
 from autoslapo.cost.encdec import encdec_activation_bytes, encdec_stage_params
+from autoslapo.models.spec import is_convolutional
+from autoslapo.models.wrn_shape import wrn_split_params
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -86,6 +88,10 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     """
     if model.encoder_decoder:  # T5: two unequal stacks (``autoslapo.cost.encdec``)
         return encdec_stage_params(model, config)
+    if is_convolutional(model.family):  # WideResNet: only the bottlenecks' conv1/bn1/conv2 split over tp
+        split = wrn_split_params(model.hidden, model.ffn, model.layers)
+        n = model.num_params() - split + split / config.tp
+        return n, n
     # a shared layer (ALBERT) is stored once however often it runs (its family refuses pp > 1)
     layers = model.stored_layers / config.pp
     body = layers * model.layer_params() / config.tp

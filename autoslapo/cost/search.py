@@ -57,6 +57,9 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
     fixed = {k: v for k, v in fixed.items() if v is not None}
     others = [k.name for k in KNOBS if k.name not in _LAYOUT]
     domains = {n: _domain(n, cluster, fixed) for n in others}
+    for n in layout.inapplicable_knobs(model, KNOBS):  # a knob the family cannot use: its default only
+        if n not in fixed:
+            domains[n] = [KNOB[n].default]
     # Free knobs that may change nothing (their ``inert`` rule): swept only at their default there.
     inert = [(n, rule) for n in others if (rule := KNOB[n].inert) is not None and n not in fixed]
     mbs = [fixed["micro_batch"]] if "micro_batch" in fixed else list(MICRO_BATCHES)

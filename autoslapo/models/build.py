@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError
 from autoslapo.models.hf import HF_CONFIG_KEY, hf_config_kwargs
-from autoslapo.models.spec import ModelSpec
+from autoslapo.models.spec import ModelSpec, is_convolutional
 from autoslapo.models.user import USER_FAMILY, load_user_model
 
 if TYPE_CHECKING:
@@ -262,9 +262,16 @@ def build_model(
     """
     import torch
 
-    if spec.family == USER_FAMILY:
+    make: Callable[[], nn.Module]
+    if spec.family == "wideresnet":
+        # written in the project (torchvision does not load here); no attention kernel, no dropout
+        from autoslapo.models.wideresnet import WideResNet
+
+        def make() -> nn.Module:
+            return WideResNet(spec)
+    elif spec.family == USER_FAMILY:
         # the user's own module, unchanged: its build() (kernel and dropout are its own business)
-        make: Callable[[], nn.Module] = load_user_model(spec).build
+        make = load_user_model(spec).build
     else:
         import transformers
 
@@ -311,6 +318,8 @@ def example_batch(
     A user's module (family ``user``): its own ``batch(batch, seed)``.
     Returns: ``{"input_ids", "labels"}`` (int64, shape ``(batch, seq_len)``). Token ids avoid the
     special ids 0-2 so no position is treated as padding (RoBERTa and OPT derive positions from it).
+    A convolutional family's batch is ``{"images", "labels"}`` instead: float32 images
+    ``(batch, 3, seq_len, seq_len)`` (``seq_len`` is the image side) and int64 classes ``(batch,)``.
     For causal families the labels equal the inputs (the model shifts them); for masked LM families
     labels are -100 except on about 15% of positions. An encoder-decoder (T5) batch has the source
     ``input_ids`` (``seq_len``), target ``labels`` (``spec.decoder_seq_len``, every position) and
@@ -326,6 +335,8 @@ def example_batch(
         rows = load_user_model(spec).batch(batch, seed)
         return {k: v.to(device) for k, v in rows.items()} if device is not None else rows
     seq = spec.seq_len if seq_len is None else seq_len
+    if is_convolutional(spec.family):
+        return _image_batch(spec, batch, seq, seed, device)
     if batch < 1 or seq < 1 or seq > spec.max_positions:
         raise ConfigError(
             f"example batch needs batch >= 1 and 1 <= seq_len <= {spec.max_positions}: got batch={batch}, "
@@ -400,6 +411,22 @@ def _seq2seq_batch(spec: ModelSpec, input_ids: torch.Tensor, gen: torch.Generato
     decoder_input_ids = torch.zeros_like(labels)  # T5's _shift_right with decoder_start_token_id 0
     decoder_input_ids[:, 1:] = labels[:, :-1]
     out = {"input_ids": input_ids, "decoder_input_ids": decoder_input_ids, "labels": labels}
+    if device is not None:
+        out = {k: v.to(device) for k, v in out.items()}
+    return out
+
+
+def _image_batch(spec: ModelSpec, batch: int, side: int, seed: int,
+                 device: torch.device | str | None) -> dict[str, torch.Tensor]:
+    import torch
+
+    if batch < 1 or side < 1:
+        raise ConfigError(
+            f"example batch needs batch >= 1 and an image side >= 1: got batch={batch}, side={side} for {spec.preset}"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    out = {"images": torch.randn((batch, 3, side, side), generator=gen),
+           "labels": torch.randint(0, spec.vocab, (batch,), generator=gen)}
     if device is not None:
         out = {k: v.to(device) for k, v in out.items()}
     return out

@@ -1,5 +1,5 @@
 """The family-specific keys of ``ModelSpec.extra``: what each family requires, T5's keys and their
-defaults, and the checks ``ModelSpec`` runs on them.
+defaults, the checks ``ModelSpec`` runs on them, and T5's per-block parameter count.
 
 Pure: no torch or transformers import; ``ModelSpec`` is imported for typing only (it imports this).
 """
@@ -78,3 +78,16 @@ def check_extra(spec: ModelSpec, *, max_width: int, max_len: int) -> None:
             )
         if window < 1:
             raise ConfigError(f"window_size must be a positive integer: got {window!r} for {spec.preset}")
+
+
+def t5_block_params(spec: ModelSpec) -> tuple[int, int]:
+    """Parameters of one T5 encoder block and one decoder block (no biases; RMS norms of ``hidden``).
+
+    Encoder: self-attention (q, k, v of ``hidden x heads*d_kv``, o back) + MLP + 2 norms; decoder:
+    the same plus cross-attention and a third norm. The relative-position tables (``buckets x
+    heads`` in each stack's first block) are counted in ``embedding_params``.
+    """
+    h, f, inner = spec.hidden, spec.ffn, spec.heads * spec.head_dim
+    attn = 4 * h * inner
+    mlp = (3 if spec.t5("gated") else 2) * h * f
+    return attn + mlp + 2 * h, 2 * attn + mlp + 3 * h

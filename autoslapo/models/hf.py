@@ -390,6 +390,80 @@ register_hf_model_type(
 )
 
 
+# -- ALBERT and GPT-Neo -------------------------------------------------------------------------------
+
+
+def _check_albert(config: Mapping[str, Any], spec: ModelSpec) -> None:
+    groups, inner = config.get("num_hidden_groups", 1), config.get("inner_group_num", 1)
+    if groups != 1 or inner != 1:
+        raise ConfigError(
+            f"an albert config must share one layer (num_hidden_groups=1, inner_group_num=1, as every "
+            f"published ALBERT does): got num_hidden_groups={groups}, inner_group_num={inner}; set both to 1"
+        )
+    if not isinstance(config.get("embedding_size"), int):
+        raise ConfigError(
+            f"an albert config needs an integer 'embedding_size': got {config.get('embedding_size')!r}; add it"
+        )
+
+
+def _neo_pattern(config: Mapping[str, Any]) -> list[str]:
+    """GPT-Neo's ``attention_types`` ([[["global", "local"], 12]]) as one type a layer."""
+    types = config.get("attention_types", [[["global", "local"], max(1, int(config.get("num_layers", 2)) // 2)]])
+    try:
+        pattern = [str(t) for kinds, n in types for _ in range(int(n)) for t in kinds]
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"a gpt_neo config's attention_types must be [[[types...], repeats], ...]: got {types!r}; fix it"
+        ) from None
+    bad = sorted(set(pattern) - {"global", "local"})
+    if bad or not pattern:
+        raise ConfigError(f"gpt_neo attention types must be 'global' or 'local': got {bad or pattern}; fix attention_types")
+    return pattern
+
+
+def _check_gpt_neo(config: Mapping[str, Any], spec: ModelSpec) -> None:
+    if not isinstance(config.get("window_size", 256), int):
+        raise ConfigError(f"a gpt_neo config's window_size must be an integer: got {config.get('window_size')!r}")
+    _neo_pattern(config)
+
+
+register_hf_model_type(
+    HFModelType(
+        "albert",
+        "albert",
+        "AlbertForMaskedLM",
+        _BERT_KEYS,
+        ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        check=_check_albert,
+        extra=lambda config: {"embedding_size": int(config.get("embedding_size", 128))},
+    )
+)
+register_hf_model_type(
+    HFModelType(
+        "gpt_neo",
+        "gpt_neo",
+        "GPTNeoForCausalLM",
+        {
+            "hidden": "hidden_size",
+            "layers": "num_layers",
+            "heads": "num_heads",
+            "ffn": "intermediate_size",
+            "vocab": "vocab_size",
+            "max_positions": "max_position_embeddings",
+        },
+        ("embed_dropout", "attention_dropout", "resid_dropout"),
+        # one run of length 1 per layer, so a --layers override keeps the pattern's cycle
+        derived=lambda s: {"attention_types": [[[t], 1] for t in s.layer_attention_types()]},
+        check=_check_gpt_neo,
+        extra=lambda config: {"window_size": int(config.get("window_size", 256)),
+                              "attention_pattern": _neo_pattern(config)},
+    )
+)
+
+
+# -- T5 ------------------------------------------------------------------------------------------------
+
+
 # T5: relative positions (no table; the published models train on 512 source tokens), an encoder
 # and a decoder stack. The spec's T5 keys (``T5_EXTRA``) hold what the config says of both stacks;
 # ``derived`` writes them back, so shape flags (``--layers`` moves both stacks) reach the model.

@@ -15,13 +15,17 @@ from typing import Any
 
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.extra import FAMILY_EXTRA as FAMILY_EXTRA
-from autoslapo.models.extra import T5_EXTRA, check_extra
+from autoslapo.models.extra import T5_EXTRA, check_extra, t5_block_params
+from autoslapo.models.wrn_shape import wrn_end_params, wrn_params
 
 # Families autoslapo can build and schedule. ``causal``: decoder-only LM (causal mask, next-token
 # loss); ``gated_mlp``: SwiGLU-style MLP with three matrices (LLaMA); ``learned_pos``: learned
 # position embeddings of ``seq_len`` rows (BERT/GPT-2/OPT) rather than rotary (LLaMA); ``gqa``:
 # grouped-query attention, fewer key/value heads than query heads (LLaMA); ``encoder_decoder``
-# (absent: False): an encoder stack of ``layers`` blocks and a decoder stack (T5; see ``T5_EXTRA``).
+# (absent: False): an encoder stack of ``layers`` blocks and a decoder stack (T5; see ``T5_EXTRA``);
+# ``convolutional`` (only where true): a convolutional image classifier, no attention, tokens or vocabulary (WideResNet:
+# ``hidden``/``ffn`` are channel widths, ``seq_len`` the image side, ``vocab`` the classes; see
+# ``autoslapo.models.wrn_shape``). ``extra`` holds no keys for it.
 FAMILIES: dict[str, dict[str, bool]] = {
     "bert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "roberta": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
@@ -41,6 +45,8 @@ FAMILIES: dict[str, dict[str, bool]] = {
     # types, repeated over the layers (["global", "local"] in the published models). No q/k/v biases.
     "gpt_neo": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False, "local_attention": True,
                 "qkv_bias": False},
+    # WideResNet (``convolutional``): see the presets below for how its shape maps onto ModelSpec.
+    "wideresnet": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "convolutional": True},
 }
 
 # The user's own module (``autoslapo.models.user``): no presets, no transformers class; its shape is
@@ -63,6 +69,10 @@ def family_flag(family: str, flag: str) -> bool:
     return bool(family_flags(family).get(flag, flag in FLAGS_ON_BY_DEFAULT))
 
 
+def is_convolutional(family: str) -> bool:
+    """Whether ``family`` is a convolutional image classifier (no attention, sequence or vocabulary)."""
+    return family_flag(family, "convolutional")
+
 # Upper bounds on a shape: several times the largest models published (hidden 25,600, 128 layers,
 # 128 heads, vocab 256k, 10M-token contexts), so only typos and absurd values are refused.
 MAX_HIDDEN = 2**18  # 262,144
@@ -84,13 +94,20 @@ GATED_MLP_RULES: dict[str, tuple[int, float]] = {"llama-tiny": (32, 1.0), "llama
 # Non-gated presets whose MLP is not 4 x hidden: T5-3B's is 16 x 1024.
 MLP_MULTIPLES: dict[str, int] = {"t5-3b": 16}
 
+# A WideResNet's width factor (bottleneck width over ``hidden / 4``) where a preset is not torchvision's 2.
+WIDTH_FACTORS: dict[str, int] = {"wideresnet-50-4": 4, "wideresnet-50-8": 8}
+
 
 def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
     """The MLP's inner width that ``family`` (and ``preset``'s own rounding) gives a ``hidden`` width.
 
-    4 x hidden for BERT/RoBERTa/GPT-2/OPT/T5 (T5-3B: 16 x, ``MLP_MULTIPLES``); LLaMA's SwiGLU rule (see ``GATED_MLP_RULES``) for gated MLPs.
+    4 x hidden for BERT/RoBERTa/GPT-2/OPT/T5 (T5-3B: 16 x, ``MLP_MULTIPLES``); LLaMA's SwiGLU rule (see
+    ``GATED_MLP_RULES``) for gated MLPs; a WideResNet's bottleneck width, ``hidden / 4`` x the preset's
+    width factor (``WIDTH_FACTORS``, default 2).
     Every preset's ``ffn`` is what this returns for its ``hidden`` (a test checks it).
     """
+    if family == "wideresnet":
+        return hidden // 4 * WIDTH_FACTORS.get(preset, 2)
     if not family_flags(family)["gated_mlp"]:
         return MLP_MULTIPLES.get(preset, 4) * hidden
     multiple_of, multiplier = GATED_MLP_RULES.get(preset, GATED_MLP_RULE)
@@ -253,7 +270,10 @@ class ModelSpec:
         return bool(self.extra.get("tie_word_embeddings", self.family != "llama"))
 
     def layer_params(self) -> int:
-        """Parameters of one transformer layer (weights and biases, norms included)."""
+        """Parameters of one transformer layer (weights and biases, norms included); of a WideResNet,
+        the mean over its blocks; of T5, one encoder block."""
+        if self.family == "wideresnet":
+            return (wrn_params(self.hidden, self.ffn, self.layers, self.vocab) - self.embedding_params()) // self.layers
         if self.encoder_decoder:
             return self.t5_block_params()[0]
         if self.family == "user":
@@ -276,8 +296,10 @@ class ModelSpec:
 
         ALBERT: tables of width E, its two token types and embedding LayerNorm, and the E -> hidden map.
         T5: one table shared by both stacks, and each stack's relative-position table.
-        A user's module: every parameter outside its repeated blocks.
+        A user's module: every parameter outside its repeated blocks. A WideResNet's stem and classifier.
         """
+        if self.family == "wideresnet":
+            return wrn_end_params(self.hidden, self.layers, self.vocab)
         if self.family == "user":
             return int(self.extra["params"]) - self.layers * self.layer_params()
         e = self.embedding_size
@@ -291,16 +313,8 @@ class ModelSpec:
         return n
 
     def t5_block_params(self) -> tuple[int, int]:
-        """Parameters of one T5 encoder block and one decoder block (no biases; RMS norms of ``hidden``).
-
-        Encoder: self-attention (q, k, v of ``hidden x heads*d_kv``, o back) + MLP + 2 norms; decoder:
-        the same plus cross-attention and a third norm. The relative-position tables (``buckets x
-        heads`` in each stack's first block) are counted in ``embedding_params``.
-        """
-        h, f, inner = self.hidden, self.ffn, self.heads * self.head_dim
-        attn = 4 * h * inner
-        mlp = (3 if self.t5("gated") else 2) * h * f
-        return attn + mlp + 2 * h, 2 * attn + mlp + 3 * h
+        """Parameters of one T5 encoder block and one decoder block (``extra.t5_block_params``)."""
+        return t5_block_params(self)
 
     def num_params(self) -> int:
         """Total parameters (approximate to within the small heads/norms that differ per family).
@@ -308,6 +322,8 @@ class ModelSpec:
         A shared layer (ALBERT) counts once. ALBERT's MLM head: hidden -> E transform, LayerNorm, bias.
         T5: encoder and decoder blocks, and the LM head unless tied.
         """
+        if self.family == "wideresnet":
+            return wrn_params(self.hidden, self.ffn, self.layers, self.vocab)  # exact
         if self.family == "user":
             return int(self.extra["params"])
         head = 0 if self.tied_head else self.vocab * self.hidden  # LLaMA's head is untied
@@ -449,6 +465,14 @@ PRESETS: dict[str, ModelSpec] = {
         _p("gpt-neo-125m", "gpt_neo", 768, 12, 12, 3072, 2048, 50257, **_NEO),
         _p("gpt-neo-1.3b", "gpt_neo", 2048, 24, 16, 8192, 2048, 50257, **_NEO),
         _p("gpt-neo-2.7b", "gpt_neo", 2560, 32, 20, 10240, 2048, 50257, **_NEO),
+        # WideResNet-50 (torchvision's wide_resnet50_2 at width 2; Slapo's paper scales the width):
+        # hidden = first stage's output channels, ffn = its bottleneck width, layers = blocks,
+        # seq_len = image side, vocab = classes, no heads. The tiny one: 4 blocks, 64x64 images (the last stage 2x2, so BatchNorm
+        # trains on one image a micro-batch), 10 classes.
+        _p("wideresnet-tiny", "wideresnet", 32, 4, 1, 16, 64, 10),
+        _p("wideresnet-50-2", "wideresnet", 256, 16, 1, 128, 224, 1000),
+        _p("wideresnet-50-4", "wideresnet", 256, 16, 1, 256, 224, 1000),
+        _p("wideresnet-50-8", "wideresnet", 256, 16, 1, 512, 224, 1000),
     ]
 }
 
@@ -461,6 +485,8 @@ ALIASES: dict[str, str] = {
     "t5": "t5-large",
     "albert": "albert-xxlarge",
     "gpt-neo": "gpt-neo-1.3b",
+    "wideresnet": "wideresnet-50-2",
+    "wide-resnet50-2": "wideresnet-50-2",  # torchvision's wide_resnet50_2 (from_name reads _ as -)
 }
 
 

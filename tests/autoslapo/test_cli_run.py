@@ -35,9 +35,21 @@ def test_run_prints_a_complete_trial_as_json() -> None:
     assert len(result.extra["step_times_s"]) == 2
 
 
+@pytest.mark.slow
+def test_run_wideresnet_tiny_with_tensor_parallelism() -> None:
+    r = _run("wideresnet-tiny", "--gpus", "2", "--tp", "2", "--ckpt-ratio", "0.5", "--steps", "3", "--json",
+             "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = TrialResult.from_dict(json.loads(r.stdout))
+    assert result.status == "complete" and result.samples_per_s > 0 and result.tflops_per_device > 0
+    assert result.extra["plan"]["sharded"] == ["conv1", "bn1", "conv2"] and result.extra["plan"]["checkpointed"] == [0, 1]
+    assert result.final_loss is not None and 0 < result.final_loss < 20
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [
+        (("wideresnet-tiny", "--gpus", "2", "--pp", "2"), "pp must be 1 for wideresnet"),
         (("llama-tiny", "--gpus", "4", "--tp", "3"), "tp*pp must divide --gpus"),
         (("bert-tiny", "--gpus", "3", "--tp", "3"), "tp must divide the attention heads"),
         (("gpt2-tiny", "--gpus", "2", "--pp", "2", "--grad-accum", "1"), "micro-batch per stage"),

@@ -20,6 +20,8 @@ from autoslapo.cli import main
         (["verify", "gpt2-tiny", "--pp", "3"], "pipeline stages must split the layers evenly"),
         (["verify", "gpt2-tiny", "--pp", "2", "--batch", "3"], "--batch must split into --grad-accum"),
         (["verify", "gpt2-tiny", "--ckpt-ratio", "2"], "ckpt_ratio must be between 0 and 1"),
+        (["verify", "wideresnet-tiny", "--pp", "2"], "pp must be 1 for wideresnet"),
+        (["verify", "wideresnet-tiny", "--attn", "flash"], "attn_kernel does not apply to wideresnet"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -49,6 +51,14 @@ def test_tiny_tp2_passes_with_a_summary() -> None:
     assert rc == 0, out
     line = [x for x in out.splitlines() if x.startswith("verify ")]
     assert len(line) == 1 and "ok - tp=2 pp=1" in line[0] and "on 2 ranks" in line[0], out
+
+
+def test_wideresnet_tiny_tp2_passes() -> None:
+    # every block at full depth, half of them checkpointed: outputs and every gradient equal
+    rc, out, _ = _verify("wideresnet-tiny", "--tp", "2", "--layers", "0", "--ckpt-ratio", "0.5")
+    assert rc == 0, out
+    line = [x for x in out.splitlines() if x.startswith("verify ")]
+    assert len(line) == 1 and "ok - tp=2 pp=1 ckpt_ratio=0.5" in line[0] and "4 layers" in line[0], out
 
 
 @pytest.mark.slow

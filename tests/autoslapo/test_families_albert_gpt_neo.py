@@ -216,7 +216,7 @@ def test_estimate_of_a_published_size_reports_its_parameters(
     monkeypatch.setenv("HOME", str(tmp_path))
     assert main(["estimate", name, "--gpus", "8", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["params"] == params and d["fits"] and d["samples_per_s"] > 0
+    assert d["num_params"] == params and d["fits"] and d["samples_per_s"] > 0
     if name.startswith("albert"):
         assert d["config"]["pp"] == 1
     else:

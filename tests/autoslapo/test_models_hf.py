@@ -85,6 +85,19 @@ TINY: dict[str, dict[str, Any]] = {
         "do_layer_norm_before": True,
     },
     "bert": {**_ENCODER, "model_type": "bert", "max_position_embeddings": 64, "type_vocab_size": 2},
+    "albert": {**_ENCODER, "model_type": "albert", "max_position_embeddings": 64, "embedding_size": 32,
+               "num_hidden_groups": 1, "inner_group_num": 1},
+    "gpt_neo": {
+        "model_type": "gpt_neo",
+        "hidden_size": 64,
+        "num_layers": 4,
+        "num_heads": 4,
+        "intermediate_size": None,
+        "vocab_size": 512,
+        "max_position_embeddings": 64,
+        "window_size": 16,
+        "attention_types": [[["global", "local"], 2]],
+    },
     "roberta": {
         **_ENCODER,
         "model_type": "roberta",
@@ -308,6 +321,18 @@ def test_the_registry_takes_one_reader_per_model_type(monkeypatch: pytest.Monkey
         HFModelType("relpos", "gpt2", "GPT2LMHeadModel", keys, ())
     with pytest.raises(ConfigError, match="unknown family 'mamba'"):
         HFModelType("relpos", "mamba", "X", keys, (), positions=512)
+
+
+def test_albert_and_gpt_neo_configs_carry_their_family_shape(tmp_path: Path) -> None:
+    albert = resolve_model(_write(tmp_path, TINY["albert"]))
+    assert albert.family == "albert" and albert.embedding_size == 32 and albert.shared_layers
+    neo = resolve_model(_write(tmp_path, TINY["gpt_neo"]))
+    assert neo.layer_attention_types() == ["global", "local", "global", "local"]
+    assert neo.extra["window_size"] == 16 and neo.ffn == 4 * 64
+    with pytest.raises(ConfigError, match="num_hidden_groups=1"):
+        resolve_model(_write(tmp_path, {**TINY["albert"], "num_hidden_groups": 2}))
+    with pytest.raises(ConfigError, match="'global' or 'local'"):
+        resolve_model(_write(tmp_path, {**TINY["gpt_neo"], "attention_types": [[["sparse"], 4]]}))
 
 
 def test_a_t5_config_reads_both_stacks_and_counts_what_the_model_holds() -> None:

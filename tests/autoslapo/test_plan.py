@@ -67,8 +67,8 @@ def _verify_tp(name: str, knobs: dict[str, Any], groups: Any, broken: str | None
     if spec.causal and dtype == torch.float64:
         batch.pop("labels")
     sch = create_schedule(model, group=groups.tp_group)
-    saved = families.FAMILY_DESCRIPTIONS[spec.family]
-    if broken is not None:  # a description that forgets what the forward needs must be caught
+    saved = families.FAMILY_DESCRIPTIONS.get(spec.family)  # None: a convolutional family (no description)
+    if broken is not None and saved is not None:  # a description that forgets what the forward needs must be caught
         families.FAMILY_DESCRIPTIONS[spec.family] = dataclasses.replace(saved, **{broken: ()})
     try:
         with Verify(sch, batch) as v:
@@ -76,7 +76,8 @@ def _verify_tp(name: str, knobs: dict[str, Any], groups: Any, broken: str | None
     except Exception as exc:
         return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
     finally:
-        families.FAMILY_DESCRIPTIONS[spec.family] = saved
+        if saved is not None:
+            families.FAMILY_DESCRIPTIONS[spec.family] = saved
     params = sum(1 for c in v.checked if c.startswith("gradient of"))
     return f"ok {params} gradients"
 

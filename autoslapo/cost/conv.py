@@ -1,0 +1,158 @@
+"""Cost terms of a convolutional family (WideResNet): FLOPs, saved activations, parameters, step time. Pure.
+
+FLOPs (``autoslapo.cost.flops.conv_forward_flops``): each convolution costs ``2 K^2 Cin Cout Hout Wout`` per image in forward (the classifier
+``2 C classes``); backward twice that (data and weight gradients), so a training step is 3x forward
+and each checkpointed block adds its forward once more. BatchNorm, ReLU, pooling and additions are
+memory-bound and timed by their traffic.
+
+Saved activations (what autograd keeps for backward, per image, as the module in
+``autoslapo.models.wideresnet`` runs): a bottleneck keeps ``bn1``'s input and ``relu``'s output
+(``conv1``'s width, split over tp), ``bn2``'s input and its ReLU's output (``conv2``'s width, whole:
+conv2's partial sums are all-reduced before ``bn2``), ``bn3``'s input, the shortcut BatchNorm's input
+and the block's output (its output channels). The block's input is the previous block's output. A
+checkpointed block keeps only its output. The stem keeps the images, its BatchNorm's input, ReLU's
+output and the max-pool's int64 indices and output.
+
+The shapes come from ``autoslapo.models.wrn_shape`` (the module's own), so these terms and the
+module cannot disagree; ``tests/autoslapo/test_cost_conv.py`` checks them against what PyTorch
+counts and keeps on CPU for the tiny preset.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoslapo.cost.device import DevicePerf
+from autoslapo.cost.memory import (
+    MemoryBreakdown,
+    element_bytes,
+    stage_params,
+    state_bytes_per_param,
+    zero_buffer_bytes,
+)
+from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, group_bandwidth
+from autoslapo.models.wrn_shape import Conv, block_convs, stage_blocks, stem_convs
+
+if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.spec import ModelSpec
+
+__all__ = [
+    "block_activation_elements",
+    "estimate_conv_activation_bytes",
+    "estimate_conv_memory",
+    "estimate_conv_time",
+    "stem_activation_bytes",
+]
+
+
+def _blocks(model: ModelSpec) -> list[list[Conv]]:
+    return block_convs(model.hidden, model.ffn, model.layers, model.seq_len)
+
+
+def _classes_in(model: ModelSpec) -> int:
+    return model.hidden * 2 ** (len(stage_blocks(model.layers)) - 1)
+
+
+def block_activation_elements(model: ModelSpec, tp: int = 1) -> list[tuple[float, float]]:
+    """Per image and block: (elements kept without checkpointing, elements kept when checkpointed)."""
+    out = []
+    for convs in _blocks(model):
+        c1, c2, c3 = convs[:3]
+        shortcut = len(convs) > 3
+        in_side = c1.out_side**2
+        side = c2.out_side**2
+        full = 2 * c1.cout / tp * in_side + 2 * c2.cout * side + c3.cout * side * (2 + (1 if shortcut else 0))
+        out.append((float(full), float(c3.cout * side)))
+    return out
+
+
+def stem_activation_bytes(model: ModelSpec, elem: int) -> float:
+    """Bytes per image the stem keeps: images, BatchNorm input, ReLU output, max-pool indices and output."""
+    stem, side = stem_convs(model.hidden, model.seq_len)
+    conv_out = stem.cout * stem.out_side**2
+    return elem * (3 * model.seq_len**2 + 2 * conv_out + stem.cout * side**2) + 8 * stem.cout * side**2
+
+
+def estimate_conv_activation_bytes(model: ModelSpec, config: ScheduleConfig, transients: bool = False) -> int:
+    """Activation bytes of one micro-batch (pp is 1 for the family): what is kept for backward, and
+    with ``transients`` the peak in backward (the largest block rebuilt and its gradients on top)."""
+    e = element_bytes(config)
+    ckpt = set(config.checkpointed_layers(model.layers))
+    blocks = block_activation_elements(model, config.tp)
+    kept = sum(kept if i in ckpt else full for i, (full, kept) in enumerate(blocks))
+    per_image = stem_activation_bytes(model, e) + e * kept
+    if transients:
+        per_image += e * max(2 * full for full, _ in blocks)
+    per_image += 4 * 2 * model.vocab  # logits and the loss's fp32 log-softmax
+    return int(config.micro_batch * per_image)
+
+
+def _stage_params(model: ModelSpec, config: ScheduleConfig) -> float:
+    return stage_params(model, config)[0]  # conv1 + bn1 and conv2 split over tp, the rest replicated
+
+
+def estimate_conv_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf) -> MemoryBreakdown:
+    """Per-device memory: parameters (tp-split where sharded), gradients and optimizer state under
+    ZeRO, the activations of a micro-batch, DeepSpeed's buffers and the framework's overhead."""
+    rt = perf.runtime
+    n = _stage_params(model, config)
+    w, g, o = state_bytes_per_param(config, rt)
+    dp, z = config.dp, config.zero_stage
+    wb, gb, ob = int(n * w / (dp if z >= 3 else 1)), int(n * g / (dp if z >= 2 else 1)), int(n * o / (dp if z >= 1 else 1))
+    if rt == "autoslapo" and config.precision != "fp32":
+        wb += int(n * element_bytes(config))  # autocast's 16-bit weight copies
+    act = int(estimate_conv_activation_bytes(model, config, transients=True) * perf.activation_slack)
+    during, after = zero_buffer_bytes(model, config, rt)
+    buffers = during + max(0, after - act)
+    if config.zero_stage >= 1:
+        buffers += perf.zero_overhead_bytes
+    return MemoryBreakdown(params=wb, grads=gb, optimizer=ob, activations=act,
+                           overhead=perf.fixed_overhead_bytes, buffers=buffers)
+
+
+def _conv_seconds(r: _Rates, c: Conv, images: int, tp: int) -> float:
+    # a convolution as its implicit GEMM: (images x Hout x Wout) x Cout x (K^2 x Cin)
+    cin = c.cin / tp if c.sharded == "in" else c.cin
+    cout = c.cout / tp if c.sharded == "out" else c.cout
+    return r.gemm(images * c.out_side**2, cout, c.k * c.k * cin)
+
+
+def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
+                       perf: DevicePerf) -> TimeBreakdown:
+    """Seconds of one optimizer step: the convolutions as implicit GEMMs (backward twice forward),
+    BatchNorm/ReLU/add traffic, conv2's all-reduce per block over tp (forward, and conv1's input
+    gradient in backward), the data-parallel gradient all-reduce, the optimizer and the overheads."""
+    r = _Rates(perf, cluster, config)
+    t, dp, m, b, e = config.tp, config.dp, config.grad_accum, config.micro_batch, r.e
+    stem, _ = stem_convs(model.hidden, model.seq_len)
+    blocks = _blocks(model)
+    tp_bw = group_bandwidth(cluster, 1, t)
+    fwd_blocks, tp_blocks = [], []
+    for convs in blocks:
+        gemm = sum(_conv_seconds(r, c, b, t) for c in convs)
+        # each BatchNorm reads and writes its input twice in training (statistics, then normalize),
+        # ReLU once, the residual add once: about 6 passes over every conv output
+        ew = r.mem(sum(6 * e * b * c.cout / (t if c.sharded == "out" else 1) * c.out_side**2 for c in convs),
+                   3 * len(convs) + 2)
+        fwd_blocks.append(gemm + ew)
+        c2 = convs[1]
+        tp_blocks.append(2 * _ring("allreduce", b * c2.cout * c2.out_side**2 * e, t, tp_bw, perf))
+    head = r.gemm(b, model.vocab, _classes_in(model))
+    fwd = _conv_seconds(r, stem, b, 1) + r.mem(6 * e * b * stem.cout * stem.out_side**2, 4) + sum(fwd_blocks) + head
+    ckpt = config.checkpointed_layers(model.layers)
+    rec = sum(fwd_blocks[i] + tp_blocks[i] / 2 for i in ckpt)
+    n = _stage_params(model, config)
+    grad_e = 4 if config.precision == "fp32" else 2
+    accum = r.mem(n * grad_e * 3, 1) if m > 1 else 0.0
+    dp_comm = _ring("allreduce", n * grad_e, dp, group_bandwidth(cluster, t, dp), perf)
+    if config.zero_stage == 3:  # weights gathered before forward and backward: 1.5x the volume a micro-batch
+        dp_comm *= 1.5 * m
+    opt_params = n / (dp if config.zero_stage >= 1 else 1)
+    optimizer = r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4)
+    return TimeBreakdown(
+        compute=m * (3 * fwd + accum), recompute=m * rec, tp_comm=m * sum(tp_blocks), pp_comm=0.0,
+        bubble=0.0, dp_comm=dp_comm, optimizer=optimizer,
+        overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,
+    )
