@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoslapo.errors import ConfigError, UsageError
+from autoslapo.models.hf_t5 import T5_KEYS, check_t5, t5_derived, t5_extra
 from autoslapo.models.spec import FAMILIES, ModelSpec, mlp_width
 
 __all__ = [
@@ -461,61 +462,18 @@ register_hf_model_type(
 )
 
 
-# -- T5 ------------------------------------------------------------------------------------------------
-
-
-# T5: relative positions (no table; the published models train on 512 source tokens), an encoder
-# and a decoder stack. The spec's T5 keys (``T5_EXTRA``) hold what the config says of both stacks;
-# ``derived`` writes them back, so shape flags (``--layers`` moves both stacks) reach the model.
-_T5_KEYS: dict[str, str] = {
-    "hidden": "d_model",
-    "layers": "num_layers",
-    "heads": "num_heads",
-    "ffn": "d_ff",
-    "vocab": "vocab_size",
-}
-
-
-def _t5_extra(config: Mapping[str, Any]) -> dict[str, Any]:
-    layers = config.get("num_layers")
-    decoder_layers = config.get("num_decoder_layers")
-    return {
-        "decoder_layers": decoder_layers if decoder_layers is not None else layers,
-        "d_kv": _int(config, "d_kv", "t5") if config.get("d_kv") is not None else 64,
-        "gated": str(config.get("feed_forward_proj", "relu")).startswith("gated-"),
-        "tied": bool(config.get("tie_word_embeddings", True)),
-        "buckets": _int(config, "relative_attention_num_buckets", "t5")
-        if config.get("relative_attention_num_buckets") is not None
-        else 32,
-    }
-
-
-def _t5_derived(spec: ModelSpec) -> dict[str, Any]:
-    return {
-        "num_decoder_layers": spec.decoder_layers,
-        "d_kv": spec.head_dim,
-        "relative_attention_num_buckets": int(spec.t5("buckets")),
-    }
-
-
-def _check_t5(config: Mapping[str, Any], spec: ModelSpec) -> None:
-    if config.get("is_encoder_decoder") is False:
-        raise ConfigError(
-            "a t5 config with is_encoder_decoder false is not the encoder-decoder autoslapo schedules "
-            "(T5ForConditionalGeneration): got is_encoder_decoder=False; set it to true"
-        )
-
+# -- T5 (its config's reading: ``autoslapo.models.hf_t5``) ---------------------------------------------
 
 register_hf_model_type(
     HFModelType(
         "t5",
         "t5",
         "T5ForConditionalGeneration",
-        _T5_KEYS,
+        T5_KEYS,
         ("dropout_rate",),
         positions=512,
-        derived=_t5_derived,
-        check=_check_t5,
-        extra=_t5_extra,
+        derived=t5_derived,
+        check=check_t5,
+        extra=t5_extra,
     )
 )
