@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from autoslapo.service.auth import Caller
-from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
 from autoslapo.service.jobs import StudyRequest
+from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
 from store import Store
 from tuner import tune
 
