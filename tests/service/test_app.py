@@ -236,6 +236,7 @@ def test_join_submits_follows_and_continues_a_study(service_store: Store, tokens
     assert final is not None and final.attempts == 3
 
 
+@ON_BOTH
 def test_racing_joins_of_a_new_name_make_one_job(client: TestClient, tokens: dict[str, str],
                                                  service_store: Store) -> None:
     import concurrent.futures
