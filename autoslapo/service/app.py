@@ -177,6 +177,12 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
 
     @app.post("/v1/studies", status_code=202)
     async def submit(request: Request) -> JSONResponse:
+        """Queue a study. Body: ``model``, ``gpus`` and optionally ``gpu_type``, ``gpus_per_node``,
+        ``backend``, ``trials``, ``sampler``, ``seed``, ``global_batch``, ``timeout_s``, ``patience``,
+        ``baselines``, ``name``, ``space``, ``resume`` (queue an ended study again) or ``join`` (submit
+        the named study, follow it while queued or running, continue it when it ended short of
+        ``trials``). Answers ``{name, url, status, budget, joined}``: 202, or 200 when a join found
+        the study ended at its budget."""
         who = await caller_on_loop(request, "submit")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
