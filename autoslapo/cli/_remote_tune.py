@@ -18,7 +18,7 @@ from search_spaces import SearchSpace, load_space, space_for
 
 POLL_S = 1.0
 # Flags that change what runs locally only; the service would silently ignore them, so refuse them.
-_LOCAL_ONLY = ("storage", "ray_address", "dispatch", "join", "repeats")
+_LOCAL_ONLY = ("storage", "ray_address", "dispatch", "repeats")
 
 
 def _space(args: argparse.Namespace) -> SearchSpace | None:
@@ -53,6 +53,10 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
         if not args.study:
             raise UsageError("--resume with --server continues a submitted study: name it with --study")
         body["resume"] = True  # the server keeps the space the study began with unless one is sent
+    if args.join:
+        if not args.study:
+            raise UsageError("--join with --server shares a study on the server: name it with --study")
+        body["join"] = True  # the server submits it, follows it while it runs, or continues it when it ended short
     space = _space(args)
     if space is not None:
         body["space"] = space.to_dict()  # sent as data: the server checks it with the same code

@@ -53,6 +53,7 @@ from autoslapo.service import pages
 from autoslapo.service.answers import FRESH_S, STALE_S, AnswerCache
 from autoslapo.service.auth import CACHE_S, Caller, TokenCheck
 from autoslapo.service.jobs import StudyRequest, check_name
+from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
 from autoslapo.service.views import LAUNCHED, all_studies, apply_snippet, study_view, trial_view
 from store import JobLimitError, Store
 
@@ -60,6 +61,7 @@ MAX_BODY_BYTES = 64 * 1024
 EVENTS_POLL_S = 0.5
 EVENTS_PING_S = 15.0
 COOKIE = "autoslapo_token"
+JOIN_TRIES = 3  # a join that loses a race to another write looks again; a third loss is a 409
 
 
 class ApiError(Exception):
@@ -175,6 +177,12 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
 
     @app.post("/v1/studies", status_code=202)
     async def submit(request: Request) -> JSONResponse:
+        """Queue a study. Body: ``model``, ``gpus`` and optionally ``gpu_type``, ``gpus_per_node``,
+        ``backend``, ``trials``, ``sampler``, ``seed``, ``global_batch``, ``timeout_s``, ``patience``,
+        ``baselines``, ``name``, ``space``, ``resume`` (queue an ended study again) or ``join`` (submit
+        the named study, follow it while queued or running, continue it when it ended short of
+        ``trials``). Answers ``{name, url, status, budget, joined}``: 202, or 200 when a join found
+        the study ended at its budget."""
         who = await caller_on_loop(request, "submit")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
@@ -192,6 +200,14 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             name = study.name if study.name else await run_in_threadpool(_free_name, store, study.default_name())
         except AutoslapoError as err:
             raise ApiError(400, _one_line(err)) from None
+        url = str(request.url_for("get_study", name=name))
+        if study.join:
+            plan = await run_in_threadpool(_join, store, name, study, who, cfg.max_queued_per_token)
+            if plan.action != "follow":
+                answers.expire()
+            ended = plan.action == "follow" and plan.status not in ("queued", "running")
+            return JSONResponse({"name": name, "url": url, "status": plan.status, "joined": plan.action == "follow",
+                                 "budget": plan.budget}, status_code=200 if ended else 202, headers={"Location": url})
         try:
             if study.resume:
                 await run_in_threadpool(_check_resume, store, name, study, who)
@@ -205,9 +221,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         except StorageError as err:
             raise ApiError(409, _one_line(err)) from None
         answers.expire()  # the next list request starts a refresh that shows the new job
-        url = str(request.url_for("get_study", name=name))
-        return JSONResponse({"name": name, "url": url, "status": "queued"}, status_code=202,
-                            headers={"Location": url})
+        return JSONResponse({"name": name, "url": url, "status": "queued", "joined": False, "budget": study.trials},
+                            status_code=202, headers={"Location": url})
 
     @app.get("/v1/studies")
     async def list_studies(request: Request) -> Response:
@@ -464,6 +479,29 @@ def _check_resume(store: Store, name: str, study: StudyRequest, who: Caller) -> 
                                                               study.cluster_spec().fingerprint()):
             raise ApiError(400, f"resume needs the study's model and cluster: {name!r} tuned {rec.model_name} on "
                                 f"{rec.gpus}x {rec.gpu_type}; send the same model, gpus and gpu_type")
+
+
+def _join(store: Store, name: str, study: StudyRequest, who: Caller, max_unfinished: int | None) -> JoinPlan:
+    """Carry out ``plan_join``: submit, queue again, or write nothing. When another request wrote
+    between the plan and the write (two joins of a new name, a requeue racing a requeue), the
+    store refuses the write and the join looks again: one job per study, never run twice."""
+    for attempt in range(JOIN_TRIES):
+        try:
+            plan = plan_join(store, name, study, who)
+        except JoinRefused as err:
+            raise ApiError(err.status, str(err)) from None
+        write = {"submit": store.jobs.submit, "requeue": store.jobs.requeue}.get(plan.action)
+        if write is None:
+            return plan
+        try:
+            write(name, {**study.to_dict(), "name": name}, owner=who.name, max_unfinished=max_unfinished)
+            return plan
+        except JobLimitError as err:
+            raise ApiError(429, f"token {_one_line(err)}") from None
+        except StorageError as err:
+            if attempt == JOIN_TRIES - 1:
+                raise ApiError(409, _one_line(err)) from None
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def _free_name(store: Store, base: str) -> str:

@@ -53,6 +53,7 @@ class StudyRequest:
     name: str | None = None
     space: Mapping[str, Any] | None = None  # None: the family's space; else a space description (data)
     resume: bool = False  # continue study ``name`` to ``trials`` (its space kept unless one is given)
+    join: bool = False  # submit study ``name``, or follow it when it runs, or continue it when it ended short
 
     @classmethod
     def from_json(cls, doc: Any, *, allow_local: bool = False) -> StudyRequest:
@@ -70,7 +71,7 @@ class StudyRequest:
             "model": (str,), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
             "gpus": (int,), "gpus_per_node": (int,), "trials": (int,), "seed": (int,), "global_batch": (int,),
             "patience": (int,), "timeout_s": (int, float), "baselines": (bool,), "space": (dict, str),
-            "resume": (bool,),
+            "resume": (bool,), "join": (bool,),
         }
         for key, value in doc.items():
             if value is None and key not in ("model", "gpus"):
@@ -92,10 +93,15 @@ class StudyRequest:
         backends = (*SERVICE_BACKENDS, "local") if allow_local else SERVICE_BACKENDS
         if self.backend not in backends:
             raise UsageError(f"backend must be one of {', '.join(backends)} on this server: got {self.backend!r}")
+        if self.join and self.resume:
+            raise UsageError("join and resume exclude each other: join already continues a study that ended "
+                             "short of trials; send one of them")
         if self.name is not None:
             check_name(self.name)
         elif self.resume:
             raise UsageError("resume continues a study: name it, e.g. {\"name\": \"svc\", \"resume\": true}")
+        elif self.join:
+            raise UsageError("join shares a study: name it, e.g. {\"name\": \"svc\", \"join\": true}")
         if not 1 <= self.trials <= 100_000:
             raise UsageError(f"trials must be 1 to 100000: got {self.trials}")
         options = self.to_options(name=self.name or "check")

@@ -121,6 +121,9 @@ def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> N
     (b'{"model": "bert", "gpus": 8, "space": "name = "}', 400, "TOML"),
     (b'{"model": "bert", "gpus": 8, "resume": true}', 400, "resume continues a study: name it"),
     (b'{"model": "bert", "gpus": 8, "resume": 1}', 400, "'resume' must be bool"),
+    (b'{"model": "bert", "gpus": 8, "join": true}', 400, "join shares a study: name it"),
+    (b'{"model": "bert", "gpus": 8, "join": "yes"}', 400, "'join' must be bool"),
+    (b'{"model": "bert", "gpus": 8, "name": "j", "join": true, "resume": true}', 400, "join and resume exclude"),
     (b'{"model": "bert", "gpus": 8, "pad": "' + b"x" * 70_000 + b'"}', 413, "bytes"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(client: TestClient, tokens: dict[str, str],
@@ -185,6 +188,66 @@ def test_resume_continues_a_study_in_its_space(client: TestClient, tokens: dict[
     assert running.status_code == 409 and "already" in running.json()["error"]
     assert client.post("/v1/studies/again/cancel", headers=submit).status_code == 202
     assert wait_status(client, "again", tokens["read"])["status"] == "cancelled"
+
+
+def test_join_submits_follows_and_continues_a_study(service_store: Store, tokens: dict[str, str],
+                                                   worker: Worker) -> None:
+    from autoslapo.service import ServiceSettings, create_app, create_token
+
+    stranger = bearer(create_token(service_store, "stranger", "submit"))
+    submit, admin = bearer(tokens["submit"]), bearer(tokens["admin"])
+    join = {**BODY, "name": "shared", "trials": 4, "join": True}
+    with TestClient(create_app(service_store, ServiceSettings(max_queued_per_token=1))) as c:
+        first = c.post("/v1/studies", json=join, headers=submit)
+        assert first.status_code == 202 and first.json()["joined"] is False, first.text
+        assert first.json()["url"].endswith("/v1/studies/shared")
+        job = service_store.jobs.get("shared")
+        assert job is not None
+        # Queued or running: followed, nothing written, the per-token limit (1) not charged again.
+        for headers in (submit, stranger):
+            again = c.post("/v1/studies", json=join, headers=headers)
+            assert again.status_code == 202 and again.json()["joined"] is True, again.text
+            assert again.json()["status"] in ("queued", "running") and again.json()["budget"] == 4
+        other = c.post("/v1/studies", json={**join, "gpus": 16}, headers=submit)
+        assert other.status_code == 400 and "same model, gpus" in other.json()["error"]
+        assert "\n" not in other.json()["error"]
+        assert c.post("/v1/studies", json={**BODY, "name": "second"}, headers=submit).status_code == 429
+        doc = wait_status(c, "shared", tokens["read"])
+        assert doc["status"] == "complete" and doc["launched"] == 4, doc
+        assert [j.study for j in service_store.jobs.list()] == ["shared"]
+        after = service_store.jobs.get("shared")
+        assert after is not None and (after.attempts, after.request, after.owner) == (1, job.request, "t-submit")
+        # Complete at (or past) the asked budget: 200, followed, nothing written.
+        done = c.post("/v1/studies", json={**join, "trials": 3}, headers=stranger)
+        assert done.status_code == 200 and done.json()["status"] == "complete" and done.json()["joined"] is True
+        # Short of the asked budget: continuing another token's study needs admin.
+        refused = c.post("/v1/studies", json={**join, "trials": 6}, headers=stranger)
+        assert refused.status_code == 403 and "may continue only its own" in refused.json()["error"]
+        assert service_store.jobs.get("shared") == after  # refusals and followers wrote nothing
+        more = c.post("/v1/studies", json={**join, "trials": 6}, headers=submit)
+        assert more.status_code == 202 and more.json()["joined"] is False and more.json()["budget"] == 6
+        assert wait_status(c, "shared", tokens["read"])["launched"] == 6
+        assert c.post("/v1/studies", json={**join, "trials": 7}, headers=admin).status_code == 202
+        doc = wait_status(c, "shared", tokens["read"])
+    assert doc["status"] == "complete" and doc["launched"] == 7, doc
+    launched = [t for t in service_store.trials("shared") if t.status != "pruned"]
+    assert len(launched) == 7 and len({t.config_hash for t in launched}) == 7
+    final = service_store.jobs.get("shared")
+    assert final is not None and final.attempts == 3
+
+
+@ON_BOTH
+def test_racing_joins_of_a_new_name_make_one_job(client: TestClient, tokens: dict[str, str],
+                                                 service_store: Store) -> None:
+    import concurrent.futures
+
+    join = {**BODY, "name": "race", "join": True}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: client.post("/v1/studies", json=join, headers=bearer(tokens["submit"])),
+                                range(4)))
+    assert all(r.status_code == 202 for r in answers), [r.text for r in answers]
+    assert sorted(r.json()["joined"] for r in answers) == [False, True, True, True]
+    assert [j.study for j in service_store.jobs.list()] == ["race"]
 
 
 def test_duplicate_name_is_409_and_cancel_of_queued_job(client: TestClient, tokens: dict[str, str],

@@ -112,6 +112,13 @@ def test_remote_tune_and_best_against_a_running_server(procs: Processes, tmp_pat
     assert "study remote: 13 trials launched, status complete" in more.stdout
     with open_store(procs.url) as store:
         assert all(t.config["attn_kernel"] == "flash" for t in store.trials("remote"))  # the space it began with
+    joined = procs.cli("tune", "bert", "--gpus", "8", "--trials", "13", "--no-baselines", "--study", "remote",
+                       "--sampler", "tpe", "--join", "--server", procs.base, token=procs.read)
+    assert joined.returncode == 2 and "refused" in joined.stderr  # joining submits: a read token may not
+    joined = procs.cli("tune", "bert", "--gpus", "8", "--trials", "13", "--no-baselines", "--study", "remote",
+                       "--sampler", "tpe", "--join", "--server", procs.base, token=procs.submit)
+    assert joined.returncode == 0, joined.stderr  # at its budget already: followed, nothing run
+    assert "study remote: 13 trials launched, status complete" in joined.stdout
     best = procs.cli("best", "bert", "--gpus", "8", "--server", procs.base, token=procs.read)
     assert best.returncode == 0, best.stderr
     assert "study remote" in best.stdout

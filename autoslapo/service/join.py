@@ -1,0 +1,81 @@
+"""``"join": true`` in ``POST /v1/studies``: what the service does with a study that may exist already.
+
+The service's counterpart of ``autoslapo tune --study NAME --join``, under the job model (one job
+per study, one worker runs it, never past its budget): a new name is submitted; a queued or
+running study is followed (nothing written, the per-token limit not charged again); a study that
+ended short of the request's ``trials`` is queued again as ``resume`` does (its owner or an admin
+only); one that ended at or past them is only followed. ``plan_join`` reads and decides; the
+caller writes, and looks again when another request wrote first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoslapo.service.auth import Caller
+from autoslapo.service.jobs import StudyRequest
+from autoslapo.service.views import LAUNCHED
+from store import Store
+
+JOIN_ACTIONS = ("submit", "requeue", "follow")
+
+
+class JoinRefused(Exception):
+    """A join the service refuses: the HTTP status and a one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    """What a join does: ``submit`` a new job, ``requeue`` an ended one, or ``follow`` (write nothing);
+    ``status`` is the study's status as the caller will see it, ``budget`` the trials it runs to."""
+
+    action: str
+    status: str
+    budget: int
+    launched: int
+
+    def __post_init__(self) -> None:
+        if self.action not in JOIN_ACTIONS:
+            raise ValueError(f"a join's action must be one of {', '.join(JOIN_ACTIONS)}: got {self.action!r}")
+
+
+def plan_join(store: Store, name: str, request: StudyRequest, who: Caller) -> JoinPlan:
+    """Decide what ``who``'s join of study ``name`` with ``request`` does; nothing is written.
+
+    Raises JoinRefused: 400 for another model or cluster, 403 when an ended study of another token
+    would be queued again without the admin role, 409 for a study running outside the service.
+    """
+    job = store.jobs.get(name)
+    rec = store.get_study(name) if store.has_study(name) else None
+    if job is None and rec is None:
+        return JoinPlan("submit", "queued", request.trials, 0)
+    wanted = (request.model_spec().signature(), request.cluster_spec().fingerprint())
+    if rec is not None:
+        found, shown = (rec.model_signature, rec.cluster_fingerprint), f"{rec.model_name} on {rec.gpus}x {rec.gpu_type}"
+    else:
+        assert job is not None  # one of the two exists (checked above)
+        queued = StudyRequest(**job.request)
+        found = (queued.model_spec().signature(), queued.cluster_spec().fingerprint())
+        shown = f"{queued.model} on {queued.gpus}x {queued.gpu_type}"
+    if found != wanted:
+        raise JoinRefused(400, f"join needs the study's model and cluster: {name!r} tunes {shown}; "
+                               "send the same model, gpus, gpu_type and gpus_per_node, or another name")
+    launched = sum(1 for t in store.trials(name) if t.status in LAUNCHED) if rec is not None else 0
+    if job is not None and not job.finished:
+        return JoinPlan("follow", job.status, int(job.request.get("trials") or request.trials), launched)
+    if job is None and rec is not None and rec.status == "running":
+        raise JoinRefused(409, f"study {name!r} is being tuned outside the service (autoslapo tune): join it there "
+                               "with --join, or resume it here once it ended")
+    ended = job.status if job is not None else rec.status if rec is not None else "complete"
+    if launched >= request.trials:
+        budget = int(job.request.get("trials") or launched) if job is not None else launched
+        return JoinPlan("follow", ended, budget, launched)
+    if job is not None and job.owner != who.name and not who.may("admin"):
+        raise JoinRefused(403, f"token {who.name!r} may continue only its own studies: {name!r} is {job.owner!r}'s "
+                               f"and ended {ended} at {launched} of {request.trials} trials; join with "
+                               f"trials <= {launched} to read it, or ask an admin")
+    return JoinPlan("requeue", "queued", request.trials, launched)
