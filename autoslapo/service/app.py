@@ -15,7 +15,7 @@ import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -52,14 +52,14 @@ from autoslapo.redact import redact
 from autoslapo.service import pages
 from autoslapo.service.answers import FRESH_S, STALE_S, AnswerCache
 from autoslapo.service.auth import CACHE_S, Caller, TokenCheck
+from autoslapo.service.events import study_events
 from autoslapo.service.jobs import StudyRequest, check_name
 from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
-from autoslapo.service.views import LAUNCHED, all_studies, apply_snippet, study_view, trial_view
+from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
 from store import JobLimitError, Store
 
 MAX_BODY_BYTES = 64 * 1024
 EVENTS_POLL_S = 0.5
-EVENTS_PING_S = 15.0
 COOKIE = "autoslapo_token"
 JOIN_TRIES = 3  # a join that loses a race to another write looks again; a third loss is a 409
 
@@ -266,7 +266,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         last ``done`` (the study as in ``GET /v1/studies/{name}``) once the study is no longer queued/running."""
         caller(request, "read")
         _find(name)
-        return StreamingResponse(_study_events(store, name, cfg.events_poll_s), media_type="text/event-stream",
+        return StreamingResponse(study_events(store, name, cfg.events_poll_s), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/v1/studies/{name}/report", response_class=HTMLResponse)
@@ -425,36 +425,6 @@ def _json_bytes(doc: Any) -> bytes:
         return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     except (TypeError, ValueError):
         return bytes(JSONResponse(jsonable_encoder(doc)).body)
-
-
-def sse(event: str, data: Any) -> str:
-    """One server-sent event: its name and one line of JSON."""
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-def _study_events(store: Store, name: str, poll_s: float) -> Iterator[str]:
-    """Poll the store every ``poll_s``: each launched trial once it ended, then ``done`` when the study ended."""
-    sent: set[int] = set()
-    quiet_since = time.monotonic()
-    while True:
-        job = store.jobs.get(name)
-        study = store.get_study(name) if store.has_study(name) else None
-        # Read the status before the trials: a study seen ended has all its trials stored.
-        doc = study_view(store, study, job, trials=[])
-        ended = doc["status"] not in ("queued", "running")
-        trials = store.trials(name) if study is not None else []
-        for t in sorted(trials, key=lambda t: t.number):
-            if t.number not in sent and t.status in LAUNCHED:
-                sent.add(t.number)
-                quiet_since = time.monotonic()
-                yield sse("trial", trial_view(t))
-        if ended:
-            yield sse("done", study_view(store, study, job, trials=trials))
-            return
-        if time.monotonic() - quiet_since > EVENTS_PING_S:
-            quiet_since = time.monotonic()
-            yield ": ping\n\n"  # a comment: keeps proxies from closing a quiet stream
-        time.sleep(poll_s)
 
 
 def check_name_or_404(name: str) -> None:
