@@ -132,12 +132,10 @@ def _remote_best_trial(model: str | ModelSpec, *, gpus: int, gpu_type: str | Non
                        measured_only: bool, server: str) -> TrialRecord:
     """The best trial as the server at ``server`` answers ``GET /v1/best`` (what it sends of the record)."""
     from autoslapo.config import config_hash
-    from autoslapo.models.spec import ModelSpec
-    from autoslapo.remote import Client
+    from autoslapo.remote import Client, model_query
     from store import TrialRecord
 
-    name = model.preset if isinstance(model, ModelSpec) else model
-    doc = Client(server).get("/v1/best", model=name, gpus=gpus, gpu_type=gpu_type, metric=metric,
+    doc = Client(server).get("/v1/best", model=model_query(model), gpus=gpus, gpu_type=gpu_type, metric=metric,
                              measured_only=measured_only or None)
     config = dict(doc["config"])
     return TrialRecord(study=str(doc["study"]), number=int(doc["trial"]), config=config,

@@ -13,6 +13,7 @@ from autoslapo.errors import UsageError
 from autoslapo.redact import redact
 
 TOKEN_ENV = "AUTOSLAPO_TOKEN"
+MODULE_REFUSAL = "a .py model file cannot be sent to the service (it takes presets and config.json files)"
 TIMEOUT_S = 30.0
 
 
@@ -54,3 +55,34 @@ class Client:
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         """``POST path`` with a JSON body."""
         return self.request("POST", path, json=body or {})
+
+
+def model_field(model: str) -> str | dict[str, Any]:
+    """What ``POST /v1/studies`` gets as ``model``: a preset name, or ``{"hf_config": ...}`` holding the
+    config.json at path ``model`` (checked here first, so a bad config is refused before it is sent).
+
+    Raises: UsageError for a ``.py`` model file or a config the reader refuses (ConfigError).
+    """
+    from autoslapo.models.resolve import is_model_file, read_hf_config, resolve_model
+
+    if not is_model_file(model):
+        return model
+    if model.lower().endswith(".py"):
+        raise UsageError(f"{MODULE_REFUSAL}: got {model}; tune it locally")
+    resolve_model(model)
+    return {"hf_config": read_hf_config(model)}
+
+
+def model_query(model: Any) -> str:
+    """What ``GET /v1/best?model=`` gets: a preset name as given, else the spec's signature (which the
+    store matches): for a ``ModelSpec`` or the path of a config.json."""
+    from autoslapo.models.resolve import is_model_file, resolve_model
+    from autoslapo.models.spec import ModelSpec
+
+    if isinstance(model, ModelSpec):
+        return model.signature()
+    if isinstance(model, str) and is_model_file(model):
+        if model.lower().endswith(".py"):
+            raise UsageError(f"{MODULE_REFUSAL}: got {model}; ask the store directly (storage=)")
+        return resolve_model(model).signature()
+    return str(model)

@@ -12,8 +12,7 @@ from autoslapo.cli._knobs import knob_values
 from autoslapo.cli._shape import shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import AutoslapoError, UsageError
-from autoslapo.models.resolve import is_model_file
-from autoslapo.models.spec import ModelSpec
+from autoslapo.models.resolve import resolve_model
 from search_spaces import SearchSpace, load_space, space_for
 
 POLL_S = 1.0
@@ -26,22 +25,20 @@ def _space(args: argparse.Namespace) -> SearchSpace | None:
     pins = knob_values(args, "tune")
     if not args.space and not pins:
         return None
-    space = load_space(args.space) if args.space else space_for(ModelSpec.from_name(args.model).family)
+    space = load_space(args.space) if args.space else space_for(resolve_model(args.model).family)
     return space.pin(pins) if pins else space
 
 
 def run_remote(args: argparse.Namespace, bar: Any) -> int:
     """Submit, print progress until the study ends, then the table of the best trials. Returns 0 (1: none complete)."""
-    from autoslapo.remote import Client
+    from autoslapo.remote import Client, model_field
 
     given = [f"--{k.replace('_', '-')}" for k in _LOCAL_ONLY if getattr(args, k, None)]
     if shape_overrides(args):
         given.append("shape flags")
-    if is_model_file(args.model):
-        given.append("a model file (config.json or .py; the service takes preset names)")
     if given:
         raise UsageError(f"--server submits a plain study: {', '.join(given)} cannot be sent; drop them or tune locally")
-    body: dict[str, Any] = {"model": args.model, "gpus": args.gpus, "backend": args.backend or "sim",
+    body: dict[str, Any] = {"model": model_field(args.model), "gpus": args.gpus, "backend": args.backend or "sim",
                             "trials": args.trials, "sampler": args.sampler, "seed": args.seed,
                             "baselines": not args.no_baselines}
     for key, value in (("gpu_type", args.gpu_type), ("gpus_per_node", args.gpus_per_node),

@@ -9,7 +9,6 @@ from typing import Any
 
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import AutoslapoError, UsageError
-from autoslapo.models.resolve import is_model_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,12 +117,12 @@ def run(args: argparse.Namespace) -> int:
 def _remote(args: argparse.Namespace) -> int:
     """``best --server``: the same answer from the service's ``GET /v1/best``."""
     from autoslapo.config import describe
-    from autoslapo.remote import Client
+    from autoslapo.remote import Client, model_query
 
-    if args.headroom or args.storage or shape_overrides(args) or is_model_file(args.model):
-        raise UsageError("--server asks the service by preset name: --headroom, --storage, shape flags and "
-                         "model files (config.json, .py) are not sent; drop them or ask the store directly")
-    doc = Client(args.server).get("/v1/best", model=args.model, gpus=args.gpus, gpu_type=args.gpu_type,
+    if args.headroom or args.storage or shape_overrides(args):
+        raise UsageError("--server asks the service by preset name or config.json: --headroom, --storage and "
+                         "shape flags are not sent; drop them or ask the store directly")
+    doc = Client(args.server).get("/v1/best", model=model_query(args.model), gpus=args.gpus, gpu_type=args.gpu_type,
                                   metric=args.metric, measured_only=args.measured or None)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")

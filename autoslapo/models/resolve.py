@@ -20,7 +20,7 @@ from autoslapo.models.hf import check_hf_spec, spec_from_hf_config
 from autoslapo.models.spec import ModelSpec
 from autoslapo.models.user import user_spec
 
-__all__ = ["is_model_file", "resolve_model"]
+__all__ = ["is_model_file", "read_hf_config", "resolve_model"]
 
 
 def is_model_file(arg: str) -> bool:
@@ -77,3 +77,11 @@ def resolve_model(arg: str, **overrides: int | None) -> ModelSpec:
     spec = spec_from_hf_config(_read_config(Path(arg))).with_overrides(**overrides)
     check_hf_spec(spec)
     return spec
+
+
+def read_hf_config(path: str) -> dict[str, object]:
+    """The JSON object of the Hugging Face config.json at ``path`` (what ``--server`` sends as data).
+
+    Raises: UsageError for a missing or unreadable file, or one that is not a JSON object.
+    """
+    return _read_config(Path(path))

@@ -18,6 +18,7 @@ from typing import Any
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
+from autoslapo.service.payload import ModelField, check_model_field, model_spec_of
 from search_spaces import SearchSpace, space_for, space_from_dict
 from tuner import TuneOptions, default_study_name
 
@@ -38,7 +39,7 @@ def check_name(name: Any) -> str:
 class StudyRequest:
     """The body of ``POST /v1/studies``."""
 
-    model: str
+    model: ModelField  # a preset name or {"hf_config": {...}} (autoslapo.service.payload)
     gpus: int
     gpu_type: str = "a100-80gb"
     gpus_per_node: int | None = None
@@ -68,7 +69,7 @@ class StudyRequest:
             if key not in doc:
                 raise UsageError(f"field {key!r} is required: e.g. {{\"model\": \"bert\", \"gpus\": 8}}")
         kinds: dict[str, tuple[type, ...]] = {
-            "model": (str,), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
+            "model": (str, dict), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
             "gpus": (int,), "gpus_per_node": (int,), "trials": (int,), "seed": (int,), "global_batch": (int,),
             "patience": (int,), "timeout_s": (int, float), "baselines": (bool,), "space": (dict, str),
             "resume": (bool,), "join": (bool,),
@@ -80,6 +81,7 @@ class StudyRequest:
             if not ok:
                 want = " or ".join(k.__name__ for k in kinds[key])
                 raise UsageError(f"field {key!r} must be {want}: got {json_repr(value)}")
+        check_model_field(doc["model"])
         if isinstance(doc.get("space"), str):
             doc = {**doc, "space": parse_space_text(doc["space"])}
         if doc.get("space") is not None:  # normalised: what the job keeps is what every worker rebuilds
@@ -113,8 +115,8 @@ class StudyRequest:
         return None if self.space is None else space_from_dict(self.space, source=SPACE_SOURCE)
 
     def model_spec(self) -> ModelSpec:
-        """The model preset this request names."""
-        return ModelSpec.from_name(self.model)
+        """The model this request names: a preset, or the spec of the config it carries."""
+        return model_spec_of(self.model)
 
     def cluster_spec(self) -> ClusterSpec:
         """The described cluster (8 devices a node unless ``gpus_per_node``)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from autoslapo.service.auth import Caller
 from autoslapo.service.jobs import StudyRequest
+from autoslapo.service.payload import model_label
 from autoslapo.service.views import LAUNCHED
 from store import Store
 
@@ -60,7 +61,7 @@ def plan_join(store: Store, name: str, request: StudyRequest, who: Caller) -> Jo
         assert job is not None  # one of the two exists (checked above)
         queued = StudyRequest(**job.request)
         found = (queued.model_spec().signature(), queued.cluster_spec().fingerprint())
-        shown = f"{queued.model} on {queued.gpus}x {queued.gpu_type}"
+        shown = f"{model_label(queued.model)} on {queued.gpus}x {queued.gpu_type}"
     if found != wanted:
         raise JoinRefused(400, f"join needs the study's model and cluster: {name!r} tunes {shown}; "
                                "send the same model, gpus, gpu_type and gpus_per_node, or another name")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoslapo.config import describe
+from autoslapo.service.payload import model_label
 from store import JobRecord, Store, StudyRecord, TrialRecord
 
 LAUNCHED = ("complete", "oom", "failed", "timeout")
@@ -68,7 +69,7 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
     doc: dict[str, Any] = {
         "name": name,
         "status": job.status if job is not None else (study.status if study is not None else "queued"),
-        "model": study.model_name if study is not None else request.get("model"),
+        "model": study.model_name if study is not None else model_label(request.get("model")),
         "gpus": study.gpus if study is not None else request.get("gpus"),
         "gpu_type": study.gpu_type if study is not None else request.get("gpu_type"),
         "backend": study.backend if study is not None else request.get("backend"),
