@@ -250,3 +250,22 @@ def test_kill_9_of_worker_and_server_loses_nothing(store_url: str, tmp_path: Pat
         assert job is not None and (job.status, job.attempts) == ("complete", 3)
     finally:
         procs.close()
+
+
+def test_remote_tune_and_best_of_a_config_json(procs: Processes) -> None:
+    """`tune CONFIG.json --server` sends the config as data; `best CONFIG.json --server` and
+    `autoslapo.best(CONFIG.json, server=)` find its study by the spec's signature."""
+    config = str(Path(__file__).parents[1] / "autoslapo" / "data" / "hf" / "mistral-tiny.json")
+    procs.serve()
+    procs.worker()
+    done = procs.cli("tune", config, "--gpus", "8", "--trials", "4", "--no-baselines", "--study", "cfg",
+                     "--sampler", "tpe", "--server", procs.base, token=procs.submit)
+    assert done.returncode == 0, done.stderr
+    assert "study cfg: 4 trials launched, status complete (mistral on 8x" in done.stdout
+    best = procs.cli("best", config, "--gpus", "8", "--server", procs.base, token=procs.read)
+    assert best.returncode == 0, best.stderr
+    assert "study cfg" in best.stdout
+    code = f"import autoslapo; c = autoslapo.best({config!r}, gpus=8, server={procs.base!r}); print(c.tp * c.pp * c.dp)"
+    lib = subprocess.run([sys.executable, "-c", code], env={**procs.env, "AUTOSLAPO_TOKEN": procs.read},
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert lib.returncode == 0 and lib.stdout.strip() == "8", lib.stderr
