@@ -17,6 +17,7 @@ from autoslapo.cost.memory import stage_params
 from autoslapo.models.build import build_model, example_batch
 from autoslapo.models.spec import ModelSpec
 from autoslapo.plan import apply_schedule
+from tests.autoslapo.saved import saved_activation_bytes
 
 TINY = ModelSpec.from_name("wideresnet-tiny")
 WRN50_2 = ModelSpec.from_name("wideresnet-50-2")
@@ -24,18 +25,7 @@ WRN50_2 = ModelSpec.from_name("wideresnet-50-2")
 
 def _saved_activation_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
     """Bytes of the distinct storages autograd keeps for backward, parameters and buffers left out."""
-    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in own:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(**batch)
-    return sum(seen.values())
+    return saved_activation_bytes(model, batch)[0]
 
 
 def test_forward_flops_are_what_pytorch_counts() -> None:

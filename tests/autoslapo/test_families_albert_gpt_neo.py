@@ -21,6 +21,7 @@ from autoslapo.models.build import build_model, example_batch
 from autoslapo.models.spec import ModelSpec
 from autoslapo.plan import apply_schedule
 from search_spaces import space_for
+from tests.autoslapo.saved import saved_activation_bytes
 
 NEW = ("albert-tiny", "gpt-neo-tiny")
 
@@ -161,19 +162,10 @@ def test_gpt_neo_kernel_switches_on_the_built_model() -> None:
 
 def _saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
     """Bytes of the distinct tensors autograd saves for backward (weights and buffers left out)."""
-    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in own:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(**batch).loss
+    saved, loss = saved_activation_bytes(model, batch)
+    assert loss is not None
     loss.backward()
-    return sum(seen.values())
+    return saved
 
 
 @pytest.mark.parametrize("name", NEW)
