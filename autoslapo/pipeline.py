@@ -191,6 +191,7 @@ class PipelineRuntime:
 
     Attributes:
         schedule: the torch.distributed.pipelining schedule; call :meth:`step`.
+        input_keys: the batch keys the first stage takes, in order (the adapter's).
         stages: this rank's PipelineStage objects; modules: their stage modules (same order).
         stage_indices: global stage indices held by this rank; num_stages: all stages.
     """
@@ -204,6 +205,7 @@ class PipelineRuntime:
     has_last: bool = field(default=False)
     tied: list[TiedParam] = field(default_factory=list)
     group: Any = None
+    input_keys: tuple[str, ...] = ("input_ids",)
     _params: list[nn.Parameter] | None = field(default=None, repr=False)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -290,7 +292,7 @@ def build_pipeline(
         raise ScheduleError(f"grad_accum (the pipeline's micro-batches) must be >= 1: got {grad_accum}")
     pp_size = int(dist.get_world_size(pp_group))
     rank = int(dist.get_rank(pp_group)) if pp_rank is None else pp_rank
-    stages_all, _ = build_stage_modules(sch, adapter)
+    stages_all, used = build_stage_modules(sch, adapter)
     n = len(stages_all)
     if n != pp_size * virtual_stages:
         raise ScheduleError(
@@ -322,4 +324,5 @@ def build_pipeline(
         has_last=n - 1 in mine,
         tied=find_tied(stages_all, pp_size, rank),
         group=pp_group,
+        input_keys=tuple(used.input_keys),
     )

@@ -40,7 +40,15 @@ class PipelineAdapter(Protocol):
     ``last_paths`` are the modules the first and last stages own (embeddings; final norm and head).
     ``parts`` maps those paths to the modules. ``context`` runs on every stage and returns the
     keyword arguments each layer needs (attention mask, position ids), built from hidden states.
+    ``input_keys`` names the batch entries the first stage takes, in order (``("input_ids",)`` for
+    a language model); the last stage always takes ``labels`` as the loss's target. What passes
+    between stages may be one tensor or a tuple of tensors (``embed``/``layer`` choose).
     """
+
+    @property
+    def input_keys(self) -> tuple[str, ...]:
+        """Batch keys the first stage's ``embed`` takes, in order."""
+        ...
 
     @property
     def layers_path(self) -> str:
@@ -97,6 +105,7 @@ class PathAdapter:
         context_fn: ``hidden -> kwargs for layers``; default: none.
         layer_fn: ``(layer, hidden, context) -> hidden``; default: ``layer(hidden, **context)``,
             first element if it returns a tuple.
+        input_keys: batch keys the first stage takes (default ``("input_ids",)``).
     """
 
     layers_path: str
@@ -106,6 +115,7 @@ class PathAdapter:
     head_fn: Callable[[Mapping[str, nn.Module], torch.Tensor], torch.Tensor] | None = None
     context_fn: Callable[[torch.Tensor], dict[str, Any]] | None = None
     layer_fn: Callable[[nn.Module, torch.Tensor, Mapping[str, Any]], torch.Tensor] | None = None
+    input_keys: tuple[str, ...] = ("input_ids",)
 
     def embed(self, parts: Mapping[str, nn.Module], *inputs: Any) -> torch.Tensor:
         """See :class:`PipelineAdapter`."""

@@ -168,10 +168,10 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
         return total / config.grad_accum / n_ranks
     from autoslapo.runtime.engine import average_gradients
 
-    ids = rows["input_ids"].to(device)
+    inputs = [rows[k].to(device) for k in pipeline.input_keys] if pipeline.has_first else []
     labels = rows["labels"].to(device) if pipeline.has_last else None
     with _autocast(device, config.precision):
-        out = pipeline.step(ids, target=labels) if pipeline.has_first else pipeline.step(target=labels)
+        out = pipeline.step(*inputs, target=labels)
     params = pipeline.parameters()
     average_gradients(params, groups.dp_group, config.dp)
     optimizer.step()
