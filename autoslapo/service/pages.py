@@ -2,18 +2,24 @@
 
 The studies page carries a submit form for tokens that may submit: a few lines of JavaScript
 post it as JSON to ``POST /v1/studies`` (the same checks as any client) and go to the study page.
-The study page refreshes itself from ``GET /v1/studies/{name}`` every two seconds while the
-study runs (a few lines of JavaScript; the session cookie set by ``/login`` authenticates it).
+The study page follows a running study through its server-sent events
+(``GET /v1/studies/{name}/events``, authenticated by the session cookie that ``/login`` sets): each
+ended trial adds a row, a point on the throughput-over-trials chart (an inline SVG: every trial's
+samples/s and the best so far) and moves the progress bar and the best; ``done`` reloads the page
+once, which then shows the final best with its copyable ``apply_best`` line and the report's
+figures (the report of ``GET /v1/studies/{name}/report``, framed).
 """
 
 from __future__ import annotations
 
+import json
 from html import escape
 from typing import Any
 
 from autoslapo.cluster import DEVICES
 from autoslapo.models.spec import list_presets
 from autoslapo.service.auth import Caller
+from autoslapo.service.views import LAUNCHED
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
@@ -23,6 +29,9 @@ th { background: #f4f4f4; } code, pre { background: #f4f4f4; padding: .2rem .4re
 .bar > span { display: block; height: 100%; background: #3a7; }
 form#submit label { margin-right: .8rem; } form#submit input[type=number] { width: 5rem; }
 #submit-error { color: #b00; }
+#chart { border: 1px solid #ddd; background: #fcfcfc; } #chart .best { fill: none; stroke: #3a7; stroke-width: 2; }
+#chart circle { fill: #36c; } #chart circle.failed { fill: #c33; } #chart text { font-size: 11px; fill: #555; }
+#report { width: 100%; height: 60rem; border: 1px solid #ddd; }
 """
 
 
@@ -102,28 +111,124 @@ document.getElementById('submit').addEventListener('submit', function (ev) {
 
 
 def study_page(doc: dict[str, Any], trials: list[dict[str, Any]]) -> str:
-    """One study: progress, the best schedule with its ``apply_best`` snippet, every trial."""
+    """One study: progress, throughput over trials (a chart), the best schedule with a copyable
+    ``apply_best`` line, every trial, and once it ended the report's figures; a running study is
+    followed live through its events (``STUDY_SCRIPT``)."""
     name = escape(doc["name"])
     best = doc.get("best")
-    best_html = "<p>No complete trial yet.</p>"
+    best_html = "<p id=best>No complete trial yet.</p>"
     if best:
-        best_html = (f"<h2>Best schedule</h2><p>{best['samples_per_s']:,.1f} samples/s (trial {best['number']})"
-                     f": <code>{escape(best['schedule'])}</code></p>"
-                     f"<pre id=snippet>import autoslapo\n{escape(doc.get('apply_best', ''))}</pre>")
-    rows = "".join(
-        f"<tr><td>{t['number']}</td><td>{escape(t['status'])}</td>"
-        f"<td>{_rate(t['samples_per_s'])}</td>"
-        f"<td>{escape(t['schedule'])}</td></tr>" for t in trials[-200:])
+        best_html = (f"<p id=best>{best['samples_per_s']:,.1f} samples/s (trial {best['number']})"
+                     f": <code>{escape(best['schedule'])}</code></p>")
+        if doc.get("apply_best"):
+            best_html += (f"<pre id=snippet>import autoslapo\n{escape(doc['apply_best'])}</pre>"
+                          "<button id=copy type=button>Copy</button>")
+    shown = trials[-200:]
+    rows = "".join(_trial_row(t) for t in shown)
+    points = [{"n": t["number"], "v": t["samples_per_s"], "s": t["status"]} for t in trials if t["status"] in LAUNCHED]
+    live = doc["status"] in ("queued", "running")
+    report = ""
+    if not live and trials:
+        report = (f"<h2>Report</h2><p><a href='/v1/studies/{name}/report'>open the report</a></p>"
+                  f"<iframe id=report title='the study report' loading=lazy src='/v1/studies/{name}/report'></iframe>")
     body = (f"<p><a href='/'>all studies</a></p><h1>{name}</h1>"
             f"<p>{escape(str(doc['model']))} on {doc['gpus']}x {escape(str(doc['gpu_type']))}, backend "
             f"{escape(str(doc['backend']))} · status <b id=status>{escape(doc['status'])}</b> · "
-            f"<span id=progress>{_bar(doc['launched'], doc['budget'])}</span></p>{best_html}"
-            f"<h2>Trials</h2><table><tr><th>#</th><th>status</th><th>samples/s</th><th>schedule</th></tr>"
-            f"{rows}</table>")
-    script = ""
-    if doc["status"] in ("queued", "running"):
-        script = ("<script>setTimeout(function(){location.reload()}, 2000);</script>")
+            f"<span id=progress data-launched={int(doc['launched'])} data-budget={int(doc['budget'] or 0)}>"
+            f"{_bar(doc['launched'], doc['budget'])}</span></p>"
+            f"<h2>Best schedule</h2>{best_html}"
+            "<h2>Throughput over trials</h2><svg id=chart width=720 height=240 role=img "
+            "aria-label='samples/s of each trial and the best so far'></svg>"
+            f"<h2>Trials</h2><table id=trials><thead><tr><th>#</th><th>status</th><th>samples/s</th><th>schedule</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table>{report}")
+    data = json.dumps({"name": doc["name"], "live": live, "points": points}).replace("</", "<\\/")
+    script = f"<script type=application/json id=study-data>{data}</script>{STUDY_SCRIPT}"
     return _page(f"autoslapo: {doc['name']}", body, script)
+
+
+def _trial_row(t: dict[str, Any]) -> str:
+    return (f"<tr><td>{t['number']}</td><td>{escape(t['status'])}</td>"
+            f"<td>{_rate(t['samples_per_s'])}</td><td>{escape(t['schedule'])}</td></tr>")
+
+
+# Draws the chart from the embedded trials; while the study runs, follows its events: a trial adds a row
+# and a point and moves the progress bar and the best; ``done`` reloads the page for the final view.
+STUDY_SCRIPT = """<script>
+(function () {
+  var data = JSON.parse(document.getElementById('study-data').textContent);
+  var seen = {}, points = data.points, svg = document.getElementById('chart');
+  points.forEach(function (p) { seen[p.n] = true; });
+  function el(tag, attrs, text) {
+    var e = document.createElementNS('http://www.w3.org/2000/svg', tag);
+    for (var k in attrs) { e.setAttribute(k, attrs[k]); }
+    if (text !== undefined) { e.textContent = text; }
+    return e;
+  }
+  function draw() {
+    while (svg.firstChild) { svg.removeChild(svg.firstChild); }
+    var W = 720, H = 240, L = 60, B = 24, ok = points.filter(function (p) { return p.v !== null; });
+    var xmax = Math.max(1, Math.max.apply(null, points.map(function (p) { return p.n; }).concat([1])));
+    var ymax = Math.max(1e-9, Math.max.apply(null, ok.map(function (p) { return p.v; }).concat([0]))) * 1.1;
+    var x = function (n) { return L + (W - L - 10) * n / xmax; };
+    var y = function (v) { return H - B - (H - B - 10) * v / ymax; };
+    svg.appendChild(el('line', {x1: L, y1: H - B, x2: W - 10, y2: H - B, stroke: '#999'}));
+    svg.appendChild(el('line', {x1: L, y1: 10, x2: L, y2: H - B, stroke: '#999'}));
+    svg.appendChild(el('text', {x: 4, y: 20}, (ymax / 1.1).toFixed(1)));
+    svg.appendChild(el('text', {x: 4, y: H - B}, '0'));
+    svg.appendChild(el('text', {x: W - 90, y: H - 6}, 'trial ' + xmax));
+    svg.appendChild(el('text', {x: L + 6, y: H - 6}, 'samples/s per trial; line: best so far'));
+    var best = null, path = [];
+    points.slice().sort(function (a, b) { return a.n - b.n; }).forEach(function (p) {
+      if (p.v === null) {
+        svg.appendChild(el('circle', {cx: x(p.n), cy: H - B, r: 3, 'class': 'failed'}));
+        return;
+      }
+      svg.appendChild(el('circle', {cx: x(p.n), cy: y(p.v), r: 3}));
+      if (best === null || p.v > best) { best = p.v; }
+      path.push(x(p.n).toFixed(1) + ',' + y(best).toFixed(1));
+    });
+    if (path.length) { svg.appendChild(el('polyline', {points: path.join(' '), 'class': 'best'})); }
+  }
+  draw();
+  var copy = document.getElementById('copy');
+  if (copy) {
+    copy.addEventListener('click', function () {
+      var text = document.getElementById('snippet').textContent;
+      if (navigator.clipboard) { navigator.clipboard.writeText(text); }
+      var range = document.createRange();
+      range.selectNodeContents(document.getElementById('snippet'));
+      window.getSelection().removeAllRanges(); window.getSelection().addRange(range);
+      copy.textContent = 'Copied';
+    });
+  }
+  if (!data.live || !window.EventSource) { return; }
+  var progress = document.getElementById('progress');
+  var source = new EventSource('/v1/studies/' + encodeURIComponent(data.name) + '/events');
+  source.addEventListener('trial', function (ev) {
+    var t = JSON.parse(ev.data);
+    if (seen[t.number]) { return; }
+    seen[t.number] = true;
+    points.push({n: t.number, v: t.samples_per_s, s: t.status});
+    draw();
+    var row = document.createElement('tr');
+    [t.number, t.status, t.samples_per_s === null ? '' : t.samples_per_s.toFixed(1), t.schedule].forEach(
+      function (v) { var td = document.createElement('td'); td.textContent = v; row.appendChild(td); });
+    document.querySelector('#trials tbody').appendChild(row);
+    var done = parseInt(progress.dataset.launched, 10) + 1, budget = parseInt(progress.dataset.budget, 10);
+    progress.dataset.launched = done;
+    progress.querySelector('.bar > span').style.width = Math.min(100, Math.floor(100 * done / (budget || 1))) + '%';
+    progress.lastChild.textContent = ' ' + done + '/' + (budget || '?');
+    document.getElementById('status').textContent = 'running';
+    var best = Math.max.apply(null, points.filter(function (p) { return p.v !== null; })
+                                             .map(function (p) { return p.v; }).concat([-1]));
+    if (t.samples_per_s !== null && t.samples_per_s >= best) {
+      document.getElementById('best').textContent = t.samples_per_s.toFixed(1) + ' samples/s (trial ' +
+        t.number + '): ' + t.schedule;
+    }
+  });
+  source.addEventListener('done', function () { source.close(); location.reload(); });
+})();
+</script>"""
 
 
 def login_page(problem: str = "") -> str:

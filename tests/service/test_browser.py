@@ -94,6 +94,12 @@ def test_sign_in_submit_a_study_and_watch_it_finish_in_chromium(server: Server, 
                                    timeout=240_000, polling=500)
             assert "5/5" in page.inner_text("#progress")
             assert "autoslapo.apply_best(\"bert-large\", gpus=8" in page.inner_text("#snippet")
+            # the chart has a point per launched trial and the best-so-far line; the report is framed
+            assert page.locator("#chart circle").count() == 5
+            assert page.locator("#chart polyline.best").count() == 1
+            page.wait_for_selector("iframe#report")
+            page.click("#copy")
+            assert page.inner_text("#copy") == "Copied"
             page.goto(f"{server.base}/")
             page.wait_for_selector("table#studies")
             assert "browser-svc" in page.inner_text("table#studies")

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
 from fastapi.testclient import TestClient
 
+from autoslapo.service.worker import Worker
 from tests.service.conftest import bearer
+from tests.service.test_app import wait_status
 
 
 def test_the_submit_form_is_shown_only_to_tokens_that_may_submit(client: TestClient,
@@ -23,3 +29,37 @@ def test_signing_in_sets_a_cookie_that_the_form_post_uses(client: TestClient, to
     assert r.status_code == 202, r.text
     page = client.get("/studies/form")
     assert page.status_code == 200 and "<b id=status>queued</b>" in page.text
+
+
+def _study_data(page: str) -> dict[str, Any]:
+    found = re.search(r"<script type=application/json id=study-data>(.*?)</script>", page)
+    assert found, "the study page embeds its trials for the chart"
+    return dict(json.loads(found.group(1)))
+
+
+def test_a_queued_study_page_follows_the_events_and_has_no_report_yet(client: TestClient,
+                                                                      tokens: dict[str, str]) -> None:
+    r = client.post("/v1/studies", json={"model": "bert", "gpus": 8, "trials": 3, "backend": "sim", "name": "q"},
+                    headers=bearer(tokens["submit"]))
+    assert r.status_code == 202, r.text
+    page = client.get("/studies/q", headers=bearer(tokens["read"])).text
+    assert _study_data(page) == {"name": "q", "live": True, "points": []}
+    assert "new EventSource('/v1/studies/'" in page and "<svg id=chart" in page
+    assert "<iframe id=report" not in page and "id=snippet" not in page
+
+
+def test_a_finished_study_page_charts_every_launched_trial_and_frames_the_report(
+        client: TestClient, tokens: dict[str, str], worker: Worker) -> None:
+    r = client.post("/v1/studies", json={"model": "bert", "gpus": 8, "trials": 4, "backend": "sim", "name": "done"},
+                    headers=bearer(tokens["submit"]))
+    assert r.status_code == 202, r.text
+    doc = wait_status(client, "done", tokens["read"])
+    assert doc["status"] == "complete", doc
+    page = client.get("/studies/done", headers=bearer(tokens["read"])).text
+    data = _study_data(page)
+    assert data["live"] is False and len(data["points"]) == doc["launched"] == 4
+    assert max(p["v"] for p in data["points"]) == doc["best"]["samples_per_s"]
+    assert "<iframe id=report" in page and "src='/v1/studies/done/report'" in page
+    assert "<button id=copy" in page and "autoslapo.apply_best(" in page
+    report = client.get("/v1/studies/done/report", headers=bearer(tokens["read"]))
+    assert report.status_code == 200 and "<img" in report.text
