@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from autoslapo.service.modfile import ModuleFile, ModuleFilesOff, forget, module
 from store import Store
 from tests.service.conftest import bearer
 from tests.service.test_app import wait_status
+from tests.service.test_processes import Processes
 from tuner import tune
 
 TINY = '''
@@ -105,7 +108,7 @@ def test_the_spec_is_the_one_tune_builds_and_the_file_is_never_imported_here(tmp
 
 @pytest.mark.parametrize(("text", "words"), BROKEN)
 def test_a_broken_file_is_one_line(text: str, words: str) -> None:
-    with pytest.raises(UsageError, match="the model file tiny.py cannot be used") as err:
+    with pytest.raises(UsageError, match=r"the model file tiny\.py cannot be used") as err:
         module_spec(ModuleFile("tiny.py", text))
     assert words in str(err.value) and "\n" not in str(err.value)
 
@@ -212,3 +215,26 @@ def test_the_client_sends_the_file_as_text_and_asks_by_signature(tmp_path: Path)
         model_field(str(latin))
     with pytest.raises(UsageError, match="cannot read the model file"):
         model_field(str(tmp_path / "missing.py"))
+
+
+def test_remote_tune_and_best_of_a_model_file_against_a_running_server(tmp_path: Path, cache: Path) -> None:
+    procs = Processes(tmp_path)
+    procs.env["AUTOSLAPO_MODEL_CACHE"] = str(cache)
+    try:
+        path = tiny_file(tmp_path)
+        procs.serve("--workers", "1", "--allow-module-files")
+        done = procs.cli("tune", str(path), "--gpus", "8", "--trials", "5", "--no-baselines", "--sampler", "tpe",
+                         "--server", procs.base, token=procs.submit)
+        assert done.returncode == 0, done.stderr
+        assert "study tiny-8xa100-80gb-sim: 5 trials launched, status complete" in done.stdout
+        moved = tmp_path / "elsewhere" / "renamed.py"  # asked by content, whatever the file is called
+        moved.parent.mkdir()
+        shutil.copy(path, moved)
+        best = procs.cli("best", str(moved), "--gpus", "8", "--server", procs.base, token=procs.read)
+        assert best.returncode == 0 and "study tiny-8xa100-80gb-sim" in best.stdout, best.stderr
+        code = f"import autoslapo; c = autoslapo.best({str(moved)!r}, gpus=8, server={procs.base!r}); print(c.dp)"
+        lib = subprocess.run([sys.executable, "-c", code], env={**procs.env, "AUTOSLAPO_TOKEN": procs.read},
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert lib.returncode == 0 and lib.stdout.strip().isdigit(), lib.stderr
+    finally:
+        procs.close()
