@@ -118,7 +118,7 @@ def materialize(mf: ModuleFile) -> Path:
 
 
 _memo: OrderedDict[tuple[str, str], ModelSpec] = OrderedDict()
-_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks = [threading.Lock() for _ in range(16)]  # by digest: one trace of a file at a time, a bounded set
 _guard = threading.Lock()
 
 
@@ -132,8 +132,7 @@ def module_spec(mf: ModuleFile, timeout_s: float = TRACE_TIMEOUT_S) -> ModelSpec
         if key in _memo:
             _memo.move_to_end(key)
             return _memo[key]
-        lock = _locks.setdefault(key, threading.Lock())
-    with lock:  # one trace of a file at a time: two would race on the cache's trace file
+    with _locks[int(mf.digest[:8], 16) % len(_locks)]:  # two traces of a file would race on its cached trace
         with _guard:
             if key in _memo:
                 return _memo[key]
@@ -142,7 +141,6 @@ def module_spec(mf: ModuleFile, timeout_s: float = TRACE_TIMEOUT_S) -> ModelSpec
             _memo[key] = spec
             while len(_memo) > MEMO_SIZE:
                 _memo.popitem(last=False)
-            _locks.pop(key, None)
     return spec
 
 
