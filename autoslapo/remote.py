@@ -7,13 +7,13 @@ refuses the token, is a one-line UsageError (the CLI exits 2); the token never a
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from autoslapo.errors import UsageError
 from autoslapo.redact import redact
 
 TOKEN_ENV = "AUTOSLAPO_TOKEN"
-MODULE_REFUSAL = "a .py model file cannot be sent to the service (it takes presets and config.json files)"
 TIMEOUT_S = 30.0
 
 
@@ -58,31 +58,47 @@ class Client:
 
 
 def model_field(model: str) -> str | dict[str, Any]:
-    """What ``POST /v1/studies`` gets as ``model``: a preset name, or ``{"hf_config": ...}`` holding the
-    config.json at path ``model`` (checked here first, so a bad config is refused before it is sent).
+    """What ``POST /v1/studies`` gets as ``model``: a preset name, ``{"hf_config": ...}`` holding the
+    config.json at path ``model`` (checked here first, so a bad config is refused before it is sent),
+    or ``{"module_file": {"name", "source"}}`` holding the model file (.py) at path ``model`` as its
+    text (the server traces it, when it allows model files at all).
 
-    Raises: UsageError for a ``.py`` model file or a config the reader refuses (ConfigError).
+    Raises: UsageError for a config the reader refuses (ConfigError), or a model file that cannot be
+    read or is not UTF-8 text.
     """
     from autoslapo.models.resolve import is_model_file, read_hf_config, resolve_model
 
     if not is_model_file(model):
         return model
     if model.lower().endswith(".py"):
-        raise UsageError(f"{MODULE_REFUSAL}: got {model}; tune it locally")
+        return {"module_file": read_module_file(model)}
     resolve_model(model)
     return {"hf_config": read_hf_config(model)}
 
 
+def read_module_file(path: str) -> dict[str, str]:
+    """``{"name", "source"}`` of the model file at ``path``: its bytes as UTF-8 text (so the server's
+    copy has the digest the file has here). Raises UsageError for a missing, unreadable or non-UTF-8 file."""
+    p = Path(path).expanduser()
+    try:
+        data = p.read_bytes()
+    except OSError as err:
+        raise UsageError(f"cannot read the model file {str(p)!r}: {err.strerror}; check the path") from None
+    try:
+        return {"name": p.name, "source": data.decode("utf-8")}
+    except UnicodeDecodeError as err:
+        raise UsageError(f"the model file {str(p)!r} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+
+
 def model_query(model: Any) -> str:
     """What ``GET /v1/best?model=`` gets: a preset name as given, else the spec's signature (which the
-    store matches): for a ``ModelSpec`` or the path of a config.json."""
+    store matches): for a ``ModelSpec``, or the path of a config.json or of a model file (traced here,
+    as ``autoslapo best my_model.py`` does)."""
     from autoslapo.models.resolve import is_model_file, resolve_model
     from autoslapo.models.spec import ModelSpec
 
     if isinstance(model, ModelSpec):
         return model.signature()
     if isinstance(model, str) and is_model_file(model):
-        if model.lower().endswith(".py"):
-            raise UsageError(f"{MODULE_REFUSAL}: got {model}; ask the store directly (storage=)")
         return resolve_model(model).signature()
     return str(model)

@@ -120,7 +120,7 @@ def _remote(args: argparse.Namespace) -> int:
     from autoslapo.remote import Client, model_query
 
     if args.headroom or args.storage or shape_overrides(args):
-        raise UsageError("--server asks the service by preset name or config.json: --headroom, --storage and "
+        raise UsageError("--server asks the service by preset, config.json or model file: --headroom, --storage and "
                          "shape flags are not sent; drop them or ask the store directly")
     doc = Client(args.server).get("/v1/best", model=model_query(args.model), gpus=args.gpus, gpu_type=args.gpu_type,
                                   metric=args.metric, measured_only=args.measured or None)

@@ -8,6 +8,8 @@ Those workers run at a lower CPU priority (nice +10) than the server: a study's 
 then wait for the API's answers on a busy machine rather than the other way round.
 ``--max-running N`` is handed to those workers (run separate workers with the same flag);
 ``--max-queued-per-token N`` answers 429 to a token's submission beyond N queued/running studies.
+``--allow-module-files`` accepts a user's model file (.py, code) as a request's model: traced in a
+child process, never imported by the server; handed to its workers (give separate workers the flag).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-anonymous-read", action="store_true", help="GET endpoints and pages without a token")
     parser.add_argument("--allow-local", action="store_true",
                         help="accept studies with backend local (trials run on the server's machine)")
+    parser.add_argument("--allow-module-files", action="store_true",
+                        help="accept a model file (.py: code) as a request's model; it is traced in a child process, "
+                             "never imported by the server (its --workers get the flag too)")
     parser.add_argument("--max-running", type=int, default=None, metavar="N",
                         help="at most N studies run at once (its --workers claim nothing more; others stay queued)")
     parser.add_argument("--max-queued-per-token", type=int, default=None, metavar="N",
@@ -66,13 +71,16 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be at least 1: got {value}; leave it out for no limit")
     store = open_store(args.storage)
     settings = ServiceSettings(allow_anonymous_read=args.allow_anonymous_read, allow_local=args.allow_local,
-                               max_body_bytes=args.max_body, max_queued_per_token=args.max_queued_per_token)
+                               max_body_bytes=args.max_body, max_queued_per_token=args.max_queued_per_token,
+                               allow_module_files=args.allow_module_files)
     workers: list[subprocess.Popen[bytes]] = []
     command = [sys.executable, "-m", "autoslapo", "worker"]
     if args.storage:
         command += ["--storage", args.storage]
     if args.max_running is not None:
         command += ["--max-running", str(args.max_running)]
+    if args.allow_module_files:
+        command.append("--allow-module-files")
     # uvicorn re-raises the SIGTERM it shut down on, with the handler it found: the default one
     # would end the process here and skip the `finally` below, leaving the workers orphaned.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between looks for work when idle (default 1)")
     parser.add_argument("--max-running", type=int, default=None, metavar="N",
                         help="claim nothing while N jobs of the store run (a server-wide limit; default none)")
+    parser.add_argument("--allow-module-files", action="store_true",
+                        help="run studies of a model file (.py: code) sent to the service; traced in a child process")
     parser.add_argument("--once", action="store_true", help="run at most one job, then exit")
 
 
@@ -31,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_running is not None and args.max_running < 1:
         raise UsageError(f"--max-running must be at least 1: got {args.max_running}; leave it out for no limit")
     store = open_store(args.storage)
-    worker = Worker(store, lease_s=args.lease, poll_s=args.poll, max_running=args.max_running)
+    worker = Worker(store, lease_s=args.lease, poll_s=args.poll, max_running=args.max_running,
+                    allow_module_files=args.allow_module_files)
 
     def stop(_sig: int, _frame: FrameType | None) -> None:
         worker.stop()

@@ -44,17 +44,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoslapo import api
-from autoslapo.cluster import ClusterSpec
-from autoslapo.cost import best_config
 from autoslapo.errors import AutoslapoError, StorageError, UsageError
-from autoslapo.models.spec import ModelSpec
-from autoslapo.redact import redact
 from autoslapo.service import pages
 from autoslapo.service.answers import FRESH_S, STALE_S, AnswerCache
 from autoslapo.service.auth import CACHE_S, Caller, TokenCheck
+from autoslapo.service.bodies import ApiError, one_line, read_json
+from autoslapo.service.estimate import estimate_router
 from autoslapo.service.events import study_events
 from autoslapo.service.jobs import StudyRequest, check_name
 from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
+from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff
 from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
 from store import JobLimitError, Store
 
@@ -64,21 +63,13 @@ COOKIE = "autoslapo_token"
 JOIN_TRIES = 3  # a join that loses a race to another write looks again; a third loss is a 409
 
 
-class ApiError(Exception):
-    """An answer other than success: HTTP status and a one-line message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = " ".join(str(message).split())
-
-
 @dataclass(frozen=True)
 class ServiceSettings:
     """How the server answers: anonymous reads, the local backend, the request body limit, the
     events' polling interval, how many unfinished studies one token may have, how old an answer of
-    ``GET /v1/best`` or ``GET /v1/studies`` may be (0: always read the store) and how long a verified
-    token is trusted before the store is asked again (so a revocation is seen within that time)."""
+    ``GET /v1/best`` or ``GET /v1/studies`` may be (0: always read the store), how long a verified
+    token is trusted before the store is asked again (so a revocation is seen within that time), and
+    whether a model file (code) may be sent, with how long its trace (in a child process) may take."""
 
     allow_anonymous_read: bool = False
     allow_local: bool = False
@@ -87,6 +78,8 @@ class ServiceSettings:
     max_queued_per_token: int | None = None
     answer_cache_s: float = FRESH_S
     token_cache_s: float = CACHE_S
+    allow_module_files: bool = False
+    module_timeout_s: float = TRACE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.answer_cache_s <= STALE_S or self.token_cache_s < 0:
@@ -95,13 +88,9 @@ class ServiceSettings:
         if self.max_queued_per_token is not None and self.max_queued_per_token < 1:
             raise UsageError(f"--max-queued-per-token must be at least 1: got {self.max_queued_per_token}; "
                              "leave it out for no limit")
-        if self.max_body_bytes < 1 or self.events_poll_s <= 0:
-            raise UsageError(f"max_body_bytes must be >= 1 and events_poll_s > 0: got {self.max_body_bytes}, "
-                             f"{self.events_poll_s}")
-
-
-def _one_line(err: BaseException) -> str:
-    return redact(str(err)).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if self.max_body_bytes < 1 or self.events_poll_s <= 0 or self.module_timeout_s <= 0:
+            raise UsageError(f"max_body_bytes must be >= 1, events_poll_s and module_timeout_s > 0: got "
+                             f"{self.max_body_bytes}, {self.events_poll_s}, {self.module_timeout_s}")
 
 
 def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI:
@@ -171,7 +160,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
 
     @app.exception_handler(AutoslapoError)
     async def domain_error(_: Request, err: AutoslapoError) -> JSONResponse:
-        return JSONResponse({"error": _one_line(err)}, status_code=400 if isinstance(err, UsageError) else 503)
+        status = 403 if isinstance(err, ModuleFilesOff) else 400 if isinstance(err, UsageError) else 503
+        return JSONResponse({"error": one_line(err)}, status_code=status)
 
     # -- studies -----------------------------------------------------------------------------
 
@@ -184,22 +174,16 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         ``trials``). Answers ``{name, url, status, budget, joined}``: 202, or 200 when a join found
         the study ended at its budget."""
         who = await caller_on_loop(request, "submit")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
-            raise ApiError(413, f"request bodies must be at most {cfg.max_body_bytes} bytes: got {declared}")
-        body = await request.body()
-        if len(body) > cfg.max_body_bytes:
-            raise ApiError(413, f"request bodies must be at most {cfg.max_body_bytes} bytes: got {len(body)}")
+        doc = await read_json(request, cfg.max_body_bytes)
         try:
-            doc = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ApiError(400, f"the body must be JSON: {err}") from None
-        try:
-            # Checking a request binds its search space and naming it reads the store: off the event loop.
-            study = await run_in_threadpool(StudyRequest.from_json, doc, allow_local=cfg.allow_local)
+            # Checking a request binds its search space (and traces a model file, in a child process)
+            # and naming it reads the store: off the event loop.
+            study = await run_in_threadpool(StudyRequest.from_json, doc, allow_local=cfg.allow_local,
+                                            allow_module_files=cfg.allow_module_files,
+                                            module_timeout_s=cfg.module_timeout_s)
             name = study.name if study.name else await run_in_threadpool(_free_name, store, study.default_name())
         except AutoslapoError as err:
-            raise ApiError(400, _one_line(err)) from None
+            raise ApiError(403 if isinstance(err, ModuleFilesOff) else 400, one_line(err)) from None
         url = str(request.url_for("get_study", name=name))
         if study.join:
             plan = await run_in_threadpool(_join, store, name, study, who, cfg.max_queued_per_token)
@@ -217,9 +201,9 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                 await run_in_threadpool(store.jobs.submit, name, {**study.to_dict(), "name": name}, owner=who.name,
                                         max_unfinished=cfg.max_queued_per_token)
         except JobLimitError as err:
-            raise ApiError(429, f"token {_one_line(err)}") from None
+            raise ApiError(429, f"token {one_line(err)}") from None
         except StorageError as err:
-            raise ApiError(409, _one_line(err)) from None
+            raise ApiError(409, one_line(err)) from None
         answers.expire()  # the next list request starts a refresh that shows the new job
         return JSONResponse({"name": name, "url": url, "status": "queued", "joined": False, "budget": study.trials},
                             status_code=202, headers={"Location": url})
@@ -307,7 +291,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                 t = api.best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=store, metric=metric,
                                    measured_only=measured_only)
             except UsageError as err:
-                raise ApiError(404 if "no recorded schedule" in str(err) else 400, _one_line(err)) from None
+                raise ApiError(404 if "no recorded schedule" in str(err) else 400, one_line(err)) from None
             study = store.get_study(t.study)
             return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
                                 "study": t.study, "trial": t.number, "backend": study.backend, **trial_view(t),
@@ -316,14 +300,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only), answer)
         return Response(body, media_type="application/json")
 
-    @app.get("/v1/estimate")
-    def estimate(request: Request, model: str, gpus: int, gpu_type: str = "a100-80gb",
-                 gpus_per_node: int = 8, global_batch: int | None = None) -> dict[str, Any]:
-        caller(request, "read")
-        spec = ModelSpec.from_name(model)
-        cluster = ClusterSpec(gpus=gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
-        return {"model": spec.preset, "gpus": gpus, "gpu_type": cluster.gpu_type,
-                **best_config(spec, cluster, global_batch=global_batch).to_dict()}
+    app.include_router(estimate_router(store, caller, allow_module_files=cfg.allow_module_files,
+                                       module_timeout_s=cfg.module_timeout_s, max_body_bytes=cfg.max_body_bytes))
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
@@ -432,7 +410,7 @@ def check_name_or_404(name: str) -> None:
     try:
         check_name(name)
     except UsageError as err:
-        raise ApiError(404, _one_line(err)) from None
+        raise ApiError(404, one_line(err)) from None
 
 
 def _check_resume(store: Store, name: str, study: StudyRequest, who: Caller) -> None:
@@ -467,10 +445,10 @@ def _join(store: Store, name: str, study: StudyRequest, who: Caller, max_unfinis
             write(name, {**study.to_dict(), "name": name}, owner=who.name, max_unfinished=max_unfinished)
             return plan
         except JobLimitError as err:
-            raise ApiError(429, f"token {_one_line(err)}") from None
+            raise ApiError(429, f"token {one_line(err)}") from None
         except StorageError as err:
             if attempt == JOIN_TRIES - 1:
-                raise ApiError(409, _one_line(err)) from None
+                raise ApiError(409, one_line(err)) from None
     raise AssertionError("unreachable: the last try returns or raises")
 
 

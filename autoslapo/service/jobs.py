@@ -18,7 +18,8 @@ from typing import Any
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
-from autoslapo.service.payload import ModelField, check_model_field, model_spec_of
+from autoslapo.service.modfile import TRACE_TIMEOUT_S
+from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
 from search_spaces import SearchSpace, space_for, space_from_dict
 from tuner import TuneOptions, default_study_name
 
@@ -39,7 +40,7 @@ def check_name(name: Any) -> str:
 class StudyRequest:
     """The body of ``POST /v1/studies``."""
 
-    model: ModelField  # a preset name or {"hf_config": {...}} (autoslapo.service.payload)
+    model: ModelField  # a preset name, {"hf_config": {...}} or {"module_file": {...}} (autoslapo.service.payload)
     gpus: int
     gpu_type: str = "a100-80gb"
     gpus_per_node: int | None = None
@@ -57,8 +58,11 @@ class StudyRequest:
     join: bool = False  # submit study ``name``, or follow it when it runs, or continue it when it ended short
 
     @classmethod
-    def from_json(cls, doc: Any, *, allow_local: bool = False) -> StudyRequest:
-        """Check a decoded JSON body field by field; raises UsageError (one line) on the first problem."""
+    def from_json(cls, doc: Any, *, allow_local: bool = False, allow_module_files: bool = False,
+                  module_timeout_s: float = TRACE_TIMEOUT_S) -> StudyRequest:
+        """Check a decoded JSON body field by field; raises UsageError (one line) on the first problem
+        (ModuleFilesOff for a module file unless ``allow_module_files``; its trace, in a child
+        process, may take ``module_timeout_s``)."""
         if not isinstance(doc, dict):
             raise UsageError(f"the body must be a JSON object: got {type(doc).__name__}")
         known = {f.name: f for f in fields(cls)}
@@ -81,7 +85,9 @@ class StudyRequest:
             if not ok:
                 want = " or ".join(k.__name__ for k in kinds[key])
                 raise UsageError(f"field {key!r} must be {want}: got {json_repr(value)}")
-        check_model_field(doc["model"])
+        check_model_field(doc["model"], allow_module_files=allow_module_files)
+        if is_module_file(doc["model"]):
+            model_spec_of(doc["model"], timeout_s=module_timeout_s)  # traced once here; kept by digest
         if isinstance(doc.get("space"), str):
             doc = {**doc, "space": parse_space_text(doc["space"])}
         if doc.get("space") is not None:  # normalised: what the job keeps is what every worker rebuilds

@@ -3,7 +3,10 @@
 A worker that dies (``kill -9``) stops heartbeating; once its lease lapses another worker claims
 the job and resumes the study from the store (``TuneOptions(resume=True)``), so the study still
 ends at exactly its budget. A cancel request is seen by the heartbeat and stops the study
-between two trials.
+between two trials. A study of a model file (code) runs only on a worker started with
+``--allow-module-files``: it writes the file into the model cache by digest and traces it in a
+child process (``autoslapo.service.modfile``), then tunes as ``autoslapo tune my_model.py`` does;
+a worker without the flag fails such a job with a line that names the flag.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 from autoslapo.errors import AutoslapoError, UsageError
 from autoslapo.redact import redact
 from autoslapo.service.jobs import StudyRequest
+from autoslapo.service.modfile import ALLOW_FLAG, TRACE_TIMEOUT_S
+from autoslapo.service.payload import is_module_file, model_spec_of
 from store import JobRecord, Store
 from tuner import tune
 
@@ -31,16 +36,20 @@ class Worker:
     """Runs jobs from one store until ``stop()`` (or, with ``once``, after one job).
 
     ``max_running``: claim nothing while that many jobs of the store run (a server-wide limit,
-    given to every worker of the server).
+    given to every worker of the server). ``allow_module_files``: run studies of a model file (code;
+    traced in a child process for at most ``module_timeout_s``).
     """
 
     def __init__(self, store: Store, *, lease_s: float = LEASE_S, poll_s: float = POLL_S,
-                 name: str | None = None, max_running: int | None = None) -> None:
+                 name: str | None = None, max_running: int | None = None, allow_module_files: bool = False,
+                 module_timeout_s: float = TRACE_TIMEOUT_S) -> None:
         if lease_s <= 0 or poll_s <= 0:
             raise UsageError(f"--lease and --poll must be positive seconds: got {lease_s}, {poll_s}")
         if max_running is not None and max_running < 1:
             raise UsageError(f"--max-running must be at least 1: got {max_running}; leave it out for no limit")
         self.max_running = max_running
+        self.allow_module_files = allow_module_files
+        self.module_timeout_s = module_timeout_s
         self.store = store
         self.lease_s = lease_s
         self.poll_s = poll_s
@@ -94,6 +103,11 @@ class Worker:
         heart.start()
         try:
             request = StudyRequest(**job.request)
+            if is_module_file(request.model):
+                if not self.allow_module_files:
+                    return self._finish(job, "failed", f"study {job.study!r} tunes a model file (code) and this worker "
+                                                       f"runs none: start workers with `autoslapo worker {ALLOW_FLAG}`")
+                model_spec_of(request.model, timeout_s=self.module_timeout_s)  # written to the cache, traced apart
             options = request.to_options(name=job.study, resume=self.store.has_study(job.study))
             outcome = tune(options, self.store, progress=progress)
             status = "complete" if outcome.stop_reason in ("budget", "exhausted", "swept") else "stopped"

@@ -79,16 +79,17 @@ def test_tune_then_best_finds_the_study_by_the_config_contents(
     assert main(["best", str(moved), "--gpus", "64", "--storage", url, "--ffn", "11008"]) == 1
 
 
-def test_a_config_is_sent_to_a_service_and_a_module_is_not(
+def test_a_config_and_a_module_file_are_sent_to_a_service(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # The config is read and asked for by its signature: the request goes out (nothing listens on port 9).
     assert main(["best", MISTRAL_7B, "--gpus", "8", "--server", "http://127.0.0.1:9"]) == 2
     assert "cannot reach the autoslapo server" in capsys.readouterr().err
+    # A model file goes as its text: the client does not run it (the server traces it in a child process).
     module = tmp_path / "mine.py"
     module.write_text("raise SystemExit('never run')\n")
-    assert main(["best", str(module), "--gpus", "8", "--server", "http://127.0.0.1:9"]) == 2
-    assert "a .py model file cannot be sent to the service" in capsys.readouterr().err
+    assert main(["tune", str(module), "--gpus", "8", "--server", "http://127.0.0.1:9"]) == 2
+    assert "cannot reach the autoslapo server" in capsys.readouterr().err
 
 
 def test_verify_a_tiny_qwen2_config_with_tp2() -> None:

@@ -93,5 +93,5 @@ def test_the_client_sends_a_config_as_data_and_asks_by_signature(tmp_path: Path)
     bad.write_text(json.dumps({**CONFIG, "model_type": "mamba"}))
     with pytest.raises(UsageError, match="model_type"):
         model_field(str(bad))  # refused before anything is sent
-    with pytest.raises(UsageError, match="cannot be sent"):
-        model_field(str(tmp_path / "mine.py"))
+    with pytest.raises(UsageError, match="cannot read the model file"):
+        model_field(str(tmp_path / "mine.py"))  # a model file is sent as text (tests/service/test_modfile.py)

@@ -1,0 +1,240 @@
+"""A user's model file sent as data: refused without the flag, traced in a child process, run by workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from autoslapo.errors import UsageError
+from autoslapo.models.resolve import resolve_model
+from autoslapo.remote import model_field, model_query
+from autoslapo.service import ServiceSettings, Worker, create_app
+from autoslapo.service.jobs import StudyRequest
+from autoslapo.service.modfile import ModuleFile, ModuleFilesOff, forget, module_spec
+from store import Store
+from tests.service.conftest import bearer
+from tests.service.test_app import wait_status
+from tests.service.test_processes import Processes
+from tuner import tune
+
+TINY = '''
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x, y):
+        for b in self.blocks:
+            x = torch.relu(b(x))
+        return ((self.out(x) - y) ** 2).mean()
+
+def build():
+    return Net()
+
+def batch(micro_batch, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"x": torch.randn(micro_batch, 16, generator=g), "y": torch.randn(micro_batch, 1, generator=g)}
+
+layers = "blocks"
+'''
+BASE = {"gpus": 8, "backend": "sim", "sampler": "tpe", "baselines": False}
+BROKEN = [
+    ("def build(:\n", "SyntaxError"),
+    (TINY.replace("def batch(", "def not_batch("), "must define batch(micro_batch, seed)"),
+    (TINY.replace("return Net()", "raise RuntimeError('no weights here')"), "RuntimeError: no weights here"),
+]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
+    forget()
+    yield tmp_path / "cache"
+    forget()
+
+
+def tiny_file(tmp_path: Path, text: str = TINY, name: str = "tiny.py") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def payload(text: str = TINY, name: str = "tiny.py") -> dict:
+    return {"module_file": {"name": name, "source": text}}
+
+
+@pytest.fixture
+def open_client(service_store: Store) -> Iterator[TestClient]:
+    settings = ServiceSettings(allow_module_files=True, module_timeout_s=120)
+    with TestClient(create_app(service_store, settings)) as c:
+        yield c
+
+
+@pytest.fixture
+def module_worker(service_store: Store) -> Iterator[Worker]:
+    w = Worker(service_store, lease_s=5.0, poll_s=0.1, allow_module_files=True)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    yield w
+    w.stop()
+    thread.join(timeout=60)
+
+
+def test_the_spec_is_the_one_tune_builds_and_the_file_is_never_imported_here(tmp_path: Path, cache: Path) -> None:
+    marker = tmp_path / "imported-by"
+    text = f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n{TINY}"
+    mf = ModuleFile("tiny.py", text)
+    spec = module_spec(mf)
+    (pid,) = marker.read_text().split()
+    assert pid != str(os.getpid())  # it ran in a child process, not in this one
+    assert (cache / mf.digest / "tiny.py").read_bytes() == text.encode()  # materialized by digest
+    assert spec == resolve_model(str(tiny_file(tmp_path, text)))  # what `autoslapo tune tiny.py` builds
+    assert module_spec(mf) is spec  # kept by digest: traced once per process
+
+
+@pytest.mark.parametrize(("text", "words"), BROKEN)
+def test_a_broken_file_is_one_line(text: str, words: str) -> None:
+    with pytest.raises(UsageError, match=r"the model file tiny\.py cannot be used") as err:
+        module_spec(ModuleFile("tiny.py", text))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_file_that_runs_too_long_is_stopped_and_one_line() -> None:
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="did not finish its trace within 3 s"):
+        module_spec(ModuleFile("slow.py", "import time\ntime.sleep(600)\n"), timeout_s=3)
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ({"name": "../evil.py", "source": TINY}, "must be a Python file name"),
+    ({"name": "tiny.txt", "source": TINY}, "must be a Python file name"),
+    ({"name": "tiny.py", "source": ""}, "non-empty JSON string"),
+    ({"name": "tiny.py", "source": "x = 1\x00"}, "NUL character"),
+    ({"name": "tiny.py", "source": "x = '\ud800'"}, "must be text"),
+    ({"name": "tiny.py"}, "must be {\"name\""),
+])
+def test_a_bad_module_payload_is_one_line(value: dict, words: str) -> None:
+    with pytest.raises(UsageError, match="module_file") as err:
+        StudyRequest.from_json({**BASE, "model": {"module_file": value}}, allow_module_files=True)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_without_the_flag_a_module_file_is_refused_before_anything_runs(client: TestClient, tokens: dict[str, str],
+                                                                        service_store: Store) -> None:
+    with pytest.raises(ModuleFilesOff, match="--allow-module-files"):
+        StudyRequest.from_json({**BASE, "model": payload("raise SystemExit('never run')\n")})
+    r = client.post("/v1/studies", json={**BASE, "model": payload()}, headers=bearer(tokens["submit"]))
+    assert r.status_code == 403 and "--allow-module-files" in r.json()["error"] and "\n" not in r.json()["error"]
+    assert service_store.jobs.list() == [] and service_store.list_studies() == []
+    r = client.post("/v1/estimate", json={"model": payload(), "gpus": 8}, headers=bearer(tokens["read"]))
+    assert r.status_code == 403 and "--allow-module-files" in r.json()["error"]
+
+
+def test_submit_run_and_ask_for_the_best_of_a_module_file(open_client: TestClient, tokens: dict[str, str],
+                                                          module_worker: Worker, service_store: Store,
+                                                          tmp_path: Path) -> None:
+    submit = bearer(tokens["submit"])
+    assert open_client.post("/v1/studies", json={**BASE, "model": payload(), "trials": 4},
+                            headers=bearer(tokens["read"])).status_code == 403  # the submit role is needed
+    for text, words in BROKEN:
+        bad = open_client.post("/v1/studies", json={**BASE, "model": payload(text), "trials": 4}, headers=submit)
+        assert bad.status_code == 400 and words in bad.json()["error"] and "\n" not in bad.json()["error"], bad.text
+    assert service_store.jobs.list() == [] and service_store.list_studies() == []  # the store is unchanged
+    posted = open_client.post("/v1/studies", json={**BASE, "model": payload(), "trials": 4}, headers=submit)
+    assert posted.status_code == 202, posted.text
+    name = posted.json()["name"]
+    assert name == "tiny-8xa100-80gb-sim"
+    doc = wait_status(open_client, name, tokens["read"])
+    assert doc["status"] == "complete" and doc["launched"] == 4, doc
+    path = tiny_file(tmp_path)
+    spec = resolve_model(str(path))
+    study = service_store.get_study(name)
+    assert study.model_signature == spec.signature() and study.model["extra"]["digest"] == spec.extra["digest"]
+    best = open_client.get("/v1/best", params={"model": model_query(str(path)), "gpus": 8},
+                           headers=bearer(tokens["read"]))
+    assert best.status_code == 200, best.text
+    assert best.json()["study"] == name and best.json()["config"] == doc["best"]["config"]
+    # the cost model, of the same file sent as data and of its signature (read from the study)
+    posted_estimate = open_client.post("/v1/estimate", json={"model": payload(), "gpus": 8},
+                                       headers=bearer(tokens["read"]))
+    assert posted_estimate.status_code == 200, posted_estimate.text
+    by_signature = open_client.get("/v1/estimate", params={"model": spec.signature(), "gpus": 8},
+                                   headers=bearer(tokens["read"]))
+    assert by_signature.json() == posted_estimate.json() and by_signature.json()["model"] == "tiny"
+
+
+def test_a_worker_that_takes_a_module_job_over_builds_the_same_spec(service_store: Store, cache: Path) -> None:
+    request = StudyRequest.from_json({**BASE, "model": payload(), "trials": 5, "name": "mod"}, allow_module_files=True)
+    first = request.model_spec()
+    service_store.jobs.submit("mod", request.to_dict())
+    ghost = service_store.jobs.claim("ghost", 0.3)  # a worker that ran two trials, then died
+    assert ghost is not None
+    tune(dataclasses.replace(StudyRequest(**ghost.request).to_options(name="mod"), trials=2), service_store)
+    time.sleep(0.5)  # its lease lapses
+    forget()
+    shutil.rmtree(cache)  # the next worker runs on another machine: nothing of the file but the job
+    assert Worker(service_store, lease_s=5, poll_s=0.1, allow_module_files=True).run(once=True) == 1
+    job = service_store.jobs.get("mod")
+    assert job is not None and job.status == "complete" and job.attempts == 2, job
+    assert service_store.get_study("mod").model_signature == first.signature()
+    assert (cache / first.extra["digest"] / "tiny.py").read_text() == TINY  # written again from the job
+    assert len([t for t in service_store.trials("mod") if t.status != "pruned"]) == 5
+
+
+def test_a_worker_without_the_flag_fails_a_module_job_naming_it(service_store: Store) -> None:
+    request = StudyRequest.from_json({**BASE, "model": payload(), "trials": 2, "name": "mod"}, allow_module_files=True)
+    service_store.jobs.submit("mod", request.to_dict())
+    assert Worker(service_store, lease_s=5, poll_s=0.1).run(once=True) == 1
+    job = service_store.jobs.get("mod")
+    assert job is not None and job.status == "failed" and "--allow-module-files" in job.error
+    assert not service_store.has_study("mod")
+
+
+def test_the_client_sends_the_file_as_text_and_asks_by_signature(tmp_path: Path) -> None:
+    path = tiny_file(tmp_path)
+    assert model_field(str(path)) == payload()
+    assert model_query(str(path)) == resolve_model(str(path)).signature()
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"# caf\xe9\n")
+    with pytest.raises(UsageError, match="not UTF-8 text"):
+        model_field(str(latin))
+    with pytest.raises(UsageError, match="cannot read the model file"):
+        model_field(str(tmp_path / "missing.py"))
+
+
+def test_remote_tune_and_best_of_a_model_file_against_a_running_server(tmp_path: Path, cache: Path) -> None:
+    procs = Processes(tmp_path)
+    procs.env["AUTOSLAPO_MODEL_CACHE"] = str(cache)
+    try:
+        path = tiny_file(tmp_path)
+        procs.serve("--workers", "1", "--allow-module-files")
+        done = procs.cli("tune", str(path), "--gpus", "8", "--trials", "5", "--no-baselines", "--sampler", "tpe",
+                         "--server", procs.base, token=procs.submit)
+        assert done.returncode == 0, done.stderr
+        assert "study tiny-8xa100-80gb-sim: 5 trials launched, status complete" in done.stdout
+        moved = tmp_path / "elsewhere" / "renamed.py"  # asked by content, whatever the file is called
+        moved.parent.mkdir()
+        shutil.copy(path, moved)
+        best = procs.cli("best", str(moved), "--gpus", "8", "--server", procs.base, token=procs.read)
+        assert best.returncode == 0 and "study tiny-8xa100-80gb-sim" in best.stdout, best.stderr
+        code = f"import autoslapo; c = autoslapo.best({str(moved)!r}, gpus=8, server={procs.base!r}); print(c.dp)"
+        lib = subprocess.run([sys.executable, "-c", code], env={**procs.env, "AUTOSLAPO_TOKEN": procs.read},
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert lib.returncode == 0 and lib.stdout.strip().isdigit(), lib.stderr
+    finally:
+        procs.close()
