@@ -24,7 +24,7 @@ from autoslapo.models.spec import ModelSpec
 from autoslapo.service.bodies import read_json
 from autoslapo.service.jobs import json_repr
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
-from autoslapo.service.payload import ModelField, check_model_field, model_spec_of
+from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
 from store import Store
 
 SIGNATURE = re.compile(r"[0-9a-f]{16}")  # ModelSpec.signature()
@@ -111,7 +111,8 @@ def estimate_router(store: Store, caller: Callable[[Request, str], Any], *, allo
         """Body ``{model, gpus, gpu_type, gpus_per_node, global_batch}``; ``model`` as in ``POST /v1/studies``."""
         await run_in_threadpool(caller, request, "read")
         doc = await read_json(request, max_body_bytes)
-
+        if allow_module_files and isinstance(doc, dict) and is_module_file(doc.get("model")):
+            await run_in_threadpool(caller, request, "submit")  # a module file is code the server runs
         def answer() -> dict[str, Any]:
             est, spec = EstimateRequest.from_json(doc, allow_module_files=allow_module_files,
                                                   module_timeout_s=module_timeout_s)

@@ -170,8 +170,9 @@ def test_submit_run_and_ask_for_the_best_of_a_module_file(open_client: TestClien
     assert best.status_code == 200, best.text
     assert best.json()["study"] == name and best.json()["config"] == doc["best"]["config"]
     # the cost model, of the same file sent as data and of its signature (read from the study)
-    posted_estimate = open_client.post("/v1/estimate", json={"model": payload(), "gpus": 8},
-                                       headers=bearer(tokens["read"]))
+    refused = open_client.post("/v1/estimate", json={"model": payload(), "gpus": 8}, headers=bearer(tokens["read"]))
+    assert refused.status_code == 403, refused.text  # tracing a file runs its code: the submit role is needed
+    posted_estimate = open_client.post("/v1/estimate", json={"model": payload(), "gpus": 8}, headers=submit)
     assert posted_estimate.status_code == 200, posted_estimate.text
     by_signature = open_client.get("/v1/estimate", params={"model": spec.signature(), "gpus": 8},
                                    headers=bearer(tokens["read"]))
