@@ -78,7 +78,7 @@ class StageModule(nn.Module):
 
     def forward(self, *args: Any) -> torch.Tensor:
         # a later stage receives a tuple of tensors (an encoder-decoder's two streams) as its arguments
-        hidden = self.adapter.embed(self.parts, *args) if self.first else args[0] if len(args) == 1 else args
+        hidden: Any = self.adapter.embed(self.parts, *args) if self.first else args[0] if len(args) == 1 else args
         ctx = self.adapter.context(hidden)
         for layer in self.layers:
             hidden = self.adapter.layer(layer, hidden, ctx)

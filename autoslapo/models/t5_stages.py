@@ -153,7 +153,7 @@ def t5_stage_adapter(model: nn.Module) -> T5StageAdapter:
         )
     encoder, decoder = model.get_submodule("encoder"), model.get_submodule("decoder")
     blocks = list(encoder.get_submodule("block").children())
-    config = model.config  # type: ignore[attr-defined]
+    config: Any = model.config
     scale = float(config.d_model) ** -0.5 if getattr(config, "scale_decoder_outputs", False) else None
     return T5StageAdapter(
         encoder_blocks=len(blocks),
