@@ -84,9 +84,11 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
 def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, virtual_stages: int = 1) -> str:
     """Why ``pp`` (x ``virtual_stages`` chunks) cannot split ``model`` (on ``cluster``), or ""."""
     chunks = pp * virtual_stages
-    if model.encoder_decoder and chunks > 1:
-        return (f"pipeline stages are not supported for {model.family} (an encoder-decoder) yet: got pp={pp} x "
-                f"virtual_stages={virtual_stages} for {model.preset}; use pp=1 with tp and dp")
+    if model.encoder_decoder and model.blocks % chunks:
+        # the stages split one list, the encoder's blocks then the decoder's
+        return (f"pipeline stages must split an encoder-decoder's blocks evenly: got {model.layers} encoder + "
+                f"{model.decoder_layers} decoder blocks for pp={pp} x virtual_stages={virtual_stages}; use a "
+                f"divisor of {model.blocks}")
     if chunks > 1 and model.family == "user":
         return (f"pipeline stages are not offered for a user's own module ({model.preset}): got pp={pp}; "
                 "use pp=1 (data parallelism, ZeRO and, with layers, checkpointing still apply)")
@@ -99,7 +101,7 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if pp > 1 and is_convolutional(model.family):
         return (f"pp must be 1 for {model.family}: got pp={pp}; the pipeline runtime carries one hidden-state "
                 "tensor of a transformer, not a convolutional net's feature maps; use tp and dp")
-    if model.layers % chunks:
+    if not model.encoder_decoder and model.layers % chunks:
         return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
     if cluster is not None and cluster.gpus % pp:

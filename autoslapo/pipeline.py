@@ -26,7 +26,7 @@ from torch import nn
 from autoslapo.config import PIPELINE_SCHEDULES
 from autoslapo.errors import ScheduleError
 from autoslapo.models.adapters import PipelineAdapter, adapter_for
-from autoslapo.primitives.pipeline import cut_index, pipeline_cuts, stage_bounds
+from autoslapo.primitives.pipeline import layer_lists, layer_position, pipeline_cuts, stage_bounds
 from autoslapo.schedule import Schedule
 
 __all__ = [
@@ -77,7 +77,8 @@ class StageModule(nn.Module):
         return {k.replace("__", "."): m for k, m in self.owned.items()}
 
     def forward(self, *args: Any) -> torch.Tensor:
-        hidden = self.adapter.embed(self.parts, *args) if self.first else args[0]
+        # a later stage receives a tuple of tensors (an encoder-decoder's two streams) as its arguments
+        hidden: Any = self.adapter.embed(self.parts, *args) if self.first else args[0] if len(args) == 1 else args
         ctx = self.adapter.context(hidden)
         for layer in self.layers:
             hidden = self.adapter.layer(layer, hidden, ctx)
@@ -103,17 +104,20 @@ def build_stage_modules(
         raise ScheduleError(
             "build_pipeline needs pipeline cuts: none recorded; call sch['<layers>.<i>'].cut_pipeline_stage()"
         )
-    parent = root[cuts[0]].parent
-    assert parent is not None
+    lists = layer_lists(root)
     if adapter is None:
-        adapter = adapter_for(root.mod, parent.path)
-    if adapter.layers_path != parent.path:
+        adapter = adapter_for(root.mod, lists[0])
+    # an adapter may run several layer lists as one (``layer_lists``; an encoder-decoder's stacks)
+    wanted = list(getattr(adapter, "layer_lists", (adapter.layers_path,)))
+    if wanted != lists:
+        where = " + ".join(p or "<root>" for p in lists)
         raise ScheduleError(
-            f"the pipeline cuts are in {parent.path or '<root>'!r} but the adapter's layer list is "
-            f"{adapter.layers_path or '<root>'!r}; cut after children of {adapter.layers_path or '<root>'!r}"
+            f"the pipeline cuts are in {where!r} but the adapter's layer list is "
+            f"{' + '.join(p or '<root>' for p in wanted)!r}; cut after children of "
+            f"{adapter.layers_path or '<root>'!r}" + (" (join_layer_lists first)" if len(wanted) > 1 else "")
         )
-    layers = list(parent.mod.children())
-    bounds = stage_bounds(len(layers), [cut_index(root[c]) for c in cuts])
+    layers = [child for path in lists for child in root[path].mod.children()]
+    bounds = stage_bounds(len(layers), [layer_position(root, c) for c in cuts])
 
     def part(path: str) -> nn.Module:
         if path not in root:
@@ -122,12 +126,19 @@ def build_stage_modules(
 
     first_parts = {p: part(p) for p in adapter.first_paths}
     last_parts = {p: part(p) for p in adapter.last_paths}
+    # modules a stage owns by the layers it holds (T5: a stack's relative-position table, used by
+    # every stage with blocks of that stack; find_tied then sums its gradients over those ranks)
+    stage_paths = getattr(adapter, "stage_paths", None)
+
+    def held(a: int, b: int) -> dict[str, nn.Module]:
+        return {} if stage_paths is None else {p: part(p) for p in stage_paths(a, b)}
+
     n = len(bounds)
     stages = [
         StageModule(
             adapter,
             layers[a:b],
-            {**(first_parts if i == 0 else {}), **(last_parts if i == n - 1 else {})},
+            {**(first_parts if i == 0 else {}), **held(a, b), **(last_parts if i == n - 1 else {})},
             first=i == 0,
             last=i == n - 1,
             bounds=(a, b),

@@ -75,11 +75,9 @@ def checkpointed_layers(spec: ModelSpec, config: ScheduleConfig) -> list[int]:
     placement apply within each chunk (every stage then holds about the same activations). An
     encoder-decoder's blocks are numbered encoder first, then decoder (``spec.blocks`` in all).
     """
-    if spec.encoder_decoder:
-        return list(config.checkpointed_layers(spec.blocks))
     chunks = config.pp * config.virtual_stages
     out: list[int] = []
-    for start, stop in chunk_bounds(spec.layers, chunks):
+    for start, stop in chunk_bounds(spec.blocks if spec.encoder_decoder else spec.layers, chunks):
         out.extend(start + i for i in config.checkpointed_layers(stop - start))
     return out
 
@@ -324,6 +322,9 @@ def apply_schedule(
         for layer, _ in blocks:
             layer.fuse(compiler=backend)
     cuts = cut_points(len(layers), config.pp * config.virtual_stages)
+    if cuts and desc.decoder is not None:
+        # one layer list over both stacks: cuts within either, or between them
+        sch.join_layer_lists([stack.layers for stack in desc.stacks()])
     for i in cuts:
         layers[i].cut_pipeline_stage()
 

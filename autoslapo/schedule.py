@@ -183,6 +183,7 @@ class Schedule:
     attention_kernel = _kernel.attention_kernel
     vocab_parallel_loss = _loss.vocab_parallel_loss
     cut_pipeline_stage = _pipeline.cut_pipeline_stage
+    join_layer_lists = _pipeline.join_layer_lists
     replace = _replace.replace
     replace_all = _replace.replace_all
     fork_rng = _rng.fork_rng

@@ -226,6 +226,7 @@ def _verify_pipeline(
     from autoslapo.errors import VerifyError
     from autoslapo.models.adapters import pipeline_adapter
     from autoslapo.models.build import build_model
+    from autoslapo.models.t5_stages import t5_stage_adapter
     from autoslapo.pipeline import build_pipeline
     from autoslapo.primitives.tp import gather_shards, shard_spec
     from autoslapo.verify import default_tolerance
@@ -238,12 +239,17 @@ def _verify_pipeline(
     loss_of = model.loss_function
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if spec.encoder_decoder:  # T5's own loss: the target tokens, unshifted
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
         return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return]
 
     ids, labels = batch["input_ids"], batch["labels"]
+    # T5's decoder reads the labels (shifted right): the first stage takes them too
+    extra = (lambda lab: {"labels": lab}) if spec.encoder_decoder else (lambda lab: {})
     # Reference: the mean of the micro-batch losses (torch's pipeline schedules scale by 1/m).
     ref_losses = [
-        loss_fn(ref(input_ids=i).logits, lab) for i, lab in zip(ids.chunk(m), labels.chunk(m), strict=True)
+        loss_fn(ref(input_ids=i, **extra(lab)).logits, lab)
+        for i, lab in zip(ids.chunk(m), labels.chunk(m), strict=True)
     ]
     ref_loss = torch.stack(ref_losses).mean()
     ref_loss.backward()
@@ -254,9 +260,9 @@ def _verify_pipeline(
         grad_accum=m,
         schedule=config.pipeline_schedule,
         loss_fn=loss_fn,
-        adapter=pipeline_adapter(model, spec.family),
+        adapter=t5_stage_adapter(model) if spec.encoder_decoder else pipeline_adapter(model, spec.family),
     )
-    loss = runtime.step(ids, target=labels)
+    loss = runtime.step(*[batch[k] for k in runtime.input_keys], target=labels)
     # build_pipeline's step already sums the gradients of weights tied across stages.
     mine = {id(p) for mod in runtime.modules for p in mod.parameters()}
     names = dict(model.named_parameters())

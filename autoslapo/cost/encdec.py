@@ -6,8 +6,12 @@ The decoder-only accounting of ``flops`` and ``memory`` counts ``layers`` equal 
 tokens (causal self-attention, cross-attention whose keys and values are projections of the
 encoder output, MLP), and the LM head over target tokens only. Attention is ``heads x d_kv`` wide,
 which need not be ``hidden`` (T5-3B: 32 x 128 on 1024). Blocks are numbered encoder first, as
-``autoslapo.plan.checkpointed_layers`` numbers them. T5 has no pipeline stages here (pp = 1; see
-``autoslapo.layout``), so every block lives on every device.
+``autoslapo.plan.checkpointed_layers`` numbers them. Pipeline stages split that one list into
+pp x virtual_stages equal chunks (chunk ``c`` on pipeline rank ``c % pp``), so a stage may hold
+encoder blocks, decoder blocks or both: :func:`stage_blocks` says which, and the parameters and
+activations here are those of the first and the last pipeline rank (embeddings on the first; the
+head, the decoder's norm and the logits on the last). Between stages pass both streams, the
+encoder's (source tokens) and the decoder's (target tokens).
 
 Written as the Megatron-style per-matrix count of ``autoslapo.cost.flops`` (2 FLOPs a multiply-add,
 backward twice forward, attention products counted in full) and Korthikanti et al.'s per-token
@@ -26,12 +30,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "block_activation_bytes",
+    "checkpointed_blocks",
     "decoder_block_flops",
     "encdec_activation_bytes",
     "encdec_flops_per_sample",
     "encdec_hw_flops_per_sample",
     "encdec_stage_params",
     "encoder_block_flops",
+    "stage_blocks",
 ]
 
 
@@ -70,15 +76,35 @@ def encdec_flops_per_sample(model: ModelSpec) -> float:
 
 def encdec_hw_flops_per_sample(model: ModelSpec, config: ScheduleConfig) -> float:
     """FLOPs executed per sample: model FLOPs plus the forward of every checkpointed block again."""
-    recomputed = sum(_block_flops(model, i) for i in config.checkpointed_layers(model.blocks))
+    recomputed = sum(_block_flops(model, i) for i in checkpointed_blocks(model, config))
     return encdec_flops_per_sample(model) + recomputed
 
 
+def stage_blocks(model: ModelSpec, config: ScheduleConfig, rank: int) -> list[int]:
+    """The blocks (encoder first, then decoder) pipeline rank ``rank`` holds: its chunks of the
+    ``pp x virtual_stages`` equal chunks, chunk ``c`` on rank ``c % pp`` (all blocks when pp = 1)."""
+    chunks = config.pp * config.virtual_stages
+    n = model.blocks // chunks
+    return [i for c in range(rank, chunks, config.pp) for i in range(c * n, (c + 1) * n)]
+
+
 def encdec_stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float]:
-    """Parameters on one device (both stacks, the shared table and the relative-position tables
-    vocab- or head-parallel, an untied head vocab-parallel), as ``memory.stage_params`` returns them."""
-    n = model.num_params() / config.tp
-    return n, n
+    """Parameters on one device of (the first, the last) pipeline rank, as ``memory.stage_params``
+    returns them: its blocks, the shared table (vocab-parallel) on the first, the head on the last
+    (its own copy of a tied one when pp > 1), the relative-position tables and norms on both (small).
+    """
+    if config.pp == 1:
+        n = model.num_params() / config.tp
+        return n, n
+    enc, dec = model.t5_block_params()
+    word = model.vocab * model.hidden
+    rest = model.num_params() - model.layers * enc - model.decoder_layers * dec - word
+    rest -= 0 if model.tied_head else word
+
+    def body(rank: int) -> float:
+        return float(sum(enc if i < model.layers else dec for i in stage_blocks(model, config, rank)))
+
+    return (body(0) + word + rest) / config.tp, (body(config.pp - 1) + word + rest) / config.tp
 
 
 def _element_bytes(config: ScheduleConfig) -> int:
@@ -123,21 +149,35 @@ def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bo
 
 
 def encdec_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
-                            runtime: str = "megatron", transients: bool = False) -> int:
-    """Peak activation bytes of one micro-batch on one device (``memory.estimate_activation_bytes``).
+                            runtime: str = "megatron", transients: bool = False, in_flight: float = 1.0) -> int:
+    """Peak activation bytes on the most loaded device (``memory.estimate_activation_bytes``).
 
     Blocks are kept whole, or only their input (full recomputation) or all but their attention
     cores (selective); backward walks the blocks in reverse, holding at block ``j`` the blocks before
     it, ``j`` whole and (``transients``) its gradients. Besides: the embeddings of source and target
     tokens, the encoder output every cross-attention reads, and the logits of the target tokens.
+    With pp > 1: the first rank's blocks for ``in_flight`` micro-batches (the schedule's, from
+    ``memory.in_flight_microbatches``) with the embeddings, or the last rank's for one with the
+    logits, whichever is more; a stage after the first also keeps the pair of streams it received.
     """
+    if config.pp > 1:
+        first = _stage_activation_bytes(model, config, 0, in_flight, dropout, runtime, transients)
+        last = _stage_activation_bytes(model, config, config.pp - 1, 1.0, dropout, runtime, transients)
+        return max(first, last)
+    return _stage_activation_bytes(model, config, 0, 1.0, dropout, runtime, transients)
+
+
+def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int, in_flight: float,
+                            dropout: bool | None, runtime: str, transients: bool) -> int:
     drop = True if dropout is None else dropout
     e, b = _element_bytes(config), config.micro_batch
     s, u, h = model.seq_len, model.decoder_seq_len, model.hidden
-    ckpt = set(config.checkpointed_layers(model.blocks))
+    ckpt = checkpointed_blocks(model, config)
+    blocks = stage_blocks(model, config, rank)
+    first, last = rank == 0, rank == config.pp - 1
     stored: list[float] = []
     fulls: list[float] = []
-    for i in range(model.blocks):
+    for i in blocks:
         decoder = i >= model.layers
         full = block_activation_bytes(model, config, decoder, drop, runtime)
         if i in ckpt and config.ckpt_granularity == "selective":
@@ -154,12 +194,26 @@ def encdec_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: b
     for kept, full in zip(stored, fulls, strict=True):
         peak = max(peak, prefix + full * (2 if transients else 1))
         prefix += kept
-    emb = b * (s + u) * h * (e + (1 if drop else 0))
-    encoder_out = b * s * h * e
+    # other in-flight micro-batches keep all they stored; the one in backward peaks as above
+    fwd_end, bwd_peak = in_flight * total, (in_flight - 1) * total + peak
+    # the first stage embeds source and target; a later one keeps the pair it received
+    emb = b * (s + u) * h * (e + (1 if drop else 0)) if first else in_flight * b * (s + u) * h * e
+    # the encoder output every cross-attention reads (held where decoder blocks run)
+    encoder_out = b * s * h * e * (in_flight if any(i >= model.layers for i in blocks) else 0)
     rows = min(b * u, LOSS_CHUNK_TOKENS) if config.loss_kernel == "chunked" else b * u
     logits = rows * model.vocab / config.tp * (e + 4)
     if config.loss_kernel == "chunked":
         logits += b * u * 4
     if transients:
         logits += rows * 4 * model.vocab / config.tp
-    return int(max(total + logits, peak) + emb + encoder_out)
+    if not last:
+        logits = 0
+    return int(max(fwd_end + logits, bwd_peak) + emb + encoder_out)
+
+
+def checkpointed_blocks(model: ModelSpec, config: ScheduleConfig) -> set[int]:
+    """The blocks checkpointed, as ``autoslapo.plan.checkpointed_layers`` places them: the ratio
+    and placement within each pipeline chunk."""
+    chunks = config.pp * config.virtual_stages
+    n = model.blocks // chunks
+    return {c * n + i for c in range(chunks) for i in config.checkpointed_layers(n)}

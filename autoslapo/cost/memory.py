@@ -258,7 +258,7 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     the logits.
     """
     if model.encoder_decoder:  # T5: source and target tokens, two kinds of block
-        return encdec_activation_bytes(model, config, dropout, runtime, transients)
+        return encdec_activation_bytes(model, config, dropout, runtime, transients, in_flight_microbatches(config))
     tokens = config.micro_batch * model.seq_len
     full = layer_activation_bytes_per_token(model, config, dropout, runtime) * tokens
     kept = checkpointed_layer_bytes_per_token(model, config, dropout, runtime) * tokens

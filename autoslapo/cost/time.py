@@ -30,6 +30,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cost.encdec import checkpointed_blocks, stage_blocks
 from autoslapo.cost.kernels import flash_softmax_s, flash_traffic_bytes, gemm_size_efficiency, host_floor_s
 from autoslapo.cost.memory import TANH_GELU_FAMILIES, element_bytes, has_dropout, stage_params
 
@@ -308,18 +309,19 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
     head_f = r.gemm(Tu, model.vocab / t, h) + r.mem(Tu * model.vocab / t * (e + 3 * 4), 3)
     head_b = 2 * head_f + (r.gemm(Tu, model.vocab / t, h) if config.loss_kernel == "chunked" else 0.0)
     emb = r.mem((Ts + Tu) * h * (2 * e + 1), 3)
-    le, ld = model.layers, model.decoder_layers
-    fwd = le * ef + ld * df + head_f + emb
-    bwd = le * eb + ld * db + head_b + 2 * emb
-    selective = config.ckpt_granularity == "selective"
-    rec = 0.0
-    for i in config.checkpointed_layers(model.blocks):
-        if i < le:
-            rec += ec if selective else ef + 2 * tp_s
-        else:
-            rec += dc if selective else df + 3 * tp_u
-    tp = le * 4 * tp_s + ld * (6 * tp_u + tp_s)
-    return fwd, bwd, rec, tp
+    le, ckpt, selective = model.layers, checkpointed_blocks(model, config), config.ckpt_granularity == "selective"
+
+    def stage(rank: int) -> tuple[float, float, float, float]:
+        # a pipeline rank's blocks (all of them when pp = 1): embeddings on the first, head on the last
+        blocks = stage_blocks(model, config, rank)
+        ne, nd, ends = sum(i < le for i in blocks), sum(i >= le for i in blocks), (rank == 0, rank == config.pp - 1)
+        rec = sum((ec if selective else ef + 2 * tp_s) if i < le else (dc if selective else df + 3 * tp_u)
+                  for i in blocks if i in ckpt)
+        return (ne * ef + nd * df + ends[1] * head_f + ends[0] * emb,
+                ne * eb + nd * db + ends[1] * head_b + ends[0] * 2 * emb, rec, ne * 4 * tp_s + nd * (6 * tp_u + tp_s))
+
+    # the slowest stage sets every pipeline slot (stages hold different kinds of block)
+    return max((stage(rank) for rank in range(config.pp)), key=sum)
 
 
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
@@ -371,6 +373,8 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     # pipeline: point-to-point sends of activations and their gradients between stages
     pp_bw = group_bandwidth(cluster, t * dp, pp)
     p2p_bytes = T * h * e / (t if config.sequence_parallel else 1)
+    if model.encoder_decoder:  # T5: both streams, source and target tokens
+        p2p_bytes = b * (s + model.decoder_seq_len) * h * e
     p2p = 2 * (p2p_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
     v = config.virtual_stages
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
@@ -420,8 +424,9 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     # takes to issue them waits on the host, in every slot of the pipeline
     if perf.host_op_s > 0:
         blocks_run, n_rec = per_stage, n_ckpt
-        if model.encoder_decoder:  # T5: the blocks of both stacks (no pipeline)
-            blocks_run, n_rec = model.blocks, len(config.checkpointed_layers(model.blocks))
+        if model.encoder_decoder:  # T5: a stage's blocks of both stacks
+            blocks_run = len(stage_blocks(model, config, 0))
+            n_rec = len(checkpointed_blocks(model, config) & set(stage_blocks(model, config, 0)))
         issued = blocks_run * kernels_l * 3 + n_rec * (kernels_l if config.ckpt_granularity == "full" else 1)
         overhead += (m + bubble_slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 

@@ -22,6 +22,7 @@ from torch import nn
 from autoslapo.errors import ConfigError, ScheduleError
 from autoslapo.models.families import FAMILY_DESCRIPTIONS, FamilyDescription, get_family
 from autoslapo.models.hf import HF_MODEL_TYPES
+from autoslapo.models.t5_stages import t5_stage_adapter
 
 __all__ = [
     "PathAdapter",
@@ -43,6 +44,9 @@ class PipelineAdapter(Protocol):
     ``input_keys`` names the batch entries the first stage takes, in order (``("input_ids",)`` for
     a language model); the last stage always takes ``labels`` as the loss's target. What passes
     between stages may be one tensor or a tuple of tensors (``embed``/``layer`` choose).
+    Optional: ``layer_lists`` (several layer lists run as one, in order: an encoder-decoder's stacks;
+    default ``(layers_path,)``) and ``stage_paths(start, stop)`` (modules a stage holding layers
+    ``[start, stop)`` owns besides them), read by ``autoslapo.pipeline.build_stage_modules``.
     """
 
     @property
@@ -287,17 +291,22 @@ def adapter_for(model: nn.Module, layers_path: str) -> PipelineAdapter:
     registered one, then the generic one when the layer list is an nn.Sequential model's own
     children (``layers_path == ""``).
 
+    An encoder-decoder (T5) gets :func:`autoslapo.models.t5_stages.t5_stage_adapter`'s.
     Raises: ScheduleError naming the known model types when none fits.
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     for desc in FAMILY_DESCRIPTIONS.values():
         if desc.model_type == model_type:
-            return pipeline_adapter(model, desc.name)
+            # an encoder-decoder (T5) runs its two stacks as one layer list, a pair of streams
+            return t5_stage_adapter(model) if desc.decoder is not None else pipeline_adapter(model, desc.name)
     if model_type in _ADAPTERS:
         return _ADAPTERS[str(model_type)](model, layers_path)
     if model_type in HF_MODEL_TYPES:
         # a family's close relative from a config.json (Mistral, Qwen2: LLaMA's layout)
-        return pipeline_adapter(model, HF_MODEL_TYPES[str(model_type)].family)
+        family = HF_MODEL_TYPES[str(model_type)].family
+        if get_family(family).decoder is not None:
+            return t5_stage_adapter(model)
+        return pipeline_adapter(model, family)
     if isinstance(model, nn.Sequential) and layers_path == "":
         return PathAdapter(layers_path="")
     known = sorted({d.model_type for d in FAMILY_DESCRIPTIONS.values()} | set(_ADAPTERS) | set(HF_MODEL_TYPES))

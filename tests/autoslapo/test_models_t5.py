@@ -106,16 +106,18 @@ def test_description_paths_exist_in_both_stacks(spec: ModelSpec) -> None:
 
 
 def test_layouts_t5_cannot_run_are_refused_and_never_generated() -> None:
-    with pytest.raises(ConfigError, match="pipeline stages are not supported for t5"):
-        ScheduleConfig(pp=2).validate(TINY)
+    ScheduleConfig(pp=2, grad_accum=2).validate(TINY)  # 2 encoder + 2 decoder blocks: a stage each stack
+    ScheduleConfig(pp=2, grad_accum=2, pipeline_schedule="interleaved", virtual_stages=2).validate(TINY)
+    with pytest.raises(ConfigError, match=r"split an encoder-decoder's blocks evenly: got 2 encoder \+ 2 decoder"):
+        ScheduleConfig(pp=3, grad_accum=3).validate(TINY)
     with pytest.raises(ConfigError, match="sequence_parallel is not supported for t5"):
         ScheduleConfig(tp=2, sequence_parallel=True).validate(TINY)
     with pytest.raises(ConfigError, match="flash is not supported for t5"):
         ScheduleConfig(attn_kernel="flash").validate(TINY)
     cluster = ClusterSpec(gpus=8, gpu_type="a100-80gb")
-    assert {p for _, p, _ in layouts(ModelSpec.from_name("t5-large"), cluster)} == {1}
+    assert {p for _, p, _ in layouts(ModelSpec.from_name("t5-large"), cluster)} == {1, 2, 4, 8}  # 24 + 24 blocks
     space = space_for("t5")
-    assert space.fixed["pp"] == 1 and "flash" not in space.knobs["attn_kernel"]
+    assert space.knobs["pp"] == "auto" and "flash" not in space.knobs["attn_kernel"]
 
 
 def test_checkpointing_counts_the_blocks_of_both_stacks() -> None:

@@ -48,6 +48,8 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
     ("roberta-tiny", {"tp": 2, "dp": 2, "sequence_parallel": True, "ckpt_ratio": 1.0}),
     # encoder-decoder: TP over self- and cross-attention, checkpoints across both stacks
     ("t5-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),
+    # its pipeline: stages over encoder then decoder blocks, a pair of streams between them, over TP
+    ("t5-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5}),
     ("albert-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),  # a shared layer's calls
     ("gpt-neo-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5}),  # local attention over TP/PP
     ("wideresnet-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),
@@ -71,8 +73,9 @@ MY_MODEL = str(Path(__file__).resolve().parents[2] / "experiments" / "my_model.p
 
 # What a family refuses (ALBERT: pipelines, sequence parallelism) leaves the matrix; these cover it
 # instead: its shared layer's calls checkpointed selectively and under ZeRO-3 with data parallelism.
-# An encoder-decoder (T5) refuses pipeline stages and sequence parallelism: TP over all 4 heads,
-# selective recomputation and checkpointing of every block of both stacks.
+# An encoder-decoder (T5) refuses sequence parallelism: TP over all 4 heads, selective recomputation
+# and checkpointing of every block of both stacks; pipelines cut between the stacks (MATRIX's pp 2)
+# and, interleaved (4 chunks of t5-tiny's 2 + 2 blocks), inside each stack too.
 MATRIX_EXTRA: dict[str, list[dict[str, Any]]] = {
     "albert": [
         {"tp": 2, "dp": 2, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
@@ -81,6 +84,10 @@ MATRIX_EXTRA: dict[str, list[dict[str, Any]]] = {
     "t5": [
         {"tp": 4, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
         {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
+        {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "pipeline_schedule": "interleaved",
+         "virtual_stages": 2, "ckpt_ratio": 0.5},
+        {"tp": 2, "pp": 2, "grad_accum": 4, "pipeline_schedule": "1f1b", "ckpt_ratio": 1.0,
+         "ckpt_granularity": "selective"},
     ],
 }
 
