@@ -42,7 +42,7 @@ from autoslapo.models.spec import is_convolutional
 from autoslapo.models.user import USER_FAMILY, load_user_model
 from autoslapo.pipeline import STAGE_BUILDER_KEY
 from autoslapo.schedule import Schedule, create_schedule
-from autoslapo.user_pipeline import build_user_stages
+from autoslapo.user_pipeline import block_output_arity, build_user_stages
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -416,8 +416,8 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
         layers[i].cut_pipeline_stage()
     if cuts:
         # every stage runs the file's forward; the batch's tensors travel between stages in this order
-        keys = tuple(um.batch(1, 0))
-        sch.meta[STAGE_BUILDER_KEY] = lambda model, path, bounds: build_user_stages(model, path, bounds, keys)
+        keys, arity = tuple(um.batch(1, 0)), block_output_arity(um)
+        sch.meta[STAGE_BUILDER_KEY] = lambda model, path, bounds: build_user_stages(model, path, bounds, keys, arity)
     plan.update(tp=config.tp, vocab_parallel=False, sequence_parallel=False, loss_kernel="eager",
                 checkpointed=ckpt, ckpt_granularity=config.ckpt_granularity, pipeline_cuts=cuts,
                 stages=[list(b) for b in chunk_bounds(max(len(layers), 1), chunks)] if cuts else [[0, len(layers)]], attn_kernel=config.attn_kernel if desc is not None else "as written",

@@ -23,9 +23,10 @@ hooks included); its parameters outside the blocks sit on every stage and are fo
 ``autoslapo.pipeline.find_tied``, whose gradient sum gives each stage the one stage's gradient that
 is not zero (the embedding's on the first, the head's on the last).
 
-The rule this asks of a model file: the code between two blocks must accept a block's input in
-place of its output (a pass-through returns it), and a block takes its hidden state as its first
-positional argument (or its first keyword argument).
+The rules this asks of a model file: the forward calls every block of ``layers`` in order, a block
+takes its hidden state as its first positional argument (or its first keyword argument) and returns
+it (or a tuple starting with it: a pass-through then returns ``(hidden, None, ...)``), and the code
+between two blocks accepts a block's input in place of its output.
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ from torch import nn
 
 from autoslapo.errors import ScheduleError
 from autoslapo.models.adapters import PathAdapter
-from autoslapo.models.user import user_loss
+from autoslapo.models.user import UserModel, user_blocks, user_loss
 from autoslapo.pipeline import StageModule
 
-__all__ = ["StageDone", "UserStage", "build_user_stages"]
+__all__ = ["PassThrough", "StageBlock", "StageDone", "UserStage", "block_output_arity", "build_user_stages"]
 
 
-class StageDone(BaseException):  # noqa: N818 - control flow, not an error
+class StageDone(BaseException):
     """Raised by a non-last stage's last block to end the user's forward there; carries its output.
 
     A BaseException, so that a user's ``except Exception`` around its block loop does not swallow it.
@@ -73,10 +74,36 @@ def _hidden_out(out: Any, where: str) -> torch.Tensor:
 
 
 class PassThrough(nn.Module):
-    """A block before this stage's range: returns its hidden input."""
+    """A block before this stage's range: returns its hidden input, in a tuple of ``arity`` (the first
+    element; the others None) when the blocks return tuples (``arity`` 0: the tensor alone)."""
+
+    def __init__(self, arity: int = 0) -> None:
+        super().__init__()
+        self.arity = arity
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return _hidden_in(args, kwargs)
+        hidden = _hidden_in(args, kwargs)
+        return (hidden, *[None] * (self.arity - 1)) if self.arity else hidden
+
+
+def block_output_arity(um: UserModel) -> int:
+    """0 when the file's blocks return a tensor, else the length of the tuple they return: one forward
+    of its model on the meta device, the first block's output looked at."""
+    with torch.device("meta"):
+        model = um.build()
+    blocks = user_blocks(model, um)
+    seen: list[Any] = []
+    handle = blocks[0].register_forward_hook(lambda _m, _a, out: seen.append(out))
+    batch = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in um.batch(1, 0).items()}
+    try:
+        model(**batch)
+    finally:
+        handle.remove()
+    if not seen:
+        raise ScheduleError(f"{um.module}.py's forward never called its first block ({um.layers}.0); "
+                            "pipeline stages need the forward to run every block of layers in order")
+    out = seen[0]
+    return len(out) if isinstance(out, tuple | list) else 0
 
 
 class StageBlock(nn.Module):
@@ -149,7 +176,7 @@ class UserStage(StageModule):
     """
 
     def __init__(self, root: nn.Module, layers_path: str, blocks: list[nn.Module], keys: tuple[str, ...], *,
-                 bounds: tuple[int, int], first: bool, last: bool) -> None:
+                 bounds: tuple[int, int], first: bool, last: bool, arity: int = 0) -> None:
         start, stop = bounds
         super().__init__(PathAdapter(layers_path=layers_path, input_keys=keys), blocks[start:stop],
                          _off_path(root, layers_path), first=first, last=last, bounds=bounds)
@@ -158,7 +185,7 @@ class UserStage(StageModule):
         entries: list[nn.Module] = []
         for i, block in enumerate(blocks):
             if i < start or i >= stop:
-                entries.append(PassThrough())
+                entries.append(PassThrough(arity))
             elif (i == start and not first) or (i == stop - 1 and not last):
                 entries.append(StageBlock(block, self._box, enter=i == start and not first,
                                           leave=i == stop - 1 and not last, index=i))
@@ -189,11 +216,12 @@ class UserStage(StageModule):
 
 
 def build_user_stages(root: nn.Module, layers_path: str, bounds: list[tuple[int, int]],
-                      keys: tuple[str, ...]) -> tuple[list[UserStage], PathAdapter]:
+                      keys: tuple[str, ...], arity: int = 0) -> tuple[list[UserStage], PathAdapter]:
     """Every stage of a user's module, in order, and the adapter naming its layer list and input keys.
 
     Takes: the (scheduled, materialized) model, the dotted path of its block list, each stage's
-    ``[start, stop)`` and the batch keys in the order the stages take them.
+    ``[start, stop)``, the batch keys in the order the stages take them and what a block returns
+    (``block_output_arity``).
     Raises: ScheduleError when ``layers_path`` is not a ModuleList / nn.Sequential of the model.
     """
     try:
@@ -205,6 +233,6 @@ def build_user_stages(root: nn.Module, layers_path: str, bounds: list[tuple[int,
                             f"{type(blocks_mod).__name__}")
     blocks = list(blocks_mod)
     n = len(bounds)
-    stages = [UserStage(root, layers_path, blocks, keys, bounds=b, first=i == 0, last=i == n - 1)
+    stages = [UserStage(root, layers_path, blocks, keys, bounds=b, first=i == 0, last=i == n - 1, arity=arity)
               for i, b in enumerate(bounds)]
     return stages, PathAdapter(layers_path=layers_path, input_keys=keys)
