@@ -89,9 +89,9 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
         return (f"pipeline stages must split an encoder-decoder's blocks evenly: got {model.layers} encoder + "
                 f"{model.decoder_layers} decoder blocks for pp={pp} x virtual_stages={virtual_stages}; use a "
                 f"divisor of {model.blocks}")
-    if chunks > 1 and model.family == "user":
-        return (f"pipeline stages are not offered for a user's own module ({model.preset}): got pp={pp}; "
-                "use pp=1 (data parallelism, ZeRO and, with layers, checkpointing still apply)")
+    if chunks > 1 and model.family == "user" and not model.extra.get("layers"):
+        return (f"pipeline stages need the model file to declare layers (stages are cut between its blocks): got "
+                f"pp={pp} for {model.preset}.py; add layers = \"<ModuleList path>\" to it or use pp=1")
     if chunks > 1 and model.shared_layers:
         # Stages would each hold a copy of the one shared layer, whose gradients they would then
         # have to sum every step (tied-gradient sync), which autoslapo's pipelines do not do.

@@ -31,6 +31,7 @@ from autoslapo.schedule import Schedule
 
 __all__ = [
     "SCHEDULES",
+    "STAGE_BUILDER_KEY",
     "PipelineRuntime",
     "StageModule",
     "TiedParam",
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 SCHEDULES = PIPELINE_SCHEDULES
+# root.meta: ``builder(model, layers_path, bounds) -> (stages, adapter)`` for a model whose stages are not
+# embed -> layers -> head (a user's own module: ``autoslapo.user_pipeline``); used when no adapter is given
+STAGE_BUILDER_KEY = "pipeline_stage_builder"
 
 # -- stages -----------------------------------------------------------------------------------------
 
@@ -105,6 +109,10 @@ def build_stage_modules(
             "build_pipeline needs pipeline cuts: none recorded; call sch['<layers>.<i>'].cut_pipeline_stage()"
         )
     lists = layer_lists(root)
+    builder = root.meta.get(STAGE_BUILDER_KEY)
+    if adapter is None and builder is not None:  # a schedule that builds its own stages (a user's module)
+        n = sum(len(list(root[path].mod.children())) for path in lists)
+        return builder(root.mod, lists[0], stage_bounds(n, [layer_position(root, c) for c in cuts]))  # type: ignore[no-any-return]
     if adapter is None:
         adapter = adapter_for(root.mod, lists[0])
     # an adapter may run several layer lists as one (``layer_lists``; an encoder-decoder's stacks)
@@ -203,6 +211,7 @@ class PipelineRuntime:
     Attributes:
         schedule: the torch.distributed.pipelining schedule; call :meth:`step`.
         input_keys: the batch keys the first stage takes, in order (the adapter's).
+        target_key: the batch key the last stage's loss function takes as its target.
         stages: this rank's PipelineStage objects; modules: their stage modules (same order).
         stage_indices: global stage indices held by this rank; num_stages: all stages.
     """
@@ -217,6 +226,7 @@ class PipelineRuntime:
     tied: list[TiedParam] = field(default_factory=list)
     group: Any = None
     input_keys: tuple[str, ...] = ("input_ids",)
+    target_key: str = "labels"
     _params: list[nn.Parameter] | None = field(default=None, repr=False)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -317,7 +327,17 @@ def build_pipeline(
     dev = torch.device(device) if device is not None else torch.device("cpu")
     mine = local_stage_indices(n, pp_size, rank)
     modules = [stages_all[s] for s in mine]
-    pstages: list[Any] = [PipelineStage(stages_all[s], s, n, dev, group=pp_group) for s in mine]
+    class Stage(PipelineStage):  # type: ignore[misc]
+        # Shape inference runs each stage once on tensors made from the received metadata, which
+        # torch leaves uninitialised; integer inputs (token ids a user's stage embeds again: see
+        # autoslapo.user_pipeline) must be valid indices, so they are zeros here.
+        def _to_tensor(self, arg: Any) -> torch.Tensor:
+            t = super()._to_tensor(arg)
+            if not isinstance(arg, torch.Tensor) and not t.is_floating_point():
+                t.zero_()
+            return t  # type: ignore[no-any-return]
+
+    pstages: list[Any] = [Stage(stages_all[s], s, n, dev, group=pp_group) for s in mine]
     sched: Any
     if schedule == "interleaved":
         sched = ScheduleInterleaved1F1B(pstages, n_microbatches=grad_accum, loss_fn=loss_fn)
@@ -336,4 +356,7 @@ def build_pipeline(
         tied=find_tied(stages_all, pp_size, rank),
         group=pp_group,
         input_keys=tuple(used.input_keys),
+        # a stage builder's stages compute their own loss (the target is not read): any batch key
+        target_key="labels" if "labels" in used.input_keys or sch.root().meta.get(STAGE_BUILDER_KEY) is None
+        else used.input_keys[0],
     )

@@ -40,7 +40,9 @@ from autoslapo.errors import ScheduleError
 from autoslapo.models.families import FamilyDescription, family_description
 from autoslapo.models.spec import is_convolutional
 from autoslapo.models.user import USER_FAMILY, load_user_model
+from autoslapo.pipeline import STAGE_BUILDER_KEY
 from autoslapo.schedule import Schedule, create_schedule
+from autoslapo.user_pipeline import block_output_arity, build_user_stages
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -353,14 +355,15 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
 
     Its ``family`` (paths inside one block) brings tensor parallelism of the blocks (the embeddings
     and head stay whole on every rank, the loss is the module's own; or its own ``shard_block``), the attention kernel (the
-    block's attention core rewritten) and bias + GeLU fusion; its ``layers`` brings checkpointing.
-    Sequence parallelism, the chunked loss and pipeline cuts are not offered for a user's module.
+    block's attention core rewritten) and bias + GeLU fusion; its ``layers`` brings checkpointing
+    and pipeline cuts between blocks (stages that run its own forward: ``autoslapo.user_pipeline``).
+    Sequence parallelism and the chunked loss are not offered for a user's module.
     """
     um = load_user_model(spec)
     desc = um.family
     unsupported = [name for name, on in (("sequence_parallel", config.sequence_parallel),
                                          ("loss_kernel=chunked", config.loss_kernel == "chunked"),
-                                         ("pp > 1", config.pp > 1), ("compile_layers", config.compile_layers),
+                                         ("compile_layers", config.compile_layers),
                                          ("ckpt_granularity=selective", config.ckpt_granularity == "selective"
                                           and config.ckpt_ratio > 0))
                    if on]
@@ -368,7 +371,8 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
         raise ScheduleError(f"a user's module ({um.module}.py) cannot take {', '.join(unsupported)}; "
                             "leave those knobs at their defaults")
     needs = [(config.tp > 1 and not um.tensor_parallel, "family", f"tp={config.tp}"),
-             (config.ckpt_ratio > 0 and um.layers is None, "layers", f"ckpt_ratio={config.ckpt_ratio:g}")]
+             (config.ckpt_ratio > 0 and um.layers is None, "layers", f"ckpt_ratio={config.ckpt_ratio:g}"),
+             (config.pp > 1 and um.layers is None, "layers", f"pp={config.pp}")]
     for on, name, what in needs:
         if on:
             raise ScheduleError(f"{what} needs the model file to declare {name}: {um.module}.py has none; "
@@ -404,12 +408,20 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
     if desc is not None and config.tp > 1:
         for layer in layers:
             _sync_layer(layer, desc, seq_parallel=False)
-    ckpt = config.checkpointed_layers(len(layers)) if layers else []
+    ckpt = checkpointed_layers(spec, config) if layers else []  # within each pipeline chunk
     for i in ckpt:
         layers[i].checkpoint()
+    chunks = config.pp * config.virtual_stages
+    cuts = cut_points(len(layers), chunks) if chunks > 1 else []
+    for i in cuts:
+        layers[i].cut_pipeline_stage()
+    if cuts:
+        # every stage runs the file's forward; the batch's tensors travel between stages in this order
+        keys, arity = tuple(um.batch(1, 0)), block_output_arity(um)
+        sch.meta[STAGE_BUILDER_KEY] = lambda model, path, bounds: build_user_stages(model, path, bounds, keys, arity)
     plan.update(tp=config.tp, vocab_parallel=False, sequence_parallel=False, loss_kernel="eager",
-                checkpointed=ckpt, ckpt_granularity=config.ckpt_granularity, pipeline_cuts=[],
-                stages=[[0, len(layers)]], attn_kernel=config.attn_kernel if desc is not None else "as written",
+                checkpointed=ckpt, ckpt_granularity=config.ckpt_granularity, pipeline_cuts=cuts,
+                stages=[list(b) for b in chunk_bounds(max(len(layers), 1), chunks)] if cuts else [[0, len(layers)]], attn_kernel=config.attn_kernel if desc is not None else "as written",
                 fused_bias_gelu=fused, compiled_layers=False)
     sch.meta["plan"] = plan
     return sch

@@ -227,30 +227,37 @@ def _verify_pipeline(
     from autoslapo.models.adapters import pipeline_adapter
     from autoslapo.models.build import build_model
     from autoslapo.models.t5_stages import t5_stage_adapter
+    from autoslapo.models.user import USER_FAMILY, user_loss
     from autoslapo.pipeline import build_pipeline
     from autoslapo.primitives.tp import gather_shards, shard_spec
+    from autoslapo.runtime.train import loss_function
     from autoslapo.verify import default_tolerance
 
     model = sch.mod
     model.eval()  # dropout is off anyway; eval keeps both runs deterministic
-    ref = build_model(spec, attn_kernel=config.attn_kernel, seed=opts["seed"], dtype=model.dtype, dropout=0.0)
+    dtype = next(model.parameters()).dtype
+    ref = build_model(spec, attn_kernel=config.attn_kernel, seed=opts["seed"], dtype=dtype, dropout=0.0)
     ref.eval()
     m = opts["grad_accum"]
-    loss_of = model.loss_function
+    user = spec.family == USER_FAMILY  # its stages run its forward to its own loss (autoslapo.user_pipeline)
+    loss_of = None if user else model.loss_function
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if spec.encoder_decoder:  # T5's own loss: the target tokens, unshifted
             return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-        return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return]
+        return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return,misc]
 
-    ids, labels = batch["input_ids"], batch["labels"]
-    # T5's decoder reads the labels (shifted right): the first stage takes them too
-    extra = (lambda lab: {"labels": lab}) if spec.encoder_decoder else (lambda lab: {})
     # Reference: the mean of the micro-batch losses (torch's pipeline schedules scale by 1/m).
-    ref_losses = [
-        loss_fn(ref(input_ids=i, **extra(lab)).logits, lab)
-        for i, lab in zip(ids.chunk(m), labels.chunk(m), strict=True)
-    ]
+    micro = [{k: v.chunk(m)[i] for k, v in batch.items()} for i in range(m)]
+
+    def ref_loss_of(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        if user:
+            return user_loss(ref(**mb))
+        # T5's decoder reads the labels (shifted right): the first stage takes them too
+        extra = {"labels": mb["labels"]} if spec.encoder_decoder else {}
+        return loss_fn(ref(input_ids=mb["input_ids"], **extra).logits, mb["labels"])
+
+    ref_losses = [ref_loss_of(mb) for mb in micro]
     ref_loss = torch.stack(ref_losses).mean()
     ref_loss.backward()
 
@@ -259,15 +266,16 @@ def _verify_pipeline(
         pp_group=groups.pp_group,
         grad_accum=m,
         schedule=config.pipeline_schedule,
-        loss_fn=loss_fn,
-        adapter=t5_stage_adapter(model) if spec.encoder_decoder else pipeline_adapter(model, spec.family),
+        loss_fn=loss_function(spec) if user else loss_fn,
+        adapter=None if user else (t5_stage_adapter(model) if spec.encoder_decoder
+                                   else pipeline_adapter(model, spec.family)),
     )
-    loss = runtime.step(*[batch[k] for k in runtime.input_keys], target=labels)
+    loss = runtime.step(*[batch[k] for k in runtime.input_keys], target=batch[runtime.target_key])
     # build_pipeline's step already sums the gradients of weights tied across stages.
     mine = {id(p) for mod in runtime.modules for p in mod.parameters()}
     names = dict(model.named_parameters())
     ref_params = dict(ref.named_parameters())
-    rtol, atol = default_tolerance(model.dtype)
+    rtol, atol = default_tolerance(dtype)
     error: str | None = None
     checked, worst = 0, 0.0
     if runtime.has_last and loss is not None:

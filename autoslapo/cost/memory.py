@@ -369,10 +369,14 @@ def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
     rank; states and ZeRO as for the families. Activations: the fp32 bytes the trace saw saved per
     sample, scaled to the precision's element size; a block's share under tp as Korthikanti's
     ``(10 + 24/t) / 34``; a checkpointed block keeps its input; backward holds one block's
-    activations more while it runs it.
+    activations more while it runs it. Pipeline stages (``autoslapo.user_pipeline``) split the
+    blocks; the parameters outside them sit on every stage; the first stage keeps its blocks'
+    activations of every micro-batch in flight, the last one micro-batch's and those outside the
+    blocks (the trace's ``act_bytes``: the first stage keeps them too, for its in-flight micro-batches).
     """
     x, rt = model.extra, perf.runtime
-    n = model.layers * model.layer_params() / config.tp + model.embedding_params()
+    per_stage = model.layers // config.pp
+    n = per_stage * model.layer_params() / config.tp + model.embedding_params()
     wb, gb, ob = state_bytes_per_param(config, rt)
     dp, z = config.dp, config.zero_stage
     w = n * wb / (dp if z >= 3 else 1)
@@ -383,14 +387,18 @@ def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
     scale = element_bytes(config) / 4
     layer = float(x["layer_act_bytes"]) * scale * (10 + 24 / config.tp) / 34
     kept = float(x["layer_input_bytes"]) * scale
-    n_ckpt = len(config.checkpointed_layers(model.layers)) if x.get("layers") else 0
+    v = config.virtual_stages
+    n_ckpt = v * len(config.checkpointed_layers(per_stage // v)) if x.get("layers") else 0  # each chunk's
+    in_flight = in_flight_microbatches(config)
 
-    def per_sample(ckpt: int) -> float:
-        return (model.layers - ckpt) * layer + ckpt * kept + float(x["act_bytes"]) * scale + layer
+    def per_stage_bytes(ckpt: int) -> float:
+        # per micro-batch: the stage's blocks (checkpointed ones keep their input) and the rest
+        stored = (per_stage - ckpt) * layer + ckpt * kept + float(x["act_bytes"]) * scale
+        return max(in_flight * stored, stored) * config.micro_batch + layer * config.micro_batch
 
-    act = int(per_sample(n_ckpt) * config.micro_batch * perf.activation_slack)
+    act = int(per_stage_bytes(n_ckpt) * perf.activation_slack)
     if perf.heap_retention:
-        act += int(per_sample(0) * config.micro_batch * perf.heap_retention)
+        act += int(per_stage_bytes(0) * perf.heap_retention)
     buffers = 0
     if dp > 1 or z > 0:
         bucket = min(REDUCE_BUCKET_ELEMENTS, n) if rt == "autoslapo" else REDUCE_BUCKET_ELEMENTS

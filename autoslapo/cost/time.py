@@ -450,26 +450,32 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     a memory pass over the activations each block saves and one fixed latency per traced op;
     backward twice forward. Tensor parallelism divides the blocks' FLOPs and adds Megatron's four
     all-reduces of a block's input per block; data parallelism and ZeRO move the gradients as for
-    the families; a checkpointed block runs its forward again.
+    the families; a checkpointed block runs its forward again. Pipeline stages (``autoslapo.user_pipeline``)
+    split the blocks; the last stage, the slot, runs everything outside them (each stage reruns the
+    code before the blocks, which the trace does not tell apart); a block's input passes between
+    stages; the parameters outside the blocks sit on every stage, their gradients summed over pp.
     """
     r = _Rates(perf, cluster, config)
     x = model.extra
-    t, dp, m, b, z = config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage
+    t, dp, m, b, z, pp, v = (config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage,
+                             config.pp, config.virtual_stages)
     scale = r.e / 4
     blocks = model.layers if x.get("layers") else 0
+    per_stage = blocks // pp
     layer_f = r.mem(float(x["layer_act_bytes"]) * scale * b / t, int(x["layer_ops"]))
     layer_f += float(x["layer_fwd_flops"]) * b / t / r.flops_s
     rest_flops = float(x["fwd_flops"]) - blocks * float(x["layer_fwd_flops"])
     rest_ops = int(x["ops"]) - blocks * int(x["layer_ops"])
     rest_f = rest_flops * b / r.flops_s + r.mem(float(x["act_bytes"]) * scale * b, max(rest_ops, 1))
-    tp_one = _ring("allreduce", float(x["layer_input_bytes"]) * scale * b, t, group_bandwidth(cluster, 1, t), perf)
-    n_ckpt = len(config.checkpointed_layers(model.layers)) if blocks else 0
-    n_params = model.layers * model.layer_params() / t + model.embedding_params()
+    hidden_bytes = float(x["layer_input_bytes"]) * scale * b
+    tp_one = _ring("allreduce", hidden_bytes, t, group_bandwidth(cluster, 1, t), perf)
+    n_ckpt = v * len(config.checkpointed_layers(blocks // (pp * v))) if blocks else 0  # each chunk's
+    n_params = per_stage * model.layer_params() / t + model.embedding_params()
     grad_e = 4 if config.precision == "fp32" else 2
     accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
-    fwd_mb = blocks * layer_f + rest_f
+    fwd_mb = per_stage * layer_f + rest_f
     bwd_mb = 2 * fwd_mb + accum
-    dp_bw = group_bandwidth(cluster, t, dp)
+    dp_bw, pp_bw = group_bandwidth(cluster, t, dp), group_bandwidth(cluster, t * dp, pp)
     g_bytes, w_bytes = n_params * grad_e, n_params * (4 if config.precision == "fp32" else 2)
     if z <= 1:
         dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
@@ -477,13 +483,17 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
     else:
         dp_comm = m * (2 * _ring("all_gather", w_bytes, dp, dp_bw, perf) + _ring("reduce_scatter", g_bytes, dp, dp_bw, perf))
+    rec_mb, tp_mb = n_ckpt * (layer_f + 2 * tp_one), per_stage * 4 * tp_one
+    bubble_slots = 0.0 if pp == 1 else (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
+    p2p = 2 * (hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
+    tied = _ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf) if pp > 1 else 0.0
     opt_params = n_params / (dp if z >= 1 else 1)
     return TimeBreakdown(
         compute=m * (fwd_mb + bwd_mb),
-        recompute=m * n_ckpt * (layer_f + 2 * tp_one),
-        tp_comm=m * blocks * 4 * tp_one,
-        pp_comm=0.0,
-        bubble=0.0,
+        recompute=m * rec_mb,
+        tp_comm=m * tp_mb,
+        pp_comm=(m + bubble_slots) * p2p * v + tied,
+        bubble=bubble_slots * (fwd_mb + bwd_mb + rec_mb + tp_mb),
         dp_comm=dp_comm,
         optimizer=r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4),
         overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,

@@ -4,7 +4,7 @@ The file defines ``build() -> nn.Module`` (the unchanged model; it must honour t
 so ``with torch.device("meta"): build()`` allocates nothing), ``batch(micro_batch, seed) -> dict``
 (the forward's keyword inputs, labels included; the forward returns a loss or an object with
 ``.loss``), optionally ``layers = "blocks"`` (dotted path of the ModuleList of repeated blocks:
-checkpointing) and ``family = autoslapo.FamilyDescription(...)`` (paths inside one block:
+checkpointing and pipeline stages, ``autoslapo.user_pipeline``) and ``family = autoslapo.FamilyDescription(...)`` (paths inside one block:
 tensor parallelism and kernels), or instead of a family ``shard_block`` (a function applying tensor
 parallelism to one block's Schedule node) with ``tp_divisor`` (the width every tp must divide).
 

@@ -35,7 +35,7 @@ from torch import nn
 
 from autoslapo.config import ScheduleConfig
 from autoslapo.models.spec import ModelSpec
-from autoslapo.models.user import user_loss
+from autoslapo.models.user import USER_FAMILY, user_loss
 
 __all__ = ["loss_function", "reference_losses", "step_batch", "train", "train_entry", "train_many_entry"]
 
@@ -61,13 +61,21 @@ def _micro_batches(batch: dict[str, torch.Tensor], dp_rank: int, dp: int, micro:
         yield {k: v[a:a + micro].to(device) for k, v in batch.items()}
 
 
+def _own_loss(loss: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
+    return loss.float().mean()  # the one-element loss a user's last stage returns
+
+
 def loss_function(spec: ModelSpec, sch: Any = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``loss(logits, labels)`` as the family's transformers class computes it (mean over labelled
     tokens; causal models predict the next token). The pipeline's last stage uses it.
 
     With ``sch``, a schedule whose head is vocabulary-parallel (tp > 1): the vocab-parallel loss of
     the logits' shards (``autoslapo.primitives.loss``), the head then never gathering them.
+    A user's module (family ``user``): its last stage's output is the loss its forward computed
+    (``autoslapo.user_pipeline``), taken as it is.
     """
+    if spec.family == USER_FAMILY:
+        return _own_loss
     vocab_parallel = None if sch is None else sch.root().meta.get("vocab_parallel_loss")
     if vocab_parallel is not None:
         return vocab_parallel.for_pipeline()  # type: ignore[no-any-return]
@@ -169,7 +177,7 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
     from autoslapo.runtime.engine import average_gradients
 
     inputs = [rows[k].to(device) for k in pipeline.input_keys] if pipeline.has_first else []
-    labels = rows["labels"].to(device) if pipeline.has_last else None
+    labels = rows[pipeline.target_key].to(device) if pipeline.has_last else None
     with _autocast(device, config.precision):
         out = pipeline.step(*inputs, target=labels)
     params = pipeline.parameters()

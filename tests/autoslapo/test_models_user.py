@@ -140,8 +140,10 @@ def test_what_the_file_declares_decides_the_knobs(tmp_path: Path) -> None:
         ScheduleConfig(tp=2).validate(blocks)
     with pytest.raises(ConfigError, match="checkpointing needs the model file to declare layers"):
         ScheduleConfig(ckpt_ratio=0.5).validate(bare)
-    with pytest.raises(ConfigError, match="pipeline stages are not offered"):
-        ScheduleConfig(pp=2, grad_accum=2).validate(full)
+    with pytest.raises(ConfigError, match="pipeline stages need the model file to declare layers"):
+        ScheduleConfig(pp=2, grad_accum=2).validate(bare)
+    ScheduleConfig(pp=2, grad_accum=2).validate(blocks)
+    ScheduleConfig(tp=2, pp=2, grad_accum=2, pipeline_schedule="interleaved", virtual_stages=2).validate(full)
     with pytest.raises(ConfigError, match="share the divisor 4"):
         ScheduleConfig(tp=8).validate(full)
     ScheduleConfig(tp=4, ckpt_ratio=0.5).validate(full)
@@ -152,7 +154,9 @@ def test_what_the_file_declares_decides_the_knobs(tmp_path: Path) -> None:
     assert space_for("user").bind(blocks, cluster).domains["ckpt_ratio"] == (0.0, 0.25, 0.5, 0.75, 1.0)
     f = space_for("user").bind(full, cluster)
     assert f.domains["tp"] == (1, 2, 4) and f.domains["attn_kernel"] == ("eager", "sdpa")
-    assert all(c.pp == 1 and not c.sequence_parallel for c in f.configs())
+    assert f.domains["pp"] == (1, 2, 4) and not any(c.sequence_parallel for c in f.configs())
+    assert space_for("user").bind(bare, cluster).domains["pp"] == (1,)
+    assert space_for("user").bind(blocks, cluster).domains["pp"] == (1, 2)  # 2 blocks
 
 
 @pytest.mark.parametrize("knobs", [{"ckpt_ratio": 0.5, "fuse_bias_gelu": True},
@@ -189,4 +193,17 @@ def test_the_cost_model_reads_the_trace() -> None:
     assert ckpt.memory.activations < base.memory.activations and ckpt.time.recompute > 0
     z3 = estimate(spec, ScheduleConfig(dp=4, micro_batch=8, zero_stage=3, precision="fp32"), cluster)
     assert z3.memory.params < base.memory.params
+    # pipeline stages: each holds half the blocks (and everything outside them), a bubble of pp - 1
+    # slots, a block's input sent and its gradient received every micro-batch, the outside gradients summed
+    one = estimate(spec, ScheduleConfig(dp=4, micro_batch=8, grad_accum=4, precision="fp32"), cluster)
+    pp = estimate(spec, ScheduleConfig(pp=2, dp=2, micro_batch=8, grad_accum=4, precision="fp32"), cluster)
+    outside = spec.embedding_params()
+    assert pp.memory.params == (2 * spec.layer_params() + outside) * 4 < one.memory.params
+    assert pp.memory.activations < estimate(spec, ScheduleConfig(
+        pp=2, dp=2, micro_batch=8, grad_accum=4, precision="fp32", pipeline_schedule="gpipe"), cluster).memory.activations
+    assert one.time.bubble == 0 == one.time.pp_comm and pp.time.bubble > 0 and pp.time.pp_comm > 0
+    assert pp.time.compute < one.time.compute
+    inter = estimate(spec, ScheduleConfig(pp=2, dp=2, micro_batch=8, grad_accum=4, precision="fp32",
+                                          pipeline_schedule="interleaved", virtual_stages=2), cluster)
+    assert inter.time.bubble < pp.time.bubble
     assert model_cache_dir().name == "cache"

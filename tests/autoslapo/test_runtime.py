@@ -61,12 +61,16 @@ HF_CONFIGS = [str(Path(__file__).parent / "data" / "hf" / f"{name}-tiny.json") f
 MIXED.append((HF_CONFIGS[1], {"tp": 2, "pp": 2, "zero_stage": 1, "grad_accum": 2}))
 
 
-# Model files (a user's own module, WideResNet): no pipeline or sequence parallelism for them.
+# Model files (a user's own module): no sequence parallelism for them; pipeline stages cut between the
+# file's blocks (autoslapo.user_pipeline), interleaved too (4 blocks = 2 ranks x 2 chunks).
 FILE_MATRIX: list[dict[str, Any]] = [
     {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
     {"dp": 4, "zero_stage": 2, "grad_accum": 2},
     {"tp": 2, "dp": 2, "zero_stage": 3},
     {"tp": 4, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
+    {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2},
+    {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5},
+    {"pp": 2, "dp": 2, "grad_accum": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2},
 ]
 MY_MODEL = str(Path(__file__).resolve().parents[2] / "experiments" / "my_model.py")
 

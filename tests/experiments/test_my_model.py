@@ -32,6 +32,17 @@ def test_verify_tp2_checks_outputs_and_every_gradient(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_verify_pp2_tp2_checks_the_pipelined_loss_and_every_gradient(tmp_path: Path) -> None:
+    proc = _autoslapo("verify", str(EXAMPLE), "--tp", "2", "--pp", "2", "--ckpt-ratio", "0.5",
+                      cache=tmp_path / "cache")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    line = [x for x in out.splitlines() if x.startswith("verify ")]
+    assert len(line) == 1 and "ok - tp=2 pp=2 ckpt_ratio=0.5" in line[0] and "on 4 ranks" in line[0], out
+    assert "pipeline 2 stages x 2 micro-batches" in line[0], out
+
+
+@pytest.mark.slow
 def test_tune_on_local_cpu_ranks_completes_trials_and_best_finds_them(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     cache = tmp_path / "cache"
