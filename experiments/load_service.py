@@ -13,7 +13,8 @@ tests/pgserver.py, when the binaries are installed). ``--readers`` clients loop 
 studies are drained (at most ``--drain`` s) and each one is checked: complete, with exactly its
 budget of launched trials. Reports the count of 5xx, p50/p99 latency per endpoint (measured by the
 clients, which share the machine with the server), the server's own view of ``/v1/best`` (its
-latency histogram), how late the client's event loop ran (latency it adds to every request), the
+latency histogram) and how late its event loop ran (its loop-lag probe: the share of the clients'
+latency that the server adds outside its request handlers), how late the client's event loop ran (latency it adds to every request), the
 machine's load average during the run and the CPU seconds of server and client, and the budget
 check. The readers stand for separate machines: before the clock starts each opens its keep-alive
 connection with one untimed request (``--no-warmup``: not), and with ``--think`` each starts at its
@@ -277,10 +278,12 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
                                                    ).status_code != 200:
             time.sleep(0.5)
         server_cpu, client_cpu = cpu_seconds(server.pid), own_cpu_seconds()
+        lag_before = server_loop_lag(base, tokens["read"])
         tally, ends, readers_cpu, started = run_load(base, tokens, args)
         elapsed = time.monotonic() - started
         server_cpu, client_cpu = cpu_seconds(server.pid) - server_cpu, own_cpu_seconds() - client_cpu + readers_cpu
         seen_by_server = server_best_histogram(base, tokens["read"])
+        lag = {le: n - lag_before.get(le, 0.0) for le, n in server_loop_lag(base, tokens["read"]).items()}
     finally:
         stop_server(server)
     five = sum(n for code, n in tally.codes.items() if code >= 500)
@@ -305,6 +308,12 @@ def run(url: str, label: str, args: argparse.Namespace) -> list[str]:
         lines.append("server-side /v1/best (request in to first byte out, its histogram): "
                      + ", ".join(f"{100 * share:.1f}% <= {float(le) * 1000:g} ms" for le, share in under.items()
                                  if float(le) <= 0.1) + f" of {seen_by_server['+Inf']:.0f}")
+    if lag.get("+Inf"):
+        p99_le = min((float(le) for le, n in lag.items() if n >= 0.99 * lag["+Inf"]), default=float("inf"))
+        lines.append("server event-loop lag (how late its probe woke, every 10 ms, during the load and drain): "
+                     + ", ".join(f"{100 * n / lag['+Inf']:.1f}% <= {float(le) * 1000:g} ms" for le, n in lag.items()
+                                 if le != "+Inf" and 0.005 <= float(le) <= 0.1)
+                     + f"; p99 <= {p99_le * 1000:g} ms")
     lines.append(f"client event-loop lag: p50 {pct(tally.loop_lag, 0.5):.1f} ms, p99 {pct(tally.loop_lag, 0.99):.1f} ms"
                  f" (added to every latency above); machine load average (1 min) during the run: mean "
                  f"{sum(tally.load) / max(1, len(tally.load)):.1f}, max {max(tally.load, default=0):.1f} on "
@@ -340,6 +349,13 @@ def server_best_histogram(base: str, token: str) -> dict[str, float]:
     """The server's cumulative ``/v1/best`` latency buckets (``le`` -> count) from ``/metrics``."""
     text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
     found = re.findall(r'autoslapo_http_request_seconds_bucket\{le="([^"]+)",route="/v1/best"\} (\S+)', text)
+    return {le: float(n) for le, n in found}
+
+
+def server_loop_lag(base: str, token: str) -> dict[str, float]:
+    """The server's cumulative event-loop lag buckets (``le`` -> count) from ``/metrics``."""
+    text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
+    found = re.findall(r'autoslapo_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)', text)
     return {le: float(n) for le, n in found}
 
 
