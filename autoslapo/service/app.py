@@ -53,6 +53,7 @@ from autoslapo.service.estimate import estimate_router
 from autoslapo.service.events import study_events
 from autoslapo.service.jobs import StudyRequest, check_name
 from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
+from autoslapo.service.looplag import loop_lag_histogram, loop_lag_lifespan
 from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff
 from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
 from store import JobLimitError, Store
@@ -98,9 +99,9 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     cfg = settings or ServiceSettings()
     tokens = TokenCheck(store, cache_s=cfg.token_cache_s)
     answers = AnswerCache(cfg.answer_cache_s, STALE_S)
-    app = FastAPI(title="autoslapo", description="Automatic schedule tuner: studies, trials, best schedules.",
-                  version="1")
     registry = CollectorRegistry()
+    app = FastAPI(title="autoslapo", description="Automatic schedule tuner: studies, trials, best schedules.",
+                  version="1", lifespan=loop_lag_lifespan(loop_lag_histogram(registry)))
     requests = Counter("autoslapo_http_requests", "HTTP requests", ["route", "method", "code"], registry=registry)
     latency = Histogram("autoslapo_http_request_seconds", "request latency", ["route"], registry=registry,
                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
