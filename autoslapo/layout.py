@@ -90,12 +90,6 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if chunks > 1 and model.family == "user":
         return (f"pipeline stages are not offered for a user's own module ({model.preset}): got pp={pp}; "
                 "use pp=1 (data parallelism, ZeRO and, with layers, checkpointing still apply)")
-    if chunks > 1 and model.shared_layers:
-        # Stages would each hold a copy of the one shared layer, whose gradients they would then
-        # have to sum every step (tied-gradient sync), which autoslapo's pipelines do not do.
-        return (f"pipeline stages cannot split a shared-layer model: got pp={pp} x virtual_stages="
-                f"{virtual_stages} for {model.preset} ({model.family} runs one layer's weights "
-                f"{model.layers} times); use pp=1")
     if pp > 1 and is_convolutional(model.family):
         return (f"pp must be 1 for {model.family}: got pp={pp}; the pipeline runtime carries one hidden-state "
                 "tensor of a transformer, not a convolutional net's feature maps; use tp and dp")

@@ -26,7 +26,8 @@ from torch import nn
 from autoslapo.config import PIPELINE_SCHEDULES
 from autoslapo.errors import ScheduleError
 from autoslapo.models.adapters import PipelineAdapter, adapter_for
-from autoslapo.primitives.pipeline import cut_index, pipeline_cuts, stage_bounds
+from autoslapo.primitives.checkpoint import set_call_index
+from autoslapo.primitives.pipeline import layer_cuts, stage_bounds
 from autoslapo.schedule import Schedule
 
 __all__ = [
@@ -49,6 +50,8 @@ SCHEDULES = PIPELINE_SCHEDULES
 class StageModule(nn.Module):
     """One pipeline stage: layers ``[start, stop)`` of the layer list, plus the parts it owns.
 
+    With ``shared`` the positions are calls of one module (ALBERT): ``layers`` holds it once a call
+    (``parameters()`` still yields each parameter once) and the stage tells it the call's index.
     Holds the original submodules (same parameter objects as the model). Parts are kept in a
     ModuleDict under keys with "." replaced by "__"; :attr:`parts` maps the real paths.
     """
@@ -62,6 +65,7 @@ class StageModule(nn.Module):
         first: bool,
         last: bool,
         bounds: tuple[int, int],
+        shared: bool = False,
     ) -> None:
         super().__init__()
         self.adapter = adapter
@@ -70,6 +74,7 @@ class StageModule(nn.Module):
         self.first = first
         self.last = last
         self.bounds = bounds
+        self.shared = shared
 
     @property
     def parts(self) -> dict[str, nn.Module]:
@@ -79,7 +84,11 @@ class StageModule(nn.Module):
     def forward(self, *args: Any) -> torch.Tensor:
         hidden = self.adapter.embed(self.parts, *args) if self.first else args[0]
         ctx = self.adapter.context(hidden)
-        for layer in self.layers:
+        for call, layer in enumerate(self.layers, start=self.bounds[0]):
+            if self.shared:
+                # a module checkpointed by call (ALBERT's shared layer) learns which call this is: the
+                # ranks and microbatches interleave its calls, so counting them would not tell
+                set_call_index(layer, call)
             hidden = self.adapter.layer(layer, hidden, ctx)
         if self.last:
             hidden = self.adapter.head(self.parts, hidden)
@@ -98,22 +107,21 @@ def build_stage_modules(
     or the cuts are not in the adapter's layer list, or a part path does not exist.
     """
     root = sch.root()
-    cuts = pipeline_cuts(root)
-    if not cuts:
+    cuts = layer_cuts(root)
+    if cuts is None:
         raise ScheduleError(
             "build_pipeline needs pipeline cuts: none recorded; call sch['<layers>.<i>'].cut_pipeline_stage()"
         )
-    parent = root[cuts[0]].parent
-    assert parent is not None
     if adapter is None:
-        adapter = adapter_for(root.mod, parent.path)
-    if adapter.layers_path != parent.path:
+        adapter = adapter_for(root.mod, cuts.parent)
+    if adapter.layers_path != cuts.parent:
         raise ScheduleError(
-            f"the pipeline cuts are in {parent.path or '<root>'!r} but the adapter's layer list is "
+            f"the pipeline cuts are in {cuts.parent or '<root>'!r} but the adapter's layer list is "
             f"{adapter.layers_path or '<root>'!r}; cut after children of {adapter.layers_path or '<root>'!r}"
         )
-    layers = list(parent.mod.children())
-    bounds = stage_bounds(len(layers), [cut_index(root[c]) for c in cuts])
+    # a shared layer (ALBERT) is one module at every position: each stage holds it once a call
+    layers = [root[p].mod for p in cuts.layers]
+    bounds = stage_bounds(len(layers), list(cuts.cuts))
 
     def part(path: str) -> nn.Module:
         if path not in root:
@@ -131,6 +139,7 @@ def build_stage_modules(
             first=i == 0,
             last=i == n - 1,
             bounds=(a, b),
+            shared=cuts.shared,
         )
         for i, (a, b) in enumerate(bounds)
     ]
@@ -194,6 +203,8 @@ class PipelineRuntime:
         input_keys: the batch keys the first stage takes, in order (the adapter's).
         stages: this rank's PipelineStage objects; modules: their stage modules (same order).
         stage_indices: global stage indices held by this rank; num_stages: all stages.
+        grad_divisor: what :meth:`step` divides every gradient by after the schedule (the
+            micro-batch count when this rank's stages share parameters, else 1: torch did it).
     """
 
     schedule: Any
@@ -206,6 +217,7 @@ class PipelineRuntime:
     tied: list[TiedParam] = field(default_factory=list)
     group: Any = None
     input_keys: tuple[str, ...] = ("input_ids",)
+    grad_divisor: int = 1
     _params: list[nn.Parameter] | None = field(default=None, repr=False)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -244,6 +256,10 @@ class PipelineRuntime:
         losses: list[torch.Tensor] = []
         kw: dict[str, Any] = {"target": target, "losses": losses} if self.has_last else {}
         out = self.schedule.step(*args, **kw) if self.has_first else self.schedule.step(**kw)
+        if self.grad_divisor != 1:  # the schedule left the micro-batch mean to us (see build_pipeline)
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.grad_divisor)
         self.sync_tied_grads()
         if self.has_last and losses:
             return torch.stack([x.detach() for x in losses]).mean()
@@ -307,9 +323,15 @@ def build_pipeline(
     mine = local_stage_indices(n, pp_size, rank)
     modules = [stages_all[s] for s in mine]
     pstages: list[Any] = [PipelineStage(stages_all[s], s, n, dev, group=pp_group) for s in mine]
+    # torch divides a stage's gradients by the micro-batch count after that stage's last backward;
+    # two local stages holding one module (ALBERT's shared layer, interleaved) would divide it twice,
+    # the second time mid-accumulation, so then the runtime divides each gradient once after the step
+    held = [id(p) for m in modules for p in m.parameters()]
+    own_scale = len(held) != len(set(held))
     sched: Any
     if schedule == "interleaved":
-        sched = ScheduleInterleaved1F1B(pstages, n_microbatches=grad_accum, loss_fn=loss_fn)
+        sched = ScheduleInterleaved1F1B(pstages, n_microbatches=grad_accum, loss_fn=loss_fn,
+                                        scale_grads=not own_scale)
     else:
         cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
         sched = cls(pstages[0], n_microbatches=grad_accum, loss_fn=loss_fn)
@@ -325,4 +347,5 @@ def build_pipeline(
         tied=find_tied(stages_all, pp_size, rank),
         group=pp_group,
         input_keys=tuple(used.input_keys),
+        grad_divisor=grad_accum if own_scale else 1,
     )

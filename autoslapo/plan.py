@@ -325,7 +325,10 @@ def apply_schedule(
             layer.fuse(compiler=backend)
     cuts = cut_points(len(layers), config.pp * config.virtual_stages)
     for i in cuts:
-        layers[i].cut_pipeline_stage()
+        if spec.shared_layers:  # stages run calls [a, b) of the one layer
+            layers[i].cut_pipeline_stage(call=i, calls=spec.layers)
+        else:
+            layers[i].cut_pipeline_stage()
 
     plan.update(
         tp=tp,

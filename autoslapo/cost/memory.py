@@ -84,7 +84,8 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     """Parameters on one device of (the first, the last) pipeline stage, after TP sharding.
 
     Embeddings are vocab-parallel over TP (Megatron); with pp > 1 the last stage keeps its own copy
-    of tied word embeddings for the logits; LLaMA's untied head is always on the last stage.
+    of tied word embeddings for the logits; LLaMA's untied head is always on the last stage. A
+    shared layer (ALBERT) is on every stage.
     """
     if model.encoder_decoder:  # T5: two unequal stacks (``autoslapo.cost.encdec``)
         return encdec_stage_params(model, config)
@@ -92,11 +93,12 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
         split = wrn_split_params(model.hidden, model.ffn, model.layers)
         n = model.num_params() - split + split / config.tp
         return n, n
-    # a shared layer (ALBERT) is stored once however often it runs (its family refuses pp > 1)
-    layers = model.stored_layers / config.pp
+    # a shared layer (ALBERT) is stored once however often it runs, and whole on every pipeline
+    # stage (each runs some of its calls; ``estimate_time`` sums its gradients over the stages)
+    layers = model.stored_layers if model.shared_layers else model.layers / config.pp
     body = layers * model.layer_params() / config.tp
     emb = model.embedding_params() / config.tp
-    word = model.vocab * model.hidden / config.tp
+    word = model.vocab * model.embedding_size / config.tp
     head = word if (not model.tied_head or config.pp > 1) else 0.0
     if config.pp == 1:
         return body + emb + head, body + emb + head

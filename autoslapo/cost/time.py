@@ -376,6 +376,11 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
     bubble_slots = (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
     pp_comm = (m + bubble_slots) * p2p * v
+    if pp > 1 and model.shared_layers:
+        # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
+        # group once a step, after the schedule (``PipelineRuntime.sync_tied_grads``)
+        shared_bytes = model.stored_layers * model.layer_params() / t * (4 if config.precision == "fp32" else 2)
+        pp_comm += _ring("allreduce", shared_bytes, pp, pp_bw, perf)
 
     # data parallel: gradients of this device's parameters over the dp group
     dp_bw = group_bandwidth(cluster, t, dp)

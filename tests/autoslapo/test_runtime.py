@@ -49,6 +49,7 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
     # encoder-decoder: TP over self- and cross-attention, checkpoints across both stacks
     ("t5-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),
     ("albert-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),  # a shared layer's calls
+    ("albert-tiny", {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "ckpt_ratio": 0.5}),  # ...over stages
     ("gpt-neo-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5}),  # local attention over TP/PP
     ("wideresnet-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),
 ]
@@ -69,14 +70,20 @@ FILE_MATRIX: list[dict[str, Any]] = [
 MY_MODEL = str(Path(__file__).resolve().parents[2] / "experiments" / "my_model.py")
 
 
-# What a family refuses (ALBERT: pipelines, sequence parallelism) leaves the matrix; these cover it
-# instead: its shared layer's calls checkpointed selectively and under ZeRO-3 with data parallelism.
+# What a family refuses (ALBERT: sequence parallelism) leaves the matrix; these cover it instead: its
+# shared layer's calls checkpointed selectively, under ZeRO-3 with data parallelism, and split over
+# pipeline stages (each holding the layer).
 # An encoder-decoder (T5) refuses pipeline stages and sequence parallelism: TP over all 4 heads,
 # selective recomputation and checkpointing of every block of both stacks.
 MATRIX_EXTRA: dict[str, list[dict[str, Any]]] = {
     "albert": [
         {"tp": 2, "dp": 2, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
         {"dp": 4, "zero_stage": 3, "ckpt_ratio": 0.5},
+        # stages run calls of the one shared layer, its gradients summed over them (then over dp)
+        {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5},
+        {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "ckpt_ratio": 0.25, "ckpt_granularity": "selective"},
+        {"pp": 4, "grad_accum": 4},  # four ranks, one call each
+        {"pp": 2, "dp": 2, "grad_accum": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2},
     ],
     "t5": [
         {"tp": 4, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
