@@ -90,9 +90,9 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if chunks > 1 and model.family == "user":
         return (f"pipeline stages are not offered for a user's own module ({model.preset}): got pp={pp}; "
                 "use pp=1 (data parallelism, ZeRO and, with layers, checkpointing still apply)")
-    if pp > 1 and is_convolutional(model.family):
-        return (f"pp must be 1 for {model.family}: got pp={pp}; the pipeline runtime carries one hidden-state "
-                "tensor of a transformer, not a convolutional net's feature maps; use tp and dp")
+    if model.layers % chunks and is_convolutional(model.family):
+        return (f"pipeline stages must split the blocks evenly: got {model.layers} blocks for pp={pp} x "
+                f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
     if model.layers % chunks:
         return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")

@@ -75,6 +75,8 @@ class StageModule(nn.Module):
         self.last = last
         self.bounds = bounds
         self.shared = shared
+        # set by build_pipeline: the next forward is torch's shape inference (see there)
+        self.probe_next = False
 
     @property
     def parts(self) -> dict[str, nn.Module]:
@@ -82,6 +84,19 @@ class StageModule(nn.Module):
         return {k.replace("__", "."): m for k, m in self.owned.items()}
 
     def forward(self, *args: Any) -> torch.Tensor:
+        if self.probe_next:
+            # torch.distributed.pipelining runs each stage once on the first micro-batch (the first
+            # stage) or on uninitialized tensors (the others) to learn what passes between stages;
+            # that run must leave the buffers (BatchNorm's running statistics) as they were
+            # (put back as new tensors: the probe's backward still reads the ones it saw)
+            self.probe_next = False
+            saved = [(m, k, b.detach().clone()) for m in self.modules() for k, b in m._buffers.items()
+                     if b is not None]
+            try:
+                return self.forward(*args)
+            finally:
+                for m, k, b in saved:
+                    m._buffers[k] = b
         hidden = self.adapter.embed(self.parts, *args) if self.first else args[0]
         ctx = self.adapter.context(hidden)
         for call, layer in enumerate(self.layers, start=self.bounds[0]):
@@ -323,6 +338,8 @@ def build_pipeline(
     mine = local_stage_indices(n, pp_size, rank)
     modules = [stages_all[s] for s in mine]
     pstages: list[Any] = [PipelineStage(stages_all[s], s, n, dev, group=pp_group) for s in mine]
+    for m in modules:  # their first forward is torch's shape inference (StageModule.forward)
+        m.probe_next = True
     # torch divides a stage's gradients by the micro-batch count after that stage's last backward;
     # two local stages holding one module (ALBERT's shared layer, interleaved) would divide it twice,
     # the second time mid-accumulation, so then the runtime divides each gradient once after the step

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from autoslapo.config import LOSS_CHUNK_TOKENS
 from autoslapo.cost.encdec import encdec_activation_bytes, encdec_stage_params
 from autoslapo.models.spec import is_convolutional
-from autoslapo.models.wrn_shape import wrn_split_params
+from autoslapo.models.wrn_shape import wrn_rank_params
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -90,9 +90,10 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     if model.encoder_decoder:  # T5: two unequal stacks (``autoslapo.cost.encdec``)
         return encdec_stage_params(model, config)
     if is_convolutional(model.family):  # WideResNet: only the bottlenecks' conv1/bn1/conv2 split over tp
-        split = wrn_split_params(model.hidden, model.ffn, model.layers)
-        n = model.num_params() - split + split / config.tp
-        return n, n
+        chunks = config.pp * config.virtual_stages
+        ranks = wrn_rank_params(model.hidden, model.ffn, model.layers, model.vocab, tp=config.tp, pp=config.pp,
+                                chunks=chunks)
+        return ranks[0], ranks[(chunks - 1) % config.pp]
     # a shared layer (ALBERT) is stored once however often it runs, and whole on every pipeline
     # stage (each runs some of its calls; ``estimate_time`` sums its gradients over the stages)
     layers = model.stored_layers if model.shared_layers else model.layers / config.pp

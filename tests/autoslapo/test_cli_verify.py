@@ -20,7 +20,7 @@ from autoslapo.cli import main
         (["verify", "gpt2-tiny", "--pp", "3"], "pipeline stages must split the layers evenly"),
         (["verify", "gpt2-tiny", "--pp", "2", "--batch", "3"], "--batch must split into --grad-accum"),
         (["verify", "gpt2-tiny", "--ckpt-ratio", "2"], "ckpt_ratio must be between 0 and 1"),
-        (["verify", "wideresnet-tiny", "--pp", "2"], "pp must be 1 for wideresnet"),
+        (["verify", "wideresnet-tiny", "--pp", "3"], "pipeline stages must split the blocks evenly"),
         (["verify", "wideresnet-tiny", "--attn", "flash"], "attn_kernel does not apply to wideresnet"),
     ],
 )

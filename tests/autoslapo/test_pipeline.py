@@ -382,3 +382,83 @@ def test_albert_pp2_gradients_equal_the_model(schedule: str, virtual: int) -> No
     from autoslapo.dist import spawn
 
     assert max(spawn(_albert_pp_worker, 2, schedule, virtual, timeout=180)) < 1e-6
+
+
+# -- a convolutional net's blocks (WideResNet): feature maps between stages ------------------------
+
+
+def test_wideresnet_stages_chained_equal_model() -> None:
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.build import build_model
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.plan import apply_schedule
+    from autoslapo.runtime.train import loss_function, step_batch
+
+    spec = ModelSpec.from_name("wideresnet-tiny")
+    model = build_model(spec)
+    ref = copy.deepcopy(model)
+    # the checkpoint ratio applies within each chunk, as for a transformer's layers
+    halves = apply_schedule(build_model(spec), spec, ScheduleConfig(pp=2, grad_accum=2, ckpt_ratio=0.5)).meta["plan"]
+    assert halves["pipeline_cuts"] == [1] and halves["checkpointed"] == [0, 2]
+    # (no checkpointing here: a recomputed BatchNorm would update its running statistics twice)
+    sch = apply_schedule(model, spec, ScheduleConfig(pp=4, grad_accum=4))
+    assert sch.meta["plan"]["pipeline_cuts"] == [0, 1, 2] and sch.meta["plan"]["stages"] == [[0, 1], [1, 2], [2, 3], [3, 4]]
+    stages, adapter = build_stage_modules(sch)
+    assert adapter.input_keys == ("images",) and [s.bounds for s in stages] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert set(stages[0].parts) == {"stem"} and set(stages[-1].parts) == {"fc"}
+    batch = step_batch(spec, 4, 0, 0)
+    h = batch["images"]
+    shapes = []
+    for s in stages:
+        h = s(h)
+        shapes.append(tuple(h.shape))
+    # one feature map per cut, its channels and side those of the group the cut block ends
+    assert shapes == [(4, 32, 16, 16), (4, 64, 8, 8), (4, 128, 4, 4), (4, spec.vocab)]
+    loss = loss_function(spec)(h, batch["labels"])
+    want = ref(**batch)
+    torch.testing.assert_close(h, want.logits)
+    loss.backward()
+    want.loss.backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    for (name, b), c in zip(model.named_buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(b, c, msg=name)  # BatchNorm's running statistics, each in its stage
+
+
+def _wrn_pp_worker() -> tuple[float, float]:
+    """On each of 2 ranks: WideResNet over 2 stages (1F1B, 2 micro-batches) against the model run in
+    the same 2 micro-batches; the worst gradient and BatchNorm running-statistic differences."""
+    import torch.distributed as dist
+
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.build import build_model
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.pipeline import build_pipeline
+    from autoslapo.plan import apply_schedule
+    from autoslapo.runtime.train import loss_function, step_batch
+
+    spec = ModelSpec.from_name("wideresnet-tiny")
+    model = build_model(spec)
+    ref = copy.deepcopy(model)
+    sch = apply_schedule(model, spec, ScheduleConfig(pp=2, grad_accum=2))
+    batch = step_batch(spec, 4, 0, 0)
+    for i in range(2):
+        (ref(**{k: v[i * 2:i * 2 + 2] for k, v in batch.items()}).loss / 2).backward()
+    rt = build_pipeline(sch, pp_group=dist.group.WORLD, grad_accum=2, loss_fn=loss_function(spec))
+    assert rt.input_keys == ("images",)
+    rt.step(batch["images"], target=batch["labels"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    refs = dict(ref.named_parameters())
+    grad = max((p.grad - refs[names[id(p)]].grad).abs().max().item() for p in rt.parameters())
+    ref_buffers = dict(ref.named_buffers())
+    mine = {f"blocks.{i}" for i in range(*rt.modules[0].bounds)}
+    stats = max((b - ref_buffers[n]).abs().max().item() for n, b in model.named_buffers()
+                if ".".join(n.split(".")[:2]) in mine)
+    return grad, stats
+
+
+def test_wideresnet_pp2_gradients_and_batchnorm_statistics_equal_the_model() -> None:
+    from autoslapo.dist import spawn
+
+    for grad, stats in spawn(_wrn_pp_worker, 2, timeout=180):
+        assert grad < 1e-5 and stats < 1e-6, (grad, stats)

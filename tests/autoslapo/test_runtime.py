@@ -52,6 +52,7 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
     ("albert-tiny", {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "ckpt_ratio": 0.5}),  # ...over stages
     ("gpt-neo-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5}),  # local attention over TP/PP
     ("wideresnet-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),
+    ("wideresnet-tiny", {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2}),  # feature maps between stages
 ]
 
 # LLaMA's relatives from a Hugging Face config.json (Mistral; Qwen2 with q/k/v biases and a tied head);
@@ -85,6 +86,12 @@ MATRIX_EXTRA: dict[str, list[dict[str, Any]]] = {
         {"pp": 4, "grad_accum": 4},  # four ranks, one call each
         {"pp": 2, "dp": 2, "grad_accum": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2},
     ],
+    # pipeline stages of a convolutional net: feature maps of the cut blocks pass between them
+    "wideresnet": [
+        {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5},
+        {"pp": 4, "grad_accum": 4},
+        {"pp": 2, "dp": 2, "grad_accum": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2},
+    ],
     "t5": [
         {"tp": 4, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
         {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
@@ -109,13 +116,13 @@ def _spec(name: str) -> ModelSpec:
 
 
 def _matrix(family: str) -> list[dict[str, Any]]:
-    """MATRIX less what the family refuses: a convolutional family runs without pipeline stages and
-    without the knobs of attention, tokens and vocabularies (``layout.inapplicable_knobs``)."""
+    """MATRIX less what the family refuses: a convolutional family runs without the knobs of
+    attention, tokens and vocabularies (``layout.inapplicable_knobs``)."""
     spec = _spec(f"{family}-tiny")
     skip = set(inapplicable_knobs(spec, KNOBS))
     if not is_convolutional(family):
         return MATRIX
-    return [kw for kw in MATRIX if kw.get("pp", 1) == 1 and not skip & set(kw)]
+    return [kw for kw in MATRIX if not skip & set(kw)]
 
 
 def _check(runs: list[tuple[str, dict[str, Any]]]) -> None:
