@@ -226,24 +226,37 @@ def _verify_pipeline(
     from autoslapo.errors import VerifyError
     from autoslapo.models.adapters import pipeline_adapter
     from autoslapo.models.build import build_model
+    from autoslapo.models.spec import is_convolutional
     from autoslapo.pipeline import build_pipeline
     from autoslapo.primitives.tp import gather_shards, shard_spec
+    from autoslapo.runtime.train import loss_function
     from autoslapo.verify import default_tolerance
 
     model = sch.mod
     model.eval()  # dropout is off anyway; eval keeps both runs deterministic
-    ref = build_model(spec, attn_kernel=config.attn_kernel, seed=opts["seed"], dtype=model.dtype, dropout=0.0)
+    dtype = next(model.parameters()).dtype
+    ref = build_model(spec, attn_kernel=config.attn_kernel, seed=opts["seed"], dtype=dtype, dropout=0.0)
     ref.eval()
     m = opts["grad_accum"]
-    loss_of = model.loss_function
+    conv = is_convolutional(spec.family)  # WideResNet: images in, cross-entropy over images
+    if conv:
+        # the schedule's check above trained BatchNorm's running statistics, which eval mode reads;
+        # start them afresh, as the reference's are (a tp-split bn1 keeps its channels' slice)
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+                mod.reset_running_stats()
+        loss_fn = loss_function(spec)
+    else:
+        loss_of = model.loss_function
 
-    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return]
+        def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return]
 
-    ids, labels = batch["input_ids"], batch["labels"]
+    key = "images" if conv else "input_ids"
+    ids, labels = batch[key], batch["labels"]
     # Reference: the mean of the micro-batch losses (torch's pipeline schedules scale by 1/m).
     ref_losses = [
-        loss_fn(ref(input_ids=i).logits, lab) for i, lab in zip(ids.chunk(m), labels.chunk(m), strict=True)
+        loss_fn(ref(**{key: i}).logits, lab) for i, lab in zip(ids.chunk(m), labels.chunk(m), strict=True)
     ]
     ref_loss = torch.stack(ref_losses).mean()
     ref_loss.backward()
@@ -254,14 +267,14 @@ def _verify_pipeline(
         grad_accum=m,
         schedule=config.pipeline_schedule,
         loss_fn=loss_fn,
-        adapter=pipeline_adapter(model, spec.family),
+        adapter=None if conv else pipeline_adapter(model, spec.family),  # WideResNet: adapter_for's
     )
     loss = runtime.step(ids, target=labels)
     # build_pipeline's step already sums the gradients of weights tied across stages.
     mine = {id(p) for mod in runtime.modules for p in mod.parameters()}
     names = dict(model.named_parameters())
     ref_params = dict(ref.named_parameters())
-    rtol, atol = default_tolerance(model.dtype)
+    rtol, atol = default_tolerance(dtype)
     error: str | None = None
     checked, worst = 0, 0.0
     if runtime.has_last and loss is not None:

@@ -61,6 +61,15 @@ def test_wideresnet_tiny_tp2_passes() -> None:
     assert len(line) == 1 and "ok - tp=2 pp=1 ckpt_ratio=0.5" in line[0] and "4 layers" in line[0], out
 
 
+def test_pipelined_albert_and_wideresnet_pass() -> None:
+    # ALBERT's shared layer over 2 stages; WideResNet's blocks over 2 stages (feature maps between them)
+    for model in ("albert-tiny", "wideresnet-tiny"):
+        rc, out, _ = _verify(model, "--pp", "2", "--layers", "0")
+        assert rc == 0, out
+        line = [x for x in out.splitlines() if x.startswith("verify ")]
+        assert len(line) == 1 and "ok - tp=1 pp=2" in line[0] and "pipeline 2 stages" in line[0], out
+
+
 @pytest.mark.slow
 def test_tiny_tp2_pp2_with_checkpointing_passes() -> None:
     rc, out, _ = _verify("gpt2-tiny", "--tp", "2", "--pp", "2", "--ckpt-ratio", "0.5", "--seq-len", "16")
