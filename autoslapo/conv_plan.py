@@ -10,10 +10,13 @@
    pair: identity forward and all-reduced input gradient at ``conv1``, all-reduce of ``conv2``'s
    output. The stem, ``conv3``, ``bn2``, ``bn3``, the shortcut and the classifier stay replicated;
 2. activation checkpointing of ``config.checkpointed_layers(blocks)`` (ratio and placement over the
-   blocks); ``compile_layers`` runs each block as a torch.compile region.
+   blocks, within each pipeline chunk when pp > 1); ``compile_layers`` runs each block as a
+   torch.compile region;
+3. the pipeline cuts: pp x virtual stages chunks of equal block counts (the stem on the first
+   stage, pooling and the classifier on the last: ``autoslapo.models.adapters.wideresnet_adapter``).
 
 Knobs that act on attention, tokens or a vocabulary (``Knob.transformer_only``) are refused for the
-family by ``config.validate``; pipeline stages (pp > 1) too (``autoslapo.layout.pp_problem``).
+family by ``config.validate``.
 Pure schedule code: no processes, no groups set up here.
 """
 
@@ -102,17 +105,24 @@ def apply_conv_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig, 
     if config.tp > 1:
         for block in blocks:
             _shard_block(block)
-    ckpt = config.checkpointed_layers(spec.layers)
+    chunks = config.pp * config.virtual_stages  # pipeline chunks of equal block counts (layout.pp_problem)
+    n = spec.layers // chunks
+    # the ratio and placement within each chunk, as autoslapo.plan does for transformer layers
+    ckpt = [c * n + i for c in range(chunks) for i in config.checkpointed_layers(n)]
     for i in ckpt:
         blocks[i].checkpoint()
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
         for block in blocks:
             block.fuse(compiler=backend)
+    cuts = [(c + 1) * n - 1 for c in range(chunks - 1)]
+    for i in cuts:  # a stage ends after these blocks (autoslapo.models.adapters.wideresnet_adapter)
+        blocks[i].cut_pipeline_stage()
     plan: dict[str, Any] = {
         "family": spec.family, "config": config.to_dict(), "skipped": [], "tp": config.tp,
         "sharded": ["conv1", "bn1", "conv2"] if config.tp > 1 else [], "checkpointed": ckpt,
-        "compiled_layers": config.compile_layers, "pipeline_cuts": [], "stages": [[0, spec.layers]],
+        "compiled_layers": config.compile_layers, "pipeline_cuts": cuts,
+        "stages": [[c * n, (c + 1) * n] for c in range(chunks)],
     }
     sch.meta["plan"] = plan
     return sch

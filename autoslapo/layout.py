@@ -92,15 +92,9 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if chunks > 1 and model.family == "user" and not model.extra.get("layers"):
         return (f"pipeline stages need the model file to declare layers (stages are cut between its blocks): got "
                 f"pp={pp} for {model.preset}.py; add layers = \"<ModuleList path>\" to it or use pp=1")
-    if chunks > 1 and model.shared_layers:
-        # Stages would each hold a copy of the one shared layer, whose gradients they would then
-        # have to sum every step (tied-gradient sync), which autoslapo's pipelines do not do.
-        return (f"pipeline stages cannot split a shared-layer model: got pp={pp} x virtual_stages="
-                f"{virtual_stages} for {model.preset} ({model.family} runs one layer's weights "
-                f"{model.layers} times); use pp=1")
-    if pp > 1 and is_convolutional(model.family):
-        return (f"pp must be 1 for {model.family}: got pp={pp}; the pipeline runtime carries one hidden-state "
-                "tensor of a transformer, not a convolutional net's feature maps; use tp and dp")
+    if model.layers % chunks and is_convolutional(model.family):
+        return (f"pipeline stages must split the blocks evenly: got {model.layers} blocks for pp={pp} x "
+                f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
     if not model.encoder_decoder and model.layers % chunks:
         return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")

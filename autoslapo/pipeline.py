@@ -26,7 +26,8 @@ from torch import nn
 from autoslapo.config import PIPELINE_SCHEDULES
 from autoslapo.errors import ScheduleError
 from autoslapo.models.adapters import PipelineAdapter, adapter_for
-from autoslapo.primitives.pipeline import layer_lists, layer_position, pipeline_cuts, stage_bounds
+from autoslapo.primitives.checkpoint import set_call_index
+from autoslapo.primitives.pipeline import layer_cuts, layer_lists, stage_bounds
 from autoslapo.schedule import Schedule
 
 __all__ = [
@@ -53,6 +54,8 @@ STAGE_BUILDER_KEY = "pipeline_stage_builder"
 class StageModule(nn.Module):
     """One pipeline stage: layers ``[start, stop)`` of the layer list, plus the parts it owns.
 
+    With ``shared`` the positions are calls of one module (ALBERT): ``layers`` holds it once a call
+    (``parameters()`` still yields each parameter once) and the stage tells it the call's index.
     Holds the original submodules (same parameter objects as the model). Parts are kept in a
     ModuleDict under keys with "." replaced by "__"; :attr:`parts` maps the real paths.
     """
@@ -66,6 +69,7 @@ class StageModule(nn.Module):
         first: bool,
         last: bool,
         bounds: tuple[int, int],
+        shared: bool = False,
     ) -> None:
         super().__init__()
         self.adapter = adapter
@@ -74,6 +78,9 @@ class StageModule(nn.Module):
         self.first = first
         self.last = last
         self.bounds = bounds
+        self.shared = shared
+        # set by build_pipeline: the next forward is torch's shape inference (see there)
+        self.probe_next = False
 
     @property
     def parts(self) -> dict[str, nn.Module]:
@@ -81,10 +88,27 @@ class StageModule(nn.Module):
         return {k.replace("__", "."): m for k, m in self.owned.items()}
 
     def forward(self, *args: Any) -> torch.Tensor:
+        if self.probe_next:
+            # torch.distributed.pipelining runs each stage once on the first micro-batch (the first
+            # stage) or on uninitialized tensors (the others) to learn what passes between stages;
+            # that run must leave the buffers (BatchNorm's running statistics) as they were
+            # (put back as new tensors: the probe's backward still reads the ones it saw)
+            self.probe_next = False
+            saved = [(m, k, b.detach().clone()) for m in self.modules() for k, b in m._buffers.items()
+                     if b is not None]
+            try:
+                return self.forward(*args)
+            finally:
+                for m, k, b in saved:
+                    m._buffers[k] = b
         # a later stage receives a tuple of tensors (an encoder-decoder's two streams) as its arguments
         hidden: Any = self.adapter.embed(self.parts, *args) if self.first else args[0] if len(args) == 1 else args
         ctx = self.adapter.context(hidden)
-        for layer in self.layers:
+        for call, layer in enumerate(self.layers, start=self.bounds[0]):
+            if self.shared:
+                # a module checkpointed by call (ALBERT's shared layer) learns which call this is: the
+                # ranks and microbatches interleave its calls, so counting them would not tell
+                set_call_index(layer, call)
             hidden = self.adapter.layer(layer, hidden, ctx)
         if self.last:
             hidden = self.adapter.head(self.parts, hidden)
@@ -103,16 +127,16 @@ def build_stage_modules(
     or the cuts are not in the adapter's layer list, or a part path does not exist.
     """
     root = sch.root()
-    cuts = pipeline_cuts(root)
-    if not cuts:
+    cuts = layer_cuts(root)
+    if cuts is None:
         raise ScheduleError(
             "build_pipeline needs pipeline cuts: none recorded; call sch['<layers>.<i>'].cut_pipeline_stage()"
         )
-    lists = layer_lists(root)
+    # the layer lists the positions run (one; T5's two joined; a shared layer's list of calls)
+    lists = [cuts.parent] if cuts.shared else layer_lists(root)
     builder = root.meta.get(STAGE_BUILDER_KEY)
     if adapter is None and builder is not None:  # a schedule that builds its own stages (a user's module)
-        n = sum(len(list(root[path].mod.children())) for path in lists)
-        return builder(root.mod, lists[0], stage_bounds(n, [layer_position(root, c) for c in cuts]))  # type: ignore[no-any-return]
+        return builder(root.mod, lists[0], stage_bounds(len(cuts.layers), list(cuts.cuts)))  # type: ignore[no-any-return]
     if adapter is None:
         adapter = adapter_for(root.mod, lists[0])
     # an adapter may run several layer lists as one (``layer_lists``; an encoder-decoder's stacks)
@@ -124,8 +148,9 @@ def build_stage_modules(
             f"{' + '.join(p or '<root>' for p in wanted)!r}; cut after children of "
             f"{adapter.layers_path or '<root>'!r}" + (" (join_layer_lists first)" if len(wanted) > 1 else "")
         )
-    layers = [child for path in lists for child in root[path].mod.children()]
-    bounds = stage_bounds(len(layers), [layer_position(root, c) for c in cuts])
+    # a shared layer (ALBERT) is one module at every position: each stage holds it once a call
+    layers = [root[p].mod for p in cuts.layers]
+    bounds = stage_bounds(len(layers), list(cuts.cuts))
 
     def part(path: str) -> nn.Module:
         if path not in root:
@@ -150,6 +175,7 @@ def build_stage_modules(
             first=i == 0,
             last=i == n - 1,
             bounds=(a, b),
+            shared=cuts.shared,
         )
         for i, (a, b) in enumerate(bounds)
     ]
@@ -214,6 +240,8 @@ class PipelineRuntime:
         target_key: the batch key the last stage's loss function takes as its target.
         stages: this rank's PipelineStage objects; modules: their stage modules (same order).
         stage_indices: global stage indices held by this rank; num_stages: all stages.
+        grad_divisor: what :meth:`step` divides every gradient by after the schedule (the
+            micro-batch count when this rank's stages share parameters, else 1: torch did it).
     """
 
     schedule: Any
@@ -227,6 +255,7 @@ class PipelineRuntime:
     group: Any = None
     input_keys: tuple[str, ...] = ("input_ids",)
     target_key: str = "labels"
+    grad_divisor: int = 1
     _params: list[nn.Parameter] | None = field(default=None, repr=False)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -265,6 +294,10 @@ class PipelineRuntime:
         losses: list[torch.Tensor] = []
         kw: dict[str, Any] = {"target": target, "losses": losses} if self.has_last else {}
         out = self.schedule.step(*args, **kw) if self.has_first else self.schedule.step(**kw)
+        if self.grad_divisor != 1:  # the schedule left the micro-batch mean to us (see build_pipeline)
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.grad_divisor)
         self.sync_tied_grads()
         if self.has_last and losses:
             return torch.stack([x.detach() for x in losses]).mean()
@@ -338,9 +371,17 @@ def build_pipeline(
             return t  # type: ignore[no-any-return]
 
     pstages: list[Any] = [Stage(stages_all[s], s, n, dev, group=pp_group) for s in mine]
+    for m in modules:  # their first forward is torch's shape inference (StageModule.forward)
+        m.probe_next = True
+    # torch divides a stage's gradients by the micro-batch count after that stage's last backward;
+    # two local stages holding one module (ALBERT's shared layer, interleaved) would divide it twice,
+    # the second time mid-accumulation, so then the runtime divides each gradient once after the step
+    held = [id(p) for m in modules for p in m.parameters()]
+    own_scale = len(held) != len(set(held))
     sched: Any
     if schedule == "interleaved":
-        sched = ScheduleInterleaved1F1B(pstages, n_microbatches=grad_accum, loss_fn=loss_fn)
+        sched = ScheduleInterleaved1F1B(pstages, n_microbatches=grad_accum, loss_fn=loss_fn,
+                                        scale_grads=not own_scale)
     else:
         cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
         sched = cls(pstages[0], n_microbatches=grad_accum, loss_fn=loss_fn)
@@ -359,4 +400,5 @@ def build_pipeline(
         # a stage builder's stages compute their own loss (the target is not read): any batch key
         target_key="labels" if "labels" in used.input_keys or sch.root().meta.get(STAGE_BUILDER_KEY) is None
         else used.input_keys[0],
+        grad_divisor=grad_accum if own_scale else 1,
     )

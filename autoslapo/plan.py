@@ -328,7 +328,10 @@ def apply_schedule(
         # one layer list over both stacks: cuts within either, or between them
         sch.join_layer_lists([stack.layers for stack in desc.stacks()])
     for i in cuts:
-        layers[i].cut_pipeline_stage()
+        if spec.shared_layers:  # stages run calls [a, b) of the one layer
+            layers[i].cut_pipeline_stage(call=i, calls=spec.layers)
+        else:
+            layers[i].cut_pipeline_stage()
 
     plan.update(
         tp=tp,

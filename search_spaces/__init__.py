@@ -36,7 +36,7 @@ SPACES: dict[str, SearchSpace] = {
     "llama": LLAMA,
     "t5": T5,
     "user": USER,
-    "gpt_neo": GPT2,  # a GELU decoder like GPT-2 (pp, sp, fusion); ALBERT takes the default (no pp)
+    "gpt_neo": GPT2,  # a GELU decoder like GPT-2 (pp, sp, fusion); ALBERT takes the default
     "wideresnet": WIDERESNET,
 }
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
@@ -226,6 +227,7 @@ def _verify_pipeline(
     from autoslapo.errors import VerifyError
     from autoslapo.models.adapters import pipeline_adapter
     from autoslapo.models.build import build_model
+    from autoslapo.models.spec import is_convolutional
     from autoslapo.models.t5_stages import t5_stage_adapter
     from autoslapo.models.user import USER_FAMILY, user_loss
     from autoslapo.pipeline import build_pipeline
@@ -240,12 +242,26 @@ def _verify_pipeline(
     ref.eval()
     m = opts["grad_accum"]
     user = spec.family == USER_FAMILY  # its stages run its forward to its own loss (autoslapo.user_pipeline)
-    loss_of = None if user else model.loss_function
+    conv = is_convolutional(spec.family)  # WideResNet: images in, cross-entropy over images
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    if conv:
+        # the schedule's check above trained BatchNorm's running statistics, which eval mode reads;
+        # start them afresh, as the reference's are (a tp-split bn1 keeps its channels' slice)
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+                mod.reset_running_stats()
+        loss_fn = loss_function(spec)
+    elif user:
+        loss_fn = loss_function(spec)
+    else:
+        loss_of = model.loss_function
 
-    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if spec.encoder_decoder:  # T5's own loss: the target tokens, unshifted
-            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-        return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return,misc]
+        def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            if spec.encoder_decoder:  # T5's own loss: the target tokens, unshifted
+                return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+            return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return]
+
+        loss_fn = lm_loss
 
     # Reference: the mean of the micro-batch losses (torch's pipeline schedules scale by 1/m).
     micro = [{k: v.chunk(m)[i] for k, v in batch.items()} for i in range(m)]
@@ -253,6 +269,8 @@ def _verify_pipeline(
     def ref_loss_of(mb: dict[str, torch.Tensor]) -> torch.Tensor:
         if user:
             return user_loss(ref(**mb))
+        if conv:
+            return loss_fn(ref(images=mb["images"]).logits, mb["labels"])
         # T5's decoder reads the labels (shifted right): the first stage takes them too
         extra = {"labels": mb["labels"]} if spec.encoder_decoder else {}
         return loss_fn(ref(input_ids=mb["input_ids"], **extra).logits, mb["labels"])
@@ -266,9 +284,10 @@ def _verify_pipeline(
         pp_group=groups.pp_group,
         grad_accum=m,
         schedule=config.pipeline_schedule,
-        loss_fn=loss_function(spec) if user else loss_fn,
-        adapter=None if user else (t5_stage_adapter(model) if spec.encoder_decoder
-                                   else pipeline_adapter(model, spec.family)),
+        loss_fn=loss_fn,
+        # a user's module builds its own stages; WideResNet's adapter is adapter_for's
+        adapter=None if user or conv else (t5_stage_adapter(model) if spec.encoder_decoder
+                                           else pipeline_adapter(model, spec.family)),
     )
     loss = runtime.step(*[batch[k] for k in runtime.input_keys], target=batch[runtime.target_key])
     # build_pipeline's step already sums the gradients of weights tied across stages.

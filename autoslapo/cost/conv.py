@@ -26,12 +26,19 @@ from autoslapo.cost.device import DevicePerf
 from autoslapo.cost.memory import (
     MemoryBreakdown,
     element_bytes,
-    stage_params,
+    in_flight_microbatches,
     state_bytes_per_param,
     zero_buffer_bytes,
 )
 from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, group_bandwidth
-from autoslapo.models.wrn_shape import Conv, block_convs, stage_blocks, stem_convs
+from autoslapo.models.wrn_shape import (
+    Conv,
+    block_convs,
+    pipeline_chunk_bounds,
+    stage_blocks,
+    stem_convs,
+    wrn_rank_params,
+)
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -75,22 +82,55 @@ def stem_activation_bytes(model: ModelSpec, elem: int) -> float:
     return elem * (3 * model.seq_len**2 + 2 * conv_out + stem.cout * side**2) + 8 * stem.cout * side**2
 
 
+def _rank_blocks(model: ModelSpec, config: ScheduleConfig) -> list[list[int]]:
+    """The blocks each pipeline rank runs (chunk ``c`` of pp x virtual stages on rank ``c % pp``)."""
+    ranks: list[list[int]] = [[] for _ in range(config.pp)]
+    for c, (a, b) in enumerate(pipeline_chunk_bounds(model.layers, config.pp * config.virtual_stages)):
+        ranks[c % config.pp].extend(range(a, b))
+    return ranks
+
+
+def _checkpointed(model: ModelSpec, config: ScheduleConfig) -> set[int]:
+    # the ratio and placement within each pipeline chunk, as ``autoslapo.conv_plan`` places them
+    out: set[int] = set()
+    for a, b in pipeline_chunk_bounds(model.layers, config.pp * config.virtual_stages):
+        out.update(a + i for i in config.checkpointed_layers(b - a))
+    return out
+
+
+def _in_flight(config: ScheduleConfig, rank: int) -> float:
+    # 1F1B: rank r holds pp - r micro-batches at its peak; GPipe and interleaved: as the first stage
+    if config.pp > 1 and config.pipeline_schedule == "1f1b":
+        return float(min(config.grad_accum, config.pp - rank))
+    return in_flight_microbatches(config)
+
+
 def estimate_conv_activation_bytes(model: ModelSpec, config: ScheduleConfig, transients: bool = False) -> int:
-    """Activation bytes of one micro-batch (pp is 1 for the family): what is kept for backward, and
-    with ``transients`` the peak in backward (the largest block rebuilt and its gradients on top)."""
+    """Activation bytes on the most loaded pipeline rank: what its blocks keep for backward for its
+    micro-batches in flight (the stem's on the first rank, the logits on the last's), and with
+    ``transients`` the peak in backward (its largest block rebuilt and its gradients on top)."""
     e = element_bytes(config)
-    ckpt = set(config.checkpointed_layers(model.layers))
+    ckpt = _checkpointed(model, config)
     blocks = block_activation_elements(model, config.tp)
-    kept = sum(kept if i in ckpt else full for i, (full, kept) in enumerate(blocks))
-    per_image = stem_activation_bytes(model, e) + e * kept
-    if transients:
-        per_image += e * max(2 * full for full, _ in blocks)
-    per_image += 4 * 2 * model.vocab  # logits and the loss's fp32 log-softmax
-    return int(config.micro_batch * per_image)
+    last = (config.pp * config.virtual_stages - 1) % config.pp
+    worst = 0.0
+    for rank, mine in enumerate(_rank_blocks(model, config)):
+        per_image = e * sum(blocks[i][1] if i in ckpt else blocks[i][0] for i in mine)
+        if rank == 0:
+            per_image += stem_activation_bytes(model, e)
+        if rank == last:
+            per_image += 4 * 2 * model.vocab  # logits and the loss's fp32 log-softmax
+        total = per_image * _in_flight(config, rank)
+        if transients:
+            total += e * max(2 * blocks[i][0] for i in mine)
+        worst = max(worst, total)
+    return int(config.micro_batch * worst)
 
 
 def _stage_params(model: ModelSpec, config: ScheduleConfig) -> float:
-    return stage_params(model, config)[0]  # conv1 + bn1 and conv2 split over tp, the rest replicated
+    # the most loaded pipeline rank: conv1 + bn1 and conv2 split over tp, the rest replicated
+    return max(wrn_rank_params(model.hidden, model.ffn, model.layers, model.vocab, tp=config.tp, pp=config.pp,
+                               chunks=config.pp * config.virtual_stages))
 
 
 def estimate_conv_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf) -> MemoryBreakdown:
@@ -123,9 +163,12 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
                        perf: DevicePerf) -> TimeBreakdown:
     """Seconds of one optimizer step: the convolutions as implicit GEMMs (backward twice forward),
     BatchNorm/ReLU/add traffic, conv2's all-reduce per block over tp (forward, and conv1's input
-    gradient in backward), the data-parallel gradient all-reduce, the optimizer and the overheads."""
+    gradient in backward), the data-parallel gradient all-reduce, the optimizer and the overheads.
+    With pp > 1 the slowest rank's blocks set the pace of every micro-batch slot; the bubble is
+    (pp - 1) such slots (/ virtual stages, interleaved) and each cut sends the feature map of the
+    block before it, and receives its gradient, once a micro-batch."""
     r = _Rates(perf, cluster, config)
-    t, dp, m, b, e = config.tp, config.dp, config.grad_accum, config.micro_batch, r.e
+    t, pp, dp, m, b, e = config.tp, config.pp, config.dp, config.grad_accum, config.micro_batch, r.e
     stem, _ = stem_convs(model.hidden, model.seq_len)
     blocks = _blocks(model)
     tp_bw = group_bandwidth(cluster, 1, t)
@@ -140,9 +183,17 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         c2 = convs[1]
         tp_blocks.append(2 * _ring("allreduce", b * c2.cout * c2.out_side**2 * e, t, tp_bw, perf))
     head = r.gemm(b, model.vocab, _classes_in(model))
-    fwd = _conv_seconds(r, stem, b, 1) + r.mem(6 * e * b * stem.cout * stem.out_side**2, 4) + sum(fwd_blocks) + head
-    ckpt = config.checkpointed_layers(model.layers)
-    rec = sum(fwd_blocks[i] + tp_blocks[i] / 2 for i in ckpt)
+    stem_s = _conv_seconds(r, stem, b, 1) + r.mem(6 * e * b * stem.cout * stem.out_side**2, 4)
+    ckpt = _checkpointed(model, config)
+    chunks = pp * config.virtual_stages
+    last = (chunks - 1) % pp
+    # each rank's micro-batch: (forward, recomputation, tp collectives); the slowest paces the pipeline
+    per_rank = []
+    for rank, mine in enumerate(_rank_blocks(model, config)):
+        fwd = sum(fwd_blocks[i] for i in mine) + (stem_s if rank == 0 else 0.0) + (head if rank == last else 0.0)
+        rec = sum(fwd_blocks[i] + tp_blocks[i] / 2 for i in mine if i in ckpt)
+        per_rank.append((fwd, rec, sum(tp_blocks[i] for i in mine)))
+    fwd, rec, tp_mb = max(per_rank, key=lambda x: 3 * x[0] + x[1] + x[2])
     n = _stage_params(model, config)
     grad_e = 4 if config.precision == "fp32" else 2
     accum = r.mem(n * grad_e * 3, 1) if m > 1 else 0.0
@@ -151,8 +202,21 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         dp_comm *= 1.5 * m
     opt_params = n / (dp if config.zero_stage >= 1 else 1)
     optimizer = r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4)
+    bubble_slots, pp_comm = 0.0, 0.0
+    if pp > 1:
+        bubble_slots = (pp - 1) / config.virtual_stages if config.pipeline_schedule == "interleaved" else pp - 1.0
+        # the feature map after each cut block (its size depends on where the cut falls), sent forward
+        # and its gradient back, a micro-batch; a rank sends from each of its chunks but the last
+        pp_bw = group_bandwidth(cluster, t * dp, pp)
+        sends = [0.0] * pp
+        for c, (_, stop) in enumerate(pipeline_chunk_bounds(model.layers, chunks)[:-1]):
+            out = blocks[stop - 1][2]  # conv3: the block's output channels and side
+            nbytes = b * out.cout * out.out_side**2 * e
+            sends[c % pp] += 2 * (nbytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s)
+        pp_comm = (m + bubble_slots) * max(sends)
+    slot = 3 * fwd + accum + rec + tp_mb
     return TimeBreakdown(
-        compute=m * (3 * fwd + accum), recompute=m * rec, tp_comm=m * sum(tp_blocks), pp_comm=0.0,
-        bubble=0.0, dp_comm=dp_comm, optimizer=optimizer,
+        compute=m * (3 * fwd + accum), recompute=m * rec, tp_comm=m * tp_mb, pp_comm=pp_comm,
+        bubble=bubble_slots * slot, dp_comm=dp_comm, optimizer=optimizer,
         overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,
     )

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from autoslapo.config import LOSS_CHUNK_TOKENS
 from autoslapo.cost.encdec import encdec_activation_bytes, encdec_stage_params
 from autoslapo.models.spec import is_convolutional
-from autoslapo.models.wrn_shape import wrn_split_params
+from autoslapo.models.wrn_shape import wrn_rank_params
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -84,19 +84,22 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
     """Parameters on one device of (the first, the last) pipeline stage, after TP sharding.
 
     Embeddings are vocab-parallel over TP (Megatron); with pp > 1 the last stage keeps its own copy
-    of tied word embeddings for the logits; LLaMA's untied head is always on the last stage.
+    of tied word embeddings for the logits; LLaMA's untied head is always on the last stage. A
+    shared layer (ALBERT) is on every stage.
     """
     if model.encoder_decoder:  # T5: two unequal stacks (``autoslapo.cost.encdec``)
         return encdec_stage_params(model, config)
     if is_convolutional(model.family):  # WideResNet: only the bottlenecks' conv1/bn1/conv2 split over tp
-        split = wrn_split_params(model.hidden, model.ffn, model.layers)
-        n = model.num_params() - split + split / config.tp
-        return n, n
-    # a shared layer (ALBERT) is stored once however often it runs (its family refuses pp > 1)
-    layers = model.stored_layers / config.pp
+        chunks = config.pp * config.virtual_stages
+        ranks = wrn_rank_params(model.hidden, model.ffn, model.layers, model.vocab, tp=config.tp, pp=config.pp,
+                                chunks=chunks)
+        return ranks[0], ranks[(chunks - 1) % config.pp]
+    # a shared layer (ALBERT) is stored once however often it runs, and whole on every pipeline
+    # stage (each runs some of its calls; ``estimate_time`` sums its gradients over the stages)
+    layers = model.stored_layers if model.shared_layers else model.layers / config.pp
     body = layers * model.layer_params() / config.tp
     emb = model.embedding_params() / config.tp
-    word = model.vocab * model.hidden / config.tp
+    word = model.vocab * model.embedding_size / config.tp
     head = word if (not model.tied_head or config.pp > 1) else 0.0
     if config.pp == 1:
         return body + emb + head, body + emb + head

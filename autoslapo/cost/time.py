@@ -380,6 +380,11 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
     bubble_slots = (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
     pp_comm = (m + bubble_slots) * p2p * v
+    if pp > 1 and model.shared_layers:
+        # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
+        # group once a step, after the schedule (``PipelineRuntime.sync_tied_grads``)
+        shared_bytes = model.stored_layers * model.layer_params() / t * (4 if config.precision == "fp32" else 2)
+        pp_comm += _ring("allreduce", shared_bytes, pp, pp_bw, perf)
 
     # data parallel: gradients of this device's parameters over the dp group
     dp_bw = group_bandwidth(cluster, t, dp)
@@ -444,17 +449,12 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
 
 def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
                        perf: DevicePerf) -> TimeBreakdown:
-    """Seconds of one optimizer step of a user's own module (family ``user``), from its trace.
-
-    Its GEMM shapes are unknown, so compute is the traced FLOPs at the device's achievable rate plus
-    a memory pass over the activations each block saves and one fixed latency per traced op;
-    backward twice forward. Tensor parallelism divides the blocks' FLOPs and adds Megatron's four
-    all-reduces of a block's input per block; data parallelism and ZeRO move the gradients as for
-    the families; a checkpointed block runs its forward again. Pipeline stages (``autoslapo.user_pipeline``)
-    split the blocks; the last stage, the slot, runs everything outside them (each stage reruns the
-    code before the blocks, which the trace does not tell apart); a block's input passes between
-    stages; the parameters outside the blocks sit on every stage, their gradients summed over pp.
-    """
+    """Seconds of one optimizer step of a user's own module (family ``user``), from its trace: the
+    traced FLOPs at the achievable rate, a memory pass over each block's saved activations and a
+    latency per traced op (backward twice forward); TP divides the blocks' FLOPs and adds four
+    all-reduces of a block's input per block; DP/ZeRO as for the families; checkpointed blocks run
+    again. Pipeline stages split the blocks; the last (the slot) runs all outside them; a block's
+    input passes between stages; the outside parameters' gradients are summed over pp."""
     r = _Rates(perf, cluster, config)
     x = model.extra
     t, dp, m, b, z, pp, v = (config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage,

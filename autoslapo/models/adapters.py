@@ -23,6 +23,7 @@ from autoslapo.errors import ConfigError, ScheduleError
 from autoslapo.models.families import FAMILY_DESCRIPTIONS, FamilyDescription, get_family
 from autoslapo.models.hf import HF_MODEL_TYPES
 from autoslapo.models.t5_stages import t5_stage_adapter
+from autoslapo.models.wideresnet import WideResNet
 
 __all__ = [
     "PathAdapter",
@@ -30,6 +31,7 @@ __all__ = [
     "adapter_for",
     "pipeline_adapter",
     "register_pipeline_adapter",
+    "wideresnet_adapter",
 ]
 
 
@@ -268,6 +270,25 @@ def pipeline_adapter(model: nn.Module, family: str | None = None) -> PathAdapter
     return PathAdapter(**_adapter_parts(desc, model, _rebase(desc, model)))
 
 
+def wideresnet_adapter(model: WideResNet) -> PathAdapter:
+    """The WideResNet's stages: the stem on the first, bottleneck blocks, pooling and ``fc`` on the last.
+
+    The first stage takes the batch's ``images``; a feature map (its channels and side change from
+    group to group, fixed for each cut) passes between stages; the last returns the logits.
+    """
+
+    def embed(parts: Mapping[str, nn.Module], images: torch.Tensor) -> torch.Tensor:
+        stem = parts["stem"]
+        dtype = next(stem.parameters()).dtype  # float32 batches feed a model built in another dtype
+        return stem(images.to(dtype))  # type: ignore[no-any-return]
+
+    def head(parts: Mapping[str, nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+        return parts["fc"](torch.flatten(nn.functional.adaptive_avg_pool2d(hidden, 1), 1))
+
+    return PathAdapter(layers_path="blocks", first_paths=("stem",), last_paths=("fc",), embed_fn=embed,
+                       head_fn=head, input_keys=("images",))
+
+
 # -- choosing one ----------------------------------------------------------------------------------
 
 AdapterFactory = Callable[[nn.Module, str], PipelineAdapter]
@@ -287,13 +308,15 @@ def register_pipeline_adapter(model_type: str, factory: AdapterFactory) -> None:
 
 
 def adapter_for(model: nn.Module, layers_path: str) -> PipelineAdapter:
-    """Pick the adapter for ``model``: a described family's by HF ``config.model_type``, then a
+    """Pick the adapter for ``model``: the WideResNet's, a described family's by HF ``config.model_type``, then a
     registered one, then the generic one when the layer list is an nn.Sequential model's own
     children (``layers_path == ""``).
 
     An encoder-decoder (T5) gets :func:`autoslapo.models.t5_stages.t5_stage_adapter`'s.
     Raises: ScheduleError naming the known model types when none fits.
     """
+    if isinstance(model, WideResNet):
+        return wideresnet_adapter(model)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     for desc in FAMILY_DESCRIPTIONS.values():
         if desc.model_type == model_type:

@@ -311,7 +311,8 @@ def family_description(spec: ModelSpec) -> FamilyDescription:
 # ALBERT: one AlbertLayer (one group of one layer) is run ``num_hidden_layers`` times, so the layer
 # list has a single entry that the schedule shards once and checkpoints by call (see
 # ``autoslapo.plan``). Its embeddings have width E and are mapped to hidden by the encoder's first
-# Linear, which the first pipeline stage would own; a pipeline is refused (``autoslapo.layout``).
+# Linear, which the first pipeline stage owns; pipeline stages run calls [a, b) of the one layer, each
+# rank holding a copy whose gradients the pipeline sums (``autoslapo.pipeline.find_tied``).
 ALBERT = register_family(
     FamilyDescription(
         name="albert",

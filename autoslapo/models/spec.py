@@ -33,8 +33,8 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "opt": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True},
     "t5": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "encoder_decoder": True},
-    # ALBERT: ``shared_layers`` (one layer's weights run ``layers`` times; stored once, no pipeline
-    # split); ``extra["embedding_size"]``: the factorized embedding width E (< hidden), mapped to
+    # ALBERT: ``shared_layers`` (one layer's weights run ``layers`` times; stored once, a copy on
+    # every pipeline stage); ``extra["embedding_size"]``: the factorized embedding width E (< hidden), mapped to
     # hidden by ``embedding_hidden_mapping_in``.
     # ``sequence_parallel`` off: AlbertAttention adds its own input back and reads the head count from
     # that input's shape, so its input cannot be sequence-split while q/k/v see whole sequences.

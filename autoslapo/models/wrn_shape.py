@@ -14,7 +14,18 @@ from dataclasses import dataclass
 
 from autoslapo.errors import ConfigError
 
-__all__ = ["RESNET50_BLOCKS", "Conv", "block_convs", "stage_blocks", "stem_convs", "wrn_end_params", "wrn_params", "wrn_split_params"]
+__all__ = [
+    "RESNET50_BLOCKS",
+    "Conv",
+    "block_convs",
+    "pipeline_chunk_bounds",
+    "stage_blocks",
+    "stem_convs",
+    "wrn_end_params",
+    "wrn_params",
+    "wrn_rank_params",
+    "wrn_split_params",
+]
 
 #: torchvision's ResNet-50 depth: bottleneck blocks per stage.
 RESNET50_BLOCKS = (3, 4, 6, 3)
@@ -113,3 +124,24 @@ def wrn_params(hidden: int, ffn: int, layers: int, vocab: int) -> int:
 def wrn_split_params(hidden: int, ffn: int, layers: int) -> int:
     """Parameters tensor parallelism splits: every block's conv1 (with bn1) and conv2."""
     return sum(c.params for block in block_convs(hidden, ffn, layers, 224) for c in block if c.sharded)
+
+
+def pipeline_chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` blocks of each of ``chunks`` pipeline chunks (equal when ``chunks`` divides ``layers``)."""
+    return [(c * layers // chunks, (c + 1) * layers // chunks) for c in range(chunks)]
+
+
+def wrn_rank_params(hidden: int, ffn: int, layers: int, vocab: int, *, tp: int = 1, pp: int = 1,
+                    chunks: int = 1) -> list[float]:
+    """Parameters each pipeline rank holds, by rank: its chunks' blocks (chunk ``c`` on rank ``c % pp``;
+    conv1 + bn1 and conv2 split over ``tp``), the stem on rank 0, the classifier on the last chunk's."""
+    blocks = [sum(c.params / tp if c.sharded else c.params for c in convs)
+              for convs in block_convs(hidden, ffn, layers, 224)]
+    ranks = [0.0] * pp
+    for c, (a, b) in enumerate(pipeline_chunk_bounds(layers, chunks)):
+        ranks[c % pp] += sum(blocks[a:b])
+    stem, _ = stem_convs(hidden, 224)
+    last = hidden * 2 ** (len(stage_blocks(layers)) - 1)
+    ranks[0] += stem.params
+    ranks[(chunks - 1) % pp] += last * vocab + vocab
+    return ranks

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from autoslapo.schedule import Schedule
 from autoslapo.errors import ScheduleError
 
+__all__ = ["KEEP", "checkpoint", "set_call_index"]
+
 _INNER = "_autoslapo_inner_forward"
 _FLAGS = "_autoslapo_ckpt_rng"
 _KEEP = "_autoslapo_ckpt_keep"
@@ -70,6 +72,19 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return torch_ckpt.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=rng,
                                      context_fn=_SELECTIVE, **kwargs)
     return torch_ckpt.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=rng, **kwargs)
+
+
+def set_call_index(module: nn.Module, index: int) -> None:
+    """Say that the next call of each module under ``module`` checkpointed by call is call ``index``.
+
+    For a pipeline stage running calls of a shared layer (ALBERT): its ranks and microbatches
+    interleave the calls, so the count kept since the first call would not say which one runs.
+    Modules checkpointed without ``calls`` (or not at all) are left alone.
+    """
+    for mod in module.modules():
+        by_call = mod.__dict__.get(_CALLS)
+        if by_call is not None:
+            mod.__dict__[_COUNT] = index % by_call[1]
 
 
 def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool = True,

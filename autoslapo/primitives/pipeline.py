@@ -1,7 +1,11 @@
 """Pipeline parallelism, the primitive: ``cut_pipeline_stage`` marks where one stage ends.
 
 ``sch["encoder.layer.1"].cut_pipeline_stage()`` records, in the root's ``meta["pipeline_cuts"]``,
-that a stage ends after that child of a ModuleList / nn.Sequential. Building and running the stages
+that a stage ends after that child of a ModuleList / nn.Sequential. A layer list that runs its one
+child N times per forward (ALBERT's shared layer) is cut over the calls instead:
+``sch["...albert_layers.0"].cut_pipeline_stage(call=5, calls=12)`` ends a stage after call 5 of 12
+(recorded as a :class:`CallCuts` in ``meta["pipeline_call_cuts"]``); :func:`layer_cuts` reads either
+kind as one :class:`LayerCuts`. Building and running the stages
 (``torch.distributed.pipelining``) is ``autoslapo.pipeline.build_pipeline``'s job; how a model
 family runs as a stack of layers is ``autoslapo.models.adapters``'.
 
@@ -13,6 +17,7 @@ decoder's; cuts may then fall in either list, and after the encoder's last block
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -23,11 +28,15 @@ if TYPE_CHECKING:
     from autoslapo.schedule import Schedule
 
 __all__ = [
+    "CALL_CUTS_KEY",
     "CUTS_KEY",
     "LISTS_KEY",
+    "CallCuts",
+    "LayerCuts",
     "cut_index",
     "cut_pipeline_stage",
     "join_layer_lists",
+    "layer_cuts",
     "layer_lists",
     "layer_position",
     "pipeline_cuts",
@@ -36,6 +45,48 @@ __all__ = [
 
 CUTS_KEY = "pipeline_cuts"
 LISTS_KEY = "pipeline_layer_lists"
+CALL_CUTS_KEY = "pipeline_call_cuts"
+
+
+@dataclass(frozen=True)
+class CallCuts:
+    """Pipeline cuts over the calls of one module that a layer list runs ``calls`` times per forward.
+
+    ``path``: that module (the only child of its layer list); ``after``: the call indices (0-based,
+    increasing, each below ``calls - 1``) after which a stage ends.
+    """
+
+    path: str
+    calls: int
+    after: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.calls < 2:
+            raise ScheduleError(f"a layer list cut over calls runs its module >= 2 times: got calls={self.calls}")
+        if any(b <= a for a, b in itertools.pairwise(self.after)) or any(
+            not 0 <= c < self.calls - 1 for c in self.after
+        ):
+            raise ScheduleError(
+                f"call cuts must be increasing and in 0..calls-2: got {list(self.after)} for calls={self.calls} "
+                f"at {self.path!r}"
+            )
+
+
+@dataclass(frozen=True)
+class LayerCuts:
+    """The pipeline's layer list as the stages see it: the module path each position runs, and the cuts.
+
+    ``parent``: the layer list's path; ``layers``: one path a position, in order (its children for a
+    plain list; its one child repeated for a list of calls); ``cuts``: positions after which a stage
+    ends; ``shared``: whether positions repeat one module (stages then hold the same module).
+    """
+
+    parent: str
+    layers: tuple[str, ...]
+    cuts: tuple[int, ...]
+    shared: bool = False
+
+
 
 
 # -- cut --------------------------------------------------------------------------------------------
@@ -94,16 +145,23 @@ def layer_position(sch: Schedule, path: str) -> int:
     return offset + cut_index(node)
 
 
-def cut_pipeline_stage(sch: Schedule) -> None:
-    """Mark a pipeline-stage boundary right after the module at ``sch``.
+def cut_pipeline_stage(sch: Schedule, *, call: int | None = None, calls: int | None = None) -> None:
+    """Mark a pipeline-stage boundary right after the module at ``sch`` (or after one of its calls).
 
     Takes: a node that is a child (not the last) of an nn.ModuleList or nn.Sequential; every cut of
     one model must lie in the same container, or in the lists :func:`join_layer_lists` joined (then
     the last child of an earlier list may be cut: the boundary between them). Records the path in ``root.meta["pipeline_cuts"]``
     (kept in layer order) and sets ``sch.meta["pipeline_cut"]``.
     Raises: ScheduleError for the root, a child of another kind of module, the last child, a
-    second cut at the same place, or cuts in two different containers.
+    second cut at the same place, or cuts in two different containers. With ``call`` and ``calls``:
+    the node is the only child of a layer list that runs it ``calls`` times per forward (a shared
+    layer), and the stage ends after call ``call`` (0-based); recorded as a :class:`CallCuts`.
     """
+    if call is not None or calls is not None:
+        _cut_call(sch, call, calls)
+        return
+    if CALL_CUTS_KEY in sch.root().meta:
+        raise ScheduleError(f"{sch.path!r}: this model is already cut over calls of one module; cut with call=")
     parent = sch.parent
     if parent is None:
         raise ScheduleError(
@@ -141,6 +199,55 @@ def cut_pipeline_stage(sch: Schedule) -> None:
     cuts.append(sch.path)
     cuts.sort(key=lambda p: layer_position(root, p))
     sch.meta["pipeline_cut"] = True
+
+
+def _cut_call(sch: Schedule, call: int | None, calls: int | None) -> None:
+    if call is None or calls is None:
+        raise ScheduleError(
+            f"a cut over calls needs both call and calls: got call={call}, calls={calls} at {sch.path!r}"
+        )
+    parent = sch.parent
+    if parent is None or not isinstance(parent.mod, nn.ModuleList | nn.Sequential) or len(parent.children) != 1:
+        where = "the root" if parent is None else f"one of {len(parent.children)} children of {parent.path!r}"
+        raise ScheduleError(
+            f"a cut over calls needs the only child of a ModuleList or nn.Sequential: {sch.path!r} is {where}; "
+            "cut a layer list of several layers without call="
+        )
+    root = sch.root()
+    if root.meta.get(CUTS_KEY):
+        raise ScheduleError(f"{sch.path!r}: this model is already cut between layers; cut without call=")
+    old: CallCuts | None = root.meta.get(CALL_CUTS_KEY)
+    if old is not None and (old.path != sch.path or old.calls != calls):
+        raise ScheduleError(
+            f"all call cuts must name one module and call count: got {sch.path!r} x {calls} after "
+            f"{old.path!r} x {old.calls}"
+        )
+    after = () if old is None else old.after
+    if call in after:
+        raise ScheduleError(f"call {call} of {sch.path!r} is already a pipeline cut; each boundary is cut once")
+    if not 0 <= call < calls - 1:
+        raise ScheduleError(
+            f"cut_pipeline_stage after call {call} of {calls} leaves an empty stage or none: use a call in "
+            f"0..{calls - 2} of {sch.path!r}"
+        )
+    root.meta[CALL_CUTS_KEY] = CallCuts(sch.path, calls, tuple(sorted({*after, call})))
+    sch.meta["pipeline_cut"] = True
+
+
+def layer_cuts(sch: Schedule) -> LayerCuts | None:
+    """The recorded cuts of the model under ``sch`` as a :class:`LayerCuts`, or None when there are none."""
+    root = sch.root()
+    by_call: CallCuts | None = root.meta.get(CALL_CUTS_KEY)
+    if by_call is not None:
+        parent = root[by_call.path].parent
+        assert parent is not None  # _cut_call checked it
+        return LayerCuts(parent.path, (by_call.path,) * by_call.calls, by_call.after, shared=True)
+    cuts = pipeline_cuts(root)
+    if not cuts:
+        return None
+    lists = layer_lists(root)  # one list, or the lists join_layer_lists joined (in order)
+    layers = tuple(node.path for lst in lists for _, node in root[lst].children.items())
+    return LayerCuts(lists[0], layers, tuple(layer_position(root, c) for c in cuts))
 
 
 def pipeline_cuts(sch: Schedule) -> list[str]:

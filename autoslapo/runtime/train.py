@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoslapo.config import ScheduleConfig
-from autoslapo.models.spec import ModelSpec
+from autoslapo.models.spec import ModelSpec, is_convolutional
 from autoslapo.models.user import USER_FAMILY, user_loss
 
 __all__ = ["loss_function", "reference_losses", "step_batch", "train", "train_entry", "train_many_entry"]
@@ -67,7 +67,8 @@ def _own_loss(loss: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
 
 def loss_function(spec: ModelSpec, sch: Any = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``loss(logits, labels)`` as the family's transformers class computes it (mean over labelled
-    tokens; causal models predict the next token). The pipeline's last stage uses it.
+    tokens; causal models predict the next token; a convolutional family's: mean over images, as
+    its forward computes it). The pipeline's last stage uses it.
 
     With ``sch``, a schedule whose head is vocabulary-parallel (tp > 1): the vocab-parallel loss of
     the logits' shards (``autoslapo.primitives.loss``), the head then never gathering them.
@@ -79,6 +80,10 @@ def loss_function(spec: ModelSpec, sch: Any = None) -> Callable[[torch.Tensor, t
     vocab_parallel = None if sch is None else sch.root().meta.get("vocab_parallel_loss")
     if vocab_parallel is not None:
         return vocab_parallel.for_pipeline()  # type: ignore[no-any-return]
+    if is_convolutional(spec.family):
+        def images(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(logits.float(), labels)
+        return images
     if spec.causal:
         def causal(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(

@@ -20,7 +20,7 @@ from autoslapo.cli import main
         (["verify", "gpt2-tiny", "--pp", "3"], "pipeline stages must split the layers evenly"),
         (["verify", "gpt2-tiny", "--pp", "2", "--batch", "3"], "--batch must split into --grad-accum"),
         (["verify", "gpt2-tiny", "--ckpt-ratio", "2"], "ckpt_ratio must be between 0 and 1"),
-        (["verify", "wideresnet-tiny", "--pp", "2"], "pp must be 1 for wideresnet"),
+        (["verify", "wideresnet-tiny", "--pp", "3"], "pipeline stages must split the blocks evenly"),
         (["verify", "wideresnet-tiny", "--attn", "flash"], "attn_kernel does not apply to wideresnet"),
     ],
 )
@@ -59,6 +59,15 @@ def test_wideresnet_tiny_tp2_passes() -> None:
     assert rc == 0, out
     line = [x for x in out.splitlines() if x.startswith("verify ")]
     assert len(line) == 1 and "ok - tp=2 pp=1 ckpt_ratio=0.5" in line[0] and "4 layers" in line[0], out
+
+
+def test_pipelined_albert_and_wideresnet_pass() -> None:
+    # ALBERT's shared layer over 2 stages; WideResNet's blocks over 2 stages (feature maps between them)
+    for model in ("albert-tiny", "wideresnet-tiny"):
+        rc, out, _ = _verify(model, "--pp", "2", "--layers", "0")
+        assert rc == 0, out
+        line = [x for x in out.splitlines() if x.startswith("verify ")]
+        assert len(line) == 1 and "ok - tp=1 pp=2" in line[0] and "pipeline 2 stages" in line[0], out
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ def test_transformer_only_knobs_are_declared_on_the_knobs() -> None:
 @pytest.mark.parametrize(
     ("knobs", "message"),
     [
-        ({"pp": 2}, "pp must be 1 for wideresnet"),
+        ({"pp": 3, "grad_accum": 3}, "pipeline stages must split the blocks evenly: got 4 blocks for pp=3"),
         ({"attn_kernel": "flash"}, "attn_kernel does not apply to wideresnet"),
         ({"tp": 2, "sequence_parallel": True}, "sequence_parallel does not apply"),
         ({"loss_kernel": "chunked"}, "loss_kernel does not apply"),
@@ -60,13 +60,13 @@ def test_group_size_must_match_tp() -> None:
         apply_schedule(build_model(TINY), TINY, ScheduleConfig(tp=2))
 
 
-def test_degrees_and_sweeps_never_pipeline_or_use_transformer_knobs() -> None:
+def test_degrees_and_sweeps_pipeline_by_blocks_and_never_use_transformer_knobs() -> None:
     cluster = ClusterSpec(gpus=8, gpu_type="a100-80gb")
-    assert tp_degrees(TINY, cluster) == [1, 2, 4, 8] and pp_degrees(TINY, cluster) == [1]
+    # 4 blocks: pp divides them (8 would leave stages empty)
+    assert tp_degrees(TINY, cluster) == [1, 2, 4, 8] and pp_degrees(TINY, cluster) == [1, 2, 4]
     configs = [c for group in candidate_configs(TINY, cluster, global_batch=64) for c in group]
-    assert configs
+    assert configs and {c.pp for c in configs} > {1}
     for c in configs:
-        assert c.pp == 1
         assert all(getattr(c, n) == KNOB[n].default for n in TRANSFORMER_ONLY)
 
 
@@ -78,5 +78,6 @@ def test_search_space_keeps_transformer_knobs_at_defaults(space: str) -> None:
     assert configs and {c.tp for c in configs} == {1, 2, 4}
     if space == "wideresnet":
         assert max(c.micro_batch for c in configs) == 256 and "loss_kernel" not in bound.domains
+    assert {c.pp for c in configs} == {1, 2, 4}
     for c in configs:
-        assert c.pp == 1 and all(getattr(c, n) == KNOB[n].default for n in TRANSFORMER_ONLY)
+        assert all(getattr(c, n) == KNOB[n].default for n in TRANSFORMER_ONLY)

@@ -84,3 +84,33 @@ def test_estimate_command_reports_torchvisions_parameter_count(capsys: pytest.Ca
     d = json.loads(capsys.readouterr().out)
     assert d["num_params"] == 68_883_240 and d["model"]["family"] == "wideresnet"
     assert d["config"]["pp"] == 1 and d["samples_per_s"] > 0 and d["fits"]
+
+
+def test_pipeline_stages_price_weights_bubble_and_the_cut_feature_maps() -> None:
+    from autoslapo.cost import device_perf
+    from autoslapo.cost.conv import estimate_conv_time
+    from autoslapo.models.wrn_shape import block_convs, wrn_rank_params
+
+    spec = ModelSpec.from_name("wideresnet-50-2")
+    cluster = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    perf = device_perf(cluster)
+    m, b = 8, 32
+    cfg = {pp: ScheduleConfig(pp=pp, dp=8 // pp, micro_batch=b, grad_accum=m) for pp in (1, 2, 4)}
+    # every parameter on exactly one rank; the most loaded rank holds fewer as pp grows
+    for pp in (1, 2, 4):
+        ranks = wrn_rank_params(spec.hidden, spec.ffn, spec.layers, spec.vocab, pp=pp, chunks=pp)
+        assert sum(ranks) == spec.num_params()
+    assert max(stage_params(spec, cfg[4])) < max(stage_params(spec, cfg[2])) < max(stage_params(spec, cfg[1]))
+    one, two = estimate_conv_time(spec, cfg[1], cluster, perf), estimate_conv_time(spec, cfg[2], cluster, perf)
+    assert one.bubble == one.pp_comm == 0 and two.bubble > 0 and two.compute < one.compute
+    # pp=2 cuts after block 7 (of [3, 4, 6, 3]): the third group's first block, 1024 x 14 x 14 a image,
+    # sent and its gradient received each micro-batch (and the bubble's slot) at 300 GB/s at best
+    out = block_convs(spec.hidden, spec.ffn, spec.layers, spec.seq_len)[7][2]
+    assert (out.cout, out.out_side) == (1024, 14)
+    at_cut = (m + 1) * 2 * b * out.cout * out.out_side**2 * 2 / 300e9
+    assert at_cut < two.pp_comm < 2 * at_cut  # not the first group's 256 x 56 x 56 maps (4x as large)
+    # 1F1B: the first rank holds two micro-batches of the activation-heavy early blocks
+    ones = estimate_conv_activation_bytes(spec, cfg[1])
+    assert estimate_conv_activation_bytes(spec, cfg[2]) > ones
+    assert estimate_conv_activation_bytes(spec, ScheduleConfig(pp=2, dp=4, micro_batch=b, grad_accum=m,
+                                                               pipeline_schedule="gpipe")) > 4 * ones

@@ -77,10 +77,11 @@ def test_family_shape_keys_are_checked(family: str, extra: dict, match: str) -> 
 # -- rules ----------------------------------------------------------------------------------------
 
 
-def test_albert_refuses_a_pipeline_and_sequence_parallelism() -> None:
+def test_albert_takes_a_pipeline_and_refuses_sequence_parallelism() -> None:
     spec = ModelSpec.from_name("albert-tiny")
-    with pytest.raises(ConfigError, match="pipeline stages cannot split a shared-layer model: got pp=2"):
-        ScheduleConfig(pp=2).validate(spec)
+    ScheduleConfig(pp=2, grad_accum=2).validate(spec)  # stages run calls of the shared layer
+    with pytest.raises(ConfigError, match="pipeline stages must split the layers evenly: got 4 layers for pp=3"):
+        ScheduleConfig(pp=3, grad_accum=3).validate(spec)
     with pytest.raises(ConfigError, match="sequence_parallel cannot split albert"):
         ScheduleConfig(tp=2, sequence_parallel=True).validate(spec)
 
@@ -89,7 +90,8 @@ def test_spaces_never_propose_what_a_family_refuses() -> None:
     cluster = ClusterSpec(gpus=8, gpu_type="a100-80gb")
     albert = ModelSpec.from_name("albert-xxlarge")
     configs = space_for("albert").bind(albert, cluster).configs()
-    assert configs and {c.pp for c in configs} == {1} and {c.tp for c in configs} > {1}
+    assert configs and {c.pp for c in configs} > {1} and {c.tp for c in configs} > {1}
+    assert not {c.sequence_parallel for c in configs} - {False}
     neo = ModelSpec.from_name("gpt-neo-1.3b")
     bound = space_for("gpt_neo").bind(neo, cluster)
     assert "flash" not in bound.domains["attn_kernel"] and max(bound.domains["pp"]) > 1
@@ -213,3 +215,26 @@ def test_estimate_of_a_published_size_reports_its_parameters(
         assert d["config"]["pp"] == 1
     else:
         assert d["config"]["attn_kernel"] != "flash"
+
+
+def test_albert_pipeline_stages_each_hold_the_shared_layer_and_sum_its_gradients() -> None:
+    from autoslapo.cost import device_perf
+    from autoslapo.cost.time import estimate_time
+
+    spec = ModelSpec.from_name("albert-xxlarge")
+    cluster = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    layer = spec.layer_params()
+    one = ScheduleConfig(dp=8, micro_batch=4, grad_accum=8)
+    staged = {pp: ScheduleConfig(pp=pp, dp=8 // pp, micro_batch=4, grad_accum=8) for pp in (2, 4)}
+    first, last = stage_params(spec, staged[2])
+    # the whole shared layer on every stage: the weights a device holds do not fall with pp
+    assert first >= layer and last >= layer and stage_params(spec, staged[4]) == (first, last)
+    assert max(stage_params(spec, one)) >= first
+    perf = device_perf(cluster)
+    t1, t2 = estimate_time(spec, one, cluster, perf), estimate_time(spec, staged[2], cluster, perf)
+    assert t1.pp_comm == 0 and t2.bubble > 0 and t2.compute < t1.compute
+    # at NVLink's 300 GB/s at best: the hidden states of 8 micro-batches (and the bubble's slot) sent
+    # and their gradients received, plus the layer's bf16 gradients (~400 MB) all-reduced over the
+    # 2 stages once a step
+    p2p = (8 + 1) * 2 * 4 * spec.seq_len * spec.hidden * 2 / 300e9
+    assert t2.pp_comm > p2p + layer * 2 / 300e9

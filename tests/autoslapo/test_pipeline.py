@@ -258,3 +258,207 @@ def test_base_models_use_the_family_adapter(family: str) -> None:
         for s in stages:
             h = s(h)
         torch.testing.assert_close(h, model(input_ids=x).last_hidden_state)
+
+
+# -- a shared layer's calls as the layer list (ALBERT) -----------------------------------------------
+
+ALBERT_LAYER = "albert.encoder.albert_layer_groups.0.albert_layers.0"
+
+
+def test_call_cuts_record_and_misuse_errors() -> None:
+    from autoslapo.models.build import build_model
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.primitives.pipeline import layer_cuts
+
+    sch = create_schedule(build_model(ModelSpec.from_name("albert-tiny")))
+    node = sch[ALBERT_LAYER]
+    node.cut_pipeline_stage(call=2, calls=4)
+    node.cut_pipeline_stage(call=0, calls=4)
+    cuts = layer_cuts(sch)
+    assert cuts is not None and cuts.shared and cuts.cuts == (0, 2) and cuts.layers == (ALBERT_LAYER,) * 4
+    assert cuts.parent == ALBERT_LAYER.rsplit(".", 1)[0] and node.meta["pipeline_cut"] is True
+    with pytest.raises(ScheduleError, match=r"call 2 of .* is already a pipeline cut"):
+        node.cut_pipeline_stage(call=2, calls=4)
+    with pytest.raises(ScheduleError, match=r"after call 3 of 4 leaves an empty stage"):
+        node.cut_pipeline_stage(call=3, calls=4)
+    with pytest.raises(ScheduleError, match="one module and call count"):
+        node.cut_pipeline_stage(call=1, calls=6)
+    with pytest.raises(ScheduleError, match="needs both call and calls"):
+        node.cut_pipeline_stage(call=1)
+    with pytest.raises(ScheduleError, match="already cut over calls"):
+        node.cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="only child of a ModuleList"):
+        create_schedule(_bert())["bert.encoder.layer.1"].cut_pipeline_stage(call=0, calls=2)
+    bert = create_schedule(_bert())
+    bert["bert.encoder.layer.1"].cut_pipeline_stage()
+    plain = layer_cuts(bert)
+    assert plain is not None and plain.cuts == (1,) and not plain.shared and len(plain.layers) == 4
+    with pytest.raises(ScheduleError, match="only child"):
+        bert["bert.encoder.layer.2"].cut_pipeline_stage(call=0, calls=2)
+
+
+def test_albert_stages_run_the_shared_layer_calls_like_the_model() -> None:
+    # ALBERT under pp=2 with a checkpointed call: the stages, run in a pipeline's order (both
+    # microbatches through stage 0, then stage 1; a no-grad shape-inference pass of stage 0 first,
+    # as PipelineStage makes), give the model's loss and gradients and recompute exactly that call.
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.build import build_model
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.plan import apply_schedule
+    from autoslapo.runtime.train import loss_function, step_batch
+
+    spec = ModelSpec.from_name("albert-tiny", seq_len=16)
+    model = build_model(spec, dropout=0.0)
+    ref = copy.deepcopy(model)
+    config = ScheduleConfig(pp=2, grad_accum=2, ckpt_ratio=0.5, ckpt_placement="back")
+    sch = apply_schedule(model, spec, config)
+    assert sch.meta["plan"]["checkpointed"] == [1, 3] and sch.meta["plan"]["pipeline_cuts"] == [1]
+    # one call of four (the plan's [1, 3] looks the same from any count that is off by a stage)
+    sch[ALBERT_LAYER].checkpoint(calls=[1], period=spec.layers)
+    stages, _ = build_stage_modules(sch)
+    assert [s.bounds for s in stages] == [(0, 2), (2, 4)] and all(s.shared for s in stages)
+    layer = model.get_submodule(ALBERT_LAYER)
+    assert all(m is layer for s in stages for m in s.layers)
+    assert {id(p) for s in stages for p in s.parameters()} == {id(p) for p in model.parameters()}
+
+    batch = step_batch(spec, 4, 0, 0)
+    halves = [{k: v[i * 2:(i + 1) * 2] for k, v in batch.items()} for i in range(2)]
+    inputs: list[torch.Tensor] = []  # each call's input; a recomputation repeats one of them
+    layer.attention.register_forward_pre_hook(lambda _m, args: inputs.append(args[0].detach().clone()))
+    with torch.no_grad():
+        stages[0](halves[0]["input_ids"])
+    inputs.clear()
+    loss_fn = loss_function(spec)
+    hidden = [stages[0](mb["input_ids"]) for mb in halves]
+    losses = [loss_fn(stages[1](h), mb["labels"]) for h, mb in zip(hidden, halves, strict=True)]
+    forward = list(inputs)
+    assert len(forward) == 2 * spec.layers
+    sum(losses).backward()
+    recomputed = [next(i for i, x in enumerate(forward) if torch.equal(x, r)) for r in inputs[len(forward):]]
+    # forward order: mb0 calls 0-1, mb1 calls 0-1, mb0 calls 2-3, mb1 calls 2-3
+    call_of = [0, 1, 0, 1, 2, 3, 2, 3]
+    assert sorted(call_of[i] for i in recomputed) == [1, 1]
+
+    ref_losses = [ref(**mb).loss for mb in halves]
+    sum(ref_losses).backward()
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses).detach())
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def _albert_pp_worker(schedule: str, virtual: int) -> float:
+    """On each of 2 ranks: ALBERT's calls over pp x virtual stages; the worst gradient difference."""
+    import torch.distributed as dist
+
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.build import build_model
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.pipeline import build_pipeline
+    from autoslapo.plan import apply_schedule
+    from autoslapo.runtime.train import loss_function, step_batch
+
+    spec = ModelSpec.from_name("albert-tiny", seq_len=16)
+    model = build_model(spec, dropout=0.0)
+    ref = copy.deepcopy(model)
+    config = ScheduleConfig(pp=2, grad_accum=2, pipeline_schedule=schedule, virtual_stages=virtual, ckpt_ratio=0.5)
+    sch = apply_schedule(model, spec, config)
+    batch = step_batch(spec, 4, 0, 0)
+    loss_fn = loss_function(spec)
+    for i in range(2):
+        (loss_fn(ref(input_ids=batch["input_ids"][i * 2:i * 2 + 2]).logits, batch["labels"][i * 2:i * 2 + 2]) / 2).backward()
+    rt = build_pipeline(sch, pp_group=dist.group.WORLD, grad_accum=2, schedule=schedule, virtual_stages=virtual,
+                        loss_fn=loss_fn)
+    rt.step(batch["input_ids"], target=batch["labels"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    refs = dict(ref.named_parameters())
+    # every rank holds the shared layer; its gradient is the sum over all stages' calls
+    assert any("albert_layers.0" in names[id(p)] for p in rt.parameters())
+    return max((p.grad - refs[names[id(p)]].grad).abs().max().item() for p in rt.parameters())
+
+
+@pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved", 2)])
+def test_albert_pp2_gradients_equal_the_model(schedule: str, virtual: int) -> None:
+    # interleaved: each rank holds two stages with the one layer; torch would scale its gradient twice
+    from autoslapo.dist import spawn
+
+    assert max(spawn(_albert_pp_worker, 2, schedule, virtual, timeout=180)) < 1e-6
+
+
+# -- a convolutional net's blocks (WideResNet): feature maps between stages ------------------------
+
+
+def test_wideresnet_stages_chained_equal_model() -> None:
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.build import build_model
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.plan import apply_schedule
+    from autoslapo.runtime.train import loss_function, step_batch
+
+    spec = ModelSpec.from_name("wideresnet-tiny")
+    model = build_model(spec)
+    ref = copy.deepcopy(model)
+    # the checkpoint ratio applies within each chunk, as for a transformer's layers
+    halves = apply_schedule(build_model(spec), spec, ScheduleConfig(pp=2, grad_accum=2, ckpt_ratio=0.5)).meta["plan"]
+    assert halves["pipeline_cuts"] == [1] and halves["checkpointed"] == [0, 2]
+    # (no checkpointing here: a recomputed BatchNorm would update its running statistics twice)
+    sch = apply_schedule(model, spec, ScheduleConfig(pp=4, grad_accum=4))
+    assert sch.meta["plan"]["pipeline_cuts"] == [0, 1, 2] and sch.meta["plan"]["stages"] == [[0, 1], [1, 2], [2, 3], [3, 4]]
+    stages, adapter = build_stage_modules(sch)
+    assert adapter.input_keys == ("images",) and [s.bounds for s in stages] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert set(stages[0].parts) == {"stem"} and set(stages[-1].parts) == {"fc"}
+    batch = step_batch(spec, 4, 0, 0)
+    h = batch["images"]
+    shapes = []
+    for s in stages:
+        h = s(h)
+        shapes.append(tuple(h.shape))
+    # one feature map per cut, its channels and side those of the group the cut block ends
+    assert shapes == [(4, 32, 16, 16), (4, 64, 8, 8), (4, 128, 4, 4), (4, spec.vocab)]
+    loss = loss_function(spec)(h, batch["labels"])
+    want = ref(**batch)
+    torch.testing.assert_close(h, want.logits)
+    loss.backward()
+    want.loss.backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    for (name, b), c in zip(model.named_buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(b, c, msg=name)  # BatchNorm's running statistics, each in its stage
+
+
+def _wrn_pp_worker() -> tuple[float, float]:
+    """On each of 2 ranks: WideResNet over 2 stages (1F1B, 2 micro-batches) against the model run in
+    the same 2 micro-batches; the worst gradient and BatchNorm running-statistic differences."""
+    import torch.distributed as dist
+
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.build import build_model
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.pipeline import build_pipeline
+    from autoslapo.plan import apply_schedule
+    from autoslapo.runtime.train import loss_function, step_batch
+
+    spec = ModelSpec.from_name("wideresnet-tiny")
+    model = build_model(spec)
+    ref = copy.deepcopy(model)
+    sch = apply_schedule(model, spec, ScheduleConfig(pp=2, grad_accum=2))
+    batch = step_batch(spec, 4, 0, 0)
+    for i in range(2):
+        (ref(**{k: v[i * 2:i * 2 + 2] for k, v in batch.items()}).loss / 2).backward()
+    rt = build_pipeline(sch, pp_group=dist.group.WORLD, grad_accum=2, loss_fn=loss_function(spec))
+    assert rt.input_keys == ("images",)
+    rt.step(batch["images"], target=batch["labels"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    refs = dict(ref.named_parameters())
+    grad = max((p.grad - refs[names[id(p)]].grad).abs().max().item() for p in rt.parameters())
+    ref_buffers = dict(ref.named_buffers())
+    mine = {f"blocks.{i}" for i in range(*rt.modules[0].bounds)}
+    stats = max((b - ref_buffers[n]).abs().max().item() for n, b in model.named_buffers()
+                if ".".join(n.split(".")[:2]) in mine)
+    return grad, stats
+
+
+def test_wideresnet_pp2_gradients_and_batchnorm_statistics_equal_the_model() -> None:
+    from autoslapo.dist import spawn
+
+    for grad, stats in spawn(_wrn_pp_worker, 2, timeout=180):
+        assert grad < 1e-5 and stats < 1e-6, (grad, stats)

@@ -51,8 +51,10 @@ MIXED: list[tuple[str, dict[str, Any]]] = [
     # its pipeline: stages over encoder then decoder blocks, a pair of streams between them, over TP
     ("t5-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5}),
     ("albert-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),  # a shared layer's calls
+    ("albert-tiny", {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "ckpt_ratio": 0.5}),  # ...over stages
     ("gpt-neo-tiny", {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5}),  # local attention over TP/PP
     ("wideresnet-tiny", {"tp": 2, "dp": 2, "zero_stage": 1, "ckpt_ratio": 0.5}),
+    ("wideresnet-tiny", {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2}),  # feature maps between stages
 ]
 
 # LLaMA's relatives from a Hugging Face config.json (Mistral; Qwen2 with q/k/v biases and a tied head);
@@ -75,8 +77,9 @@ FILE_MATRIX: list[dict[str, Any]] = [
 MY_MODEL = str(Path(__file__).resolve().parents[2] / "experiments" / "my_model.py")
 
 
-# What a family refuses (ALBERT: pipelines, sequence parallelism) leaves the matrix; these cover it
-# instead: its shared layer's calls checkpointed selectively and under ZeRO-3 with data parallelism.
+# What a family refuses (ALBERT: sequence parallelism) leaves the matrix; these cover it instead: its
+# shared layer's calls checkpointed selectively, under ZeRO-3 with data parallelism, and split over
+# pipeline stages (each holding the layer).
 # An encoder-decoder (T5) refuses sequence parallelism: TP over all 4 heads, selective recomputation
 # and checkpointing of every block of both stacks; pipelines cut between the stacks (MATRIX's pp 2)
 # and, interleaved (4 chunks of t5-tiny's 2 + 2 blocks), inside each stack too.
@@ -84,6 +87,17 @@ MATRIX_EXTRA: dict[str, list[dict[str, Any]]] = {
     "albert": [
         {"tp": 2, "dp": 2, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
         {"dp": 4, "zero_stage": 3, "ckpt_ratio": 0.5},
+        # stages run calls of the one shared layer, its gradients summed over them (then over dp)
+        {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5},
+        {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "ckpt_ratio": 0.25, "ckpt_granularity": "selective"},
+        {"pp": 4, "grad_accum": 4},  # four ranks, one call each
+        {"pp": 2, "dp": 2, "grad_accum": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2},
+    ],
+    # pipeline stages of a convolutional net: feature maps of the cut blocks pass between them
+    "wideresnet": [
+        {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5},
+        {"pp": 4, "grad_accum": 4},
+        {"pp": 2, "dp": 2, "grad_accum": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2},
     ],
     "t5": [
         {"tp": 4, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
@@ -113,13 +127,13 @@ def _spec(name: str) -> ModelSpec:
 
 
 def _matrix(family: str) -> list[dict[str, Any]]:
-    """MATRIX less what the family refuses: a convolutional family runs without pipeline stages and
-    without the knobs of attention, tokens and vocabularies (``layout.inapplicable_knobs``)."""
+    """MATRIX less what the family refuses: a convolutional family runs without the knobs of
+    attention, tokens and vocabularies (``layout.inapplicable_knobs``)."""
     spec = _spec(f"{family}-tiny")
     skip = set(inapplicable_knobs(spec, KNOBS))
     if not is_convolutional(family):
         return MATRIX
-    return [kw for kw in MATRIX if kw.get("pp", 1) == 1 and not skip & set(kw)]
+    return [kw for kw in MATRIX if not skip & set(kw)]
 
 
 def _check(runs: list[tuple[str, dict[str, Any]]]) -> None:
