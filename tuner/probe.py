@@ -66,7 +66,10 @@ class MemoryProbe:
 
     def prepare(self, proposer: Proposer) -> MemoryProbe:
         """Keep the first prior's best over-capacity candidates (the predictions are the ranking's,
-        already computed); returns itself."""
+        already computed), and stop if a stored trial shows a probe ran out of memory; returns itself."""
+        for c, r in proposer.measured.items():  # a resumed study: a probe of an earlier run ran out of memory
+            if r.status == "oom" and r.extra.get("oom_evidence") and not proposer.predict(c).fits:
+                self.stopped = f"a probe predicted over capacity ran out of memory: {r.reason}"
         near = [(c, p) for c in proposer.bound.configs()
                 if not (p := proposer.predict(c)).fits and self._within(p.memory_bytes, widen=1.5)]
         near.sort(key=lambda cp: -cp[1].samples_per_s)

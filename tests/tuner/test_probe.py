@@ -86,6 +86,12 @@ def test_a_probe_that_runs_out_of_memory_ends_probing(store: Store) -> None:
     assert "ran out of memory" in runner.prober.stopped
     probed = store.find_trial("probe", runner.prober.probes[0][0].to_dict())
     assert probed is not None and probed.status == "oom"
+    resumed = StudyRunner(TuneOptions(model=BASE, cluster=believed, trials=30, baselines=False, warm_start=False,
+                                      mirror=False, study="probe", resume=True), store,
+                          evaluator=DeviceMemoryTruth(BASE, believed))
+    assert "ran out of memory" in resumed.prober.stopped  # a resumed study does not probe again
+    resumed.run()
+    assert not resumed.prober.probes
 
 
 def test_no_probe_beyond_the_band_nor_in_a_study_that_does_not_learn(store: Store) -> None:
