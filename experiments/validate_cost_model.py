@@ -27,7 +27,7 @@ import json
 import os
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,9 @@ from autoslapo.cost import estimate
 from autoslapo.cost.field import DATA as FIELD_DATA
 from autoslapo.cost.field import SOURCE as FIELD_SOURCE
 from autoslapo.cost.field import check_all as field_check_all
+from autoslapo.cost.heldout import DATA as HELDOUT_DATA
+from autoslapo.cost.heldout import VIRTUAL_STAGES, row_model
+from autoslapo.cost.heldout import check_all as heldout_check_all
 from autoslapo.cost.published import check_all
 from autoslapo.models.spec import ModelSpec
 
@@ -109,9 +112,10 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 # Sources whose rows set the model's parameters (the GPU presets' efficiencies were fitted to them), and
 # how each is compared. Every other source is held out: checked, never fitted.
-FITTED = {"narayanan2021_table1": True, "nvidia_dle_bert_pretrain": True, FIELD_SOURCE: False}
+HELDOUT_SOURCE = "dubey2024_llama3_table4"
+FITTED = {"narayanan2021_table1": True, "nvidia_dle_bert_pretrain": True, FIELD_SOURCE: False, HELDOUT_SOURCE: False}
 METRIC = {"narayanan2021_table1": "TFLOP/s a GPU (incl. recompute)", "nvidia_dle_bert_pretrain": "sequences/s",
-          FIELD_SOURCE: "tokens/s a GPU"}
+          FIELD_SOURCE: "tokens/s a GPU", HELDOUT_SOURCE: "model TFLOP/s a GPU"}
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,37 @@ def field_part(lines: list[str], rows: list[Row]) -> bool:
     return not refused
 
 
+def heldout_part(lines: list[str], rows: list[Row]) -> bool:
+    """Published H100 runs (held out, ``autoslapo.cost.heldout``): row by row, then the errors."""
+    checks = heldout_check_all()
+    lines.append("")
+    lines.append(f"## Published H100 runs (autoslapo/cost/data/{HELDOUT_DATA.name}; held out: never fitted)")
+    lines.append("Llama 3 405B pre-training (Dubey et al. 2024, table 4): tp, pp, dp, global batch, bf16 and the "
+                 "interleaved schedule pinned; micro-batch, virtual stages, checkpointing and kernels the model's "
+                 "fastest that fits; 126 layers estimated as 128 (pp 16 splits layers evenly).")
+    lines.append(f"{'source':26} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} {'ckpt':>4} "
+                 f"{'pred GiB':>8} {'published':>9} {'predicted':>9} {'error':>7}  error at v=" +
+                 "/".join(str(v) for v in VIRTUAL_STAGES))
+    for c in checks:
+        r, cfg, e = c.row, c.estimate.config, c.estimate
+        cluster = ClusterSpec(gpus=int(r["gpus"]), gpu_type=r["gpu"], gpus_per_node=8)
+        model = row_model(r)
+        per_v = [estimate(model, replace(cfg, virtual_stages=v), cluster).tflops_per_device / c.measured - 1
+                 for v in VIRTUAL_STAGES]
+        lines.append(f"{r['source']:26} {r['gpus']:>6} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>4} {cfg.micro_batch:>3} "
+                     f"{cfg.grad_accum:>3} {cfg.virtual_stages:>2} {cfg.ckpt_ratio:>4} "
+                     f"{e.memory_per_device_bytes / 2**30:>8.1f} {c.measured:>9.0f} {c.predicted:>9.1f} "
+                     f"{c.error:>+7.1%}  " + " / ".join(f"{x:+.1%}" for x in per_v)
+                     + ("  REFUSED (ran, predicted not to fit)" if c.refused else ""))
+        rows.append(Row(r["source"], f"{r['model']} on {r['gpus']} {r['gpu']}", f"{r['source']}-{r['gpus']}",
+                        c.predicted, c.measured, c.refused))
+    errs = [c.error for c in checks if not c.refused]
+    refused = sum(c.refused for c in checks)
+    lines.append(f"{len(checks)} rows, {refused} refused, MAPE {statistics.fmean(abs(x) for x in errs):.1%}, median "
+                 f"{statistics.median(errs):+.1%} (held out: reported, not a fit target)")
+    return not refused
+
+
 def _measure(model: ModelSpec, cfg: ScheduleConfig, steps: int, warmup: int, timeout: float) -> dict[str, Any]:
     """Train ``cfg`` for real on CPU ranks with the runtime (``run_trial``); median step, peak RSS, load."""
     from autoslapo.runtime import run_trial
@@ -313,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[Row] = []
         ok = published_part(lines, rows)
         ok = field_part(lines, rows) and ok
+        ok = heldout_part(lines, rows) and ok
         source_table(lines, rows)
     if args.local or args.local_only:
         from autoslapo.cost.profile import load_profile, save_profile

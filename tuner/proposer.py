@@ -55,7 +55,7 @@ class Proposal:
 
     config: ScheduleConfig
     trial: optuna.trial.Trial
-    source: str  # "sampler", "prior", "warm", "fallback"
+    source: str  # "sampler", "prior", "warm", "fallback", "learned", "local", "probe"
 
 
 def _values_of(result: TrialResult, multi: bool) -> list[float]:
@@ -200,6 +200,21 @@ class Proposer:
                 self._queue.append((c, source))
                 return c
         return None
+
+    def best_predicted(self) -> float:
+        """The prior's best predicted throughput among configurations predicted to fit (0 if none)."""
+        ranked = self._reseed_ranking()
+        return self.predict(ranked[0]).samples_per_s if ranked else 0.0
+
+    def probeable(self, config: ScheduleConfig) -> bool:
+        """Whether ``config`` may be probed: expressible, not measured and not handed out (a pruned
+        configuration may: a probe runs it although the prior predicts it does not fit)."""
+        return config not in self.measured and config not in self.pending and self._encode(config) is not None
+
+    def hand_out_probe(self, config: ScheduleConfig) -> Proposal:
+        """Hand out ``config`` as a ``probe`` without the prior's fit check (``tuner.probe``)."""
+        self.pruned.pop(config, None)
+        return self._hand_out(config, self._ask_fixed(config), "probe")
 
     def _reseed_ranking(self) -> list[ScheduleConfig]:
         """The shortlist ranked by the current prior (the whole ranking without a shortlist)."""

@@ -43,6 +43,7 @@ from tuner.baselines import BaselineContext
 from tuner.evaluators import Evaluator, SimEvaluator, make_evaluator
 from tuner.learning import PriorLearner, with_prediction
 from tuner.mirror import OptunaMirror
+from tuner.probe import MemoryProbe
 from tuner.proposer import SAMPLERS, Prediction, Proposal, Proposer
 from tuner.sweep import Sweep, store_best, sweep_space
 
@@ -223,6 +224,7 @@ class StudyRunner:
         self.best_config: ScheduleConfig | None = None
         self.best_result: TrialResult | None = None
         self._since_best = 0
+        self.prober = MemoryProbe(options.cluster.memory_bytes)  # probes only once prepared (learning)
         self.mirror: OptunaMirror | None = None
         if options.mirror:
             self.mirror = OptunaMirror(store, self.name, self.bound, multi=self.proposer.multi,
@@ -294,6 +296,8 @@ class StudyRunner:
             self.proposer.enqueue(self.proposer.ranking()[:k], "prior")
         if self.learner.enabled and self.options.learned_every:
             self.proposer.shortlist = self.proposer.ranking()[:LEARNED_SHORTLIST]
+        if self.learner.enabled:  # a study that learns also probes just over capacity (tuner/probe.py)
+            self.prober.prepare(self.proposer)
 
     def _count(self, config: ScheduleConfig, result: TrialResult) -> None:
         self.counts[result.status] = self.counts.get(result.status, 0) + 1
@@ -337,10 +341,14 @@ class StudyRunner:
         from store import DuplicateTrial
 
         while True:
-            p = self.proposer.propose()
+            p = self.prober.pick(self.proposer, self.launched) or self.proposer.propose()
             self.flush()
             if p is None:
                 return None
+            was = self.store.find_trial(self.name, p.config.to_dict()) if p.source == "probe" else None
+            if was is not None and was.status == "pruned":  # the probe restarts its pruned row
+                self._numbers[p.config.config_hash()] = was.number
+                self.pruned, self.counts["pruned"] = self.pruned - 1, self.counts["pruned"] - 1
             self._predicted[p.config] = self.proposer.predict(p.config)
             key = p.config.config_hash()
             retry = self._numbers.get(key)
@@ -388,6 +396,7 @@ class StudyRunner:
         self._numbers.pop(proposal.config.config_hash(), None)
         self.proposer.complete(proposal, result)
         self._count(proposal.config, result)
+        self.prober.observe(proposal, result)
         if self.learner.observe(proposal.config, result):
             self.proposer.set_prior(self.learner.prior())
             every = self.options.learned_every
