@@ -25,7 +25,8 @@ batch's ``input_ids`` length (1 without it); ``vocab`` 1.
 The file is copied into a content-addressed cache (``$AUTOSLAPO_MODEL_CACHE``, default
 ``~/.cache/autoslapo/models``) when a command resolves it, and the rank processes load it from there
 by digest: the code a trial runs is the code whose digest the study records. Only the processes
-that run or measure the model execute it (the CLI and the ranks; never the service or the store).
+that run or measure the model execute it (the CLI, the ranks, and a service's trace child process and
+workers when it was started with ``--allow-module-files``; never the server process or the store).
 """
 
 from __future__ import annotations

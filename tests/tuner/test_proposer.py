@@ -175,5 +175,5 @@ def test_megatron_baseline_drops_sequence_parallelism_where_the_family_refuses_i
     r = StudyRunner(TuneOptions(model=ModelSpec.from_name("albert-xxlarge"), cluster=ClusterSpec(gpus=16),
                                 trials=1, prior_seeds=0, warm_start=False), store)
     mg = megatron_config(r.baseline_context())
-    assert mg is not None and mg.tp == 8 and mg.pp == 1 and not mg.sequence_parallel  # ALBERT: no SP, no PP
+    assert mg is not None and mg.tp == 8 and mg.pp == 1 and not mg.sequence_parallel  # ALBERT: no SP (and no stages: they do not shrink its one shared layer)
     store.close()
