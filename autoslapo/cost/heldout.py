@@ -23,13 +23,14 @@ splits layers evenly, so the row is estimated with 128 equal layers. The compare
 
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autoslapo.cluster import ClusterSpec
-from autoslapo.cost.estimate import Estimate, estimate
+from autoslapo.cost.estimate import estimate
+from autoslapo.cost.field import FieldCheck
+from autoslapo.cost.field import load_rows as load_field_rows
 from autoslapo.cost.search import best_config
 from autoslapo.errors import ConfigError
 from autoslapo.models.spec import ModelSpec
@@ -39,30 +40,14 @@ DATA = Path(__file__).with_name("data") / "h100_heldout_bf16.csv"
 VIRTUAL_STAGES = (2, 4, 8)
 
 
-@dataclass(frozen=True)
-class HeldOutCheck:
-    """One published H100 run, the estimate for its schedule, and the relative error."""
-
-    row: dict[str, str]
-    estimate: Estimate
-    predicted: float
-    measured: float
-
-    @property
-    def error(self) -> float:
-        """Signed relative error (predicted / measured - 1)."""
-        return self.predicted / self.measured - 1.0
-
-    @property
-    def refused(self) -> bool:
-        """Whether the model predicts that this run, which ran, fits in no schedule."""
-        return not self.estimate.fits
+#: One published H100 run, the estimate for its schedule and the relative error: the same record
+#: as a field check (``autoslapo.cost.field.FieldCheck``).
+HeldOutCheck = FieldCheck
 
 
 def load_rows(path: Path | None = None) -> list[dict[str, str]]:
     """Rows of the held-out H100 CSV (the copy shipped in the package by default)."""
-    with open(path or DATA, newline="") as f:
-        return list(csv.DictReader(f))
+    return load_field_rows(path or DATA)
 
 
 def row_model(row: dict[str, str]) -> ModelSpec:
