@@ -38,7 +38,7 @@ from autoslapo.cost.field import DATA as FIELD_DATA
 from autoslapo.cost.field import SOURCE as FIELD_SOURCE
 from autoslapo.cost.field import check_all as field_check_all
 from autoslapo.cost.heldout import DATA as HELDOUT_DATA
-from autoslapo.cost.heldout import VIRTUAL_STAGES, row_model
+from autoslapo.cost.heldout import MEGATRON_DATA, VIRTUAL_STAGES, row_model
 from autoslapo.cost.heldout import check_all as heldout_check_all
 from autoslapo.cost.published import check_all
 from autoslapo.models.spec import ModelSpec
@@ -113,9 +113,12 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 # Sources whose rows set the model's parameters (the GPU presets' efficiencies were fitted to them), and
 # how each is compared. Every other source is held out: checked, never fitted.
 HELDOUT_SOURCE = "dubey2024_llama3_table4"
-FITTED = {"narayanan2021_table1": True, "nvidia_dle_bert_pretrain": True, FIELD_SOURCE: False, HELDOUT_SOURCE: False}
+MEGATRON_SOURCE = "korthikanti2022_table5"
+FITTED = {"narayanan2021_table1": True, "nvidia_dle_bert_pretrain": True, FIELD_SOURCE: False, HELDOUT_SOURCE: False,
+          MEGATRON_SOURCE: False}
 METRIC = {"narayanan2021_table1": "TFLOP/s a GPU (incl. recompute)", "nvidia_dle_bert_pretrain": "sequences/s",
-          FIELD_SOURCE: "tokens/s a GPU", HELDOUT_SOURCE: "model TFLOP/s a GPU"}
+          FIELD_SOURCE: "tokens/s a GPU", HELDOUT_SOURCE: "model TFLOP/s a GPU",
+          MEGATRON_SOURCE: "sequences/s (batch / iteration time)"}
 
 
 @dataclass(frozen=True)
@@ -227,34 +230,45 @@ def field_part(lines: list[str], rows: list[Row]) -> bool:
 
 
 def heldout_part(lines: list[str], rows: list[Row]) -> bool:
-    """Published H100 runs (held out, ``autoslapo.cost.heldout``): row by row, then the errors."""
+    """Published runs held out (``autoslapo.cost.heldout``): row by row, then the errors per source."""
     checks = heldout_check_all()
     lines.append("")
-    lines.append(f"## Published H100 runs (autoslapo/cost/data/{HELDOUT_DATA.name}; held out: never fitted)")
-    lines.append("Llama 3 405B pre-training (Dubey et al. 2024, table 4): tp, pp, dp, global batch, bf16 and the "
-                 "interleaved schedule pinned; micro-batch, virtual stages, checkpointing and kernels the model's "
-                 "fastest that fits; 126 layers estimated as 128 (pp 16 splits layers evenly).")
-    lines.append(f"{'source':26} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} {'ckpt':>4} "
-                 f"{'pred GiB':>8} {'published':>9} {'predicted':>9} {'error':>7}  error at v=" +
-                 "/".join(str(v) for v in VIRTUAL_STAGES))
+    lines.append(f"## Published runs held out (autoslapo/cost/data/{HELDOUT_DATA.name}, {MEGATRON_DATA.name}; "
+                 "never fitted)")
+    lines.append("Llama 3 405B pre-training on H100 (Dubey et al. 2024, table 4): tp, pp, dp, global batch, bf16 and "
+                 "the interleaved schedule pinned; micro-batch, virtual stages, checkpointing and kernels the model's "
+                 "fastest that fits; 126 layers estimated as 128 (pp 16 splits layers evenly); compared: model "
+                 "TFLOP/s a GPU.")
+    lines.append("GPT 22B-1T on A100 with Megatron-LM (Korthikanti et al. 2022, table 5): every knob pinned (tp 8, "
+                 "pp, dp 1, micro-batch, full recomputation or sequence parallelism + selective recomputation, "
+                 "Megatron's fused kernels without flash attention, 1F1B as the paper gives no schedule); compared: "
+                 "sequences/s (the batch over the iteration time).")
+    lines.append(f"{'source':24} {'model':11} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} "
+                 f"{'recompute':>9} {'sp':>2} {'pred GiB':>8} {'published':>9} {'predicted':>9} {'error':>7}  "
+                 "error at v=" + "/".join(str(v) for v in VIRTUAL_STAGES) + " (interleaved rows)")
     for c in checks:
         r, cfg, e = c.row, c.estimate.config, c.estimate
-        cluster = ClusterSpec(gpus=int(r["gpus"]), gpu_type=r["gpu"], gpus_per_node=8)
-        model = row_model(r)
-        per_v = [estimate(model, replace(cfg, virtual_stages=v), cluster).tflops_per_device / c.measured - 1
-                 for v in VIRTUAL_STAGES]
-        lines.append(f"{r['source']:26} {r['gpus']:>6} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>4} {cfg.micro_batch:>3} "
-                     f"{cfg.grad_accum:>3} {cfg.virtual_stages:>2} {cfg.ckpt_ratio:>4} "
-                     f"{e.memory_per_device_bytes / 2**30:>8.1f} {c.measured:>9.0f} {c.predicted:>9.1f} "
-                     f"{c.error:>+7.1%}  " + " / ".join(f"{x:+.1%}" for x in per_v)
+        per_v = ""
+        if r["pipeline_schedule"] == "interleaved":
+            cluster = ClusterSpec(gpus=int(r["gpus"]), gpu_type=r["gpu"], gpus_per_node=8)
+            model = row_model(r)
+            per_v = " / ".join(f"{estimate(model, replace(cfg, virtual_stages=v), cluster).tflops_per_device / c.measured - 1:+.1%}"
+                               for v in VIRTUAL_STAGES)
+        recompute = "none" if cfg.ckpt_ratio == 0 else f"{cfg.ckpt_granularity} {cfg.ckpt_ratio:g}"
+        lines.append(f"{r['source']:24} {r['model']:11} {r['gpus']:>6} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>4} "
+                     f"{cfg.micro_batch:>3} {cfg.grad_accum:>3} {cfg.virtual_stages:>2} {recompute:>9} "
+                     f"{'y' if cfg.sequence_parallel else 'n':>2} {e.memory_per_device_bytes / 2**30:>8.1f} "
+                     f"{c.measured:>9.2f} {c.predicted:>9.2f} {c.error:>+7.1%}  {per_v}"
                      + ("  REFUSED (ran, predicted not to fit)" if c.refused else ""))
-        rows.append(Row(r["source"], f"{r['model']} on {r['gpus']} {r['gpu']}", f"{r['source']}-{r['gpus']}",
-                        c.predicted, c.measured, c.refused))
-    errs = [c.error for c in checks if not c.refused]
-    refused = sum(c.refused for c in checks)
-    lines.append(f"{len(checks)} rows, {refused} refused, MAPE {statistics.fmean(abs(x) for x in errs):.1%}, median "
-                 f"{statistics.median(errs):+.1%} (held out: reported, not a fit target)")
-    return not refused
+        rows.append(Row(r["source"], f"{r['model']} on {r['gpus']} {r['gpu']}",
+                        f"{r['source']}-{r['model']}-{r['gpus']}", c.predicted, c.measured, c.refused))
+    for source in dict.fromkeys(c.row["source"] for c in checks):
+        mine = [c for c in checks if c.row["source"] == source]
+        errs = [c.error for c in mine if not c.refused]
+        refused = sum(c.refused for c in mine)
+        lines.append(f"{source}: {len(mine)} rows, {refused} refused, MAPE {statistics.fmean(abs(x) for x in errs):.1%}, "
+                     f"median {statistics.median(errs):+.1%} (held out: reported, not a fit target)")
+    return not any(c.refused for c in checks)
 
 
 def _measure(model: ModelSpec, cfg: ScheduleConfig, steps: int, warmup: int, timeout: float) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Tests of the held-out H100 check (``autoslapo.cost.heldout``): published Llama 3 405B runs on H100,
-never fitted, estimated with their pinned schedule."""
+"""Tests of the held-out checks (``autoslapo.cost.heldout``): published Llama 3 405B runs on H100 and
+Megatron-LM GPT runs on A100 (Korthikanti et al. 2022), never fitted, estimated with their pinned schedule."""
 
 from __future__ import annotations
 
@@ -10,13 +10,23 @@ import pytest
 from autoslapo.cluster import ClusterSpec
 from autoslapo.cost import estimate
 from autoslapo.cost.device import PERF
-from autoslapo.cost.heldout import HeldOutCheck, check_all, check_row, load_rows, row_model
+from autoslapo.cost.heldout import MEGATRON_DATA, HeldOutCheck, check_all, check_row, load_rows, row_model
 from autoslapo.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
-def checks() -> list[HeldOutCheck]:
+def all_checks() -> list[HeldOutCheck]:
     return check_all()  # a few seconds: best_config over 8,192 and 16,384 GPUs
+
+
+@pytest.fixture(scope="module")
+def checks(all_checks: list[HeldOutCheck]) -> list[HeldOutCheck]:
+    return [c for c in all_checks if c.row["gpu"] == "h100-80gb"]
+
+
+@pytest.fixture(scope="module")
+def megatron(all_checks: list[HeldOutCheck]) -> list[HeldOutCheck]:
+    return [c for c in all_checks if c.row["source"] == "korthikanti2022_table5"]
 
 
 def test_rows_are_cited_h100_bf16_runs_without_context_parallelism() -> None:
@@ -35,6 +45,7 @@ def test_the_pipeline_splits_evenly_and_the_shape_is_llama3_405b() -> None:
 
 
 def test_the_held_out_runs_fit_and_land_within_ten_percent(checks: list[HeldOutCheck]) -> None:
+    assert len(checks) == 2
     for c in checks:
         assert not c.refused
         assert c.estimate.config.tp == 8 and c.estimate.config.pp == 16
@@ -55,4 +66,49 @@ def test_the_a100_gemm_efficiency_would_overrate_h100(checks: list[HeldOutCheck]
 def test_rows_the_model_cannot_express_are_refused() -> None:
     row = {**load_rows()[0], "cp": "16"}
     with pytest.raises(ConfigError, match="context parallelism"):
+        check_row(row)
+
+
+def _megatron_model_flops(row: dict[str, str]) -> float:
+    """Model FLOPs of one iteration by Korthikanti et al. 2022's formula (their section 6 / appendix):
+    72 B s n h^2 (1 + s / 6h + V / 12hn), n layers."""
+    b, s, n, h, v = (int(row[k]) for k in ("global_batch", "seq_len", "layers", "hidden", "vocab"))
+    return 72 * b * s * n * h * h * (1 + s / (6 * h) + v / (12 * h * n))
+
+
+def test_megatron_rows_reproduce_the_published_mfu() -> None:
+    """The table's times with sequence parallelism and selective recomputation are the MFU Megatron-LM's
+    README publishes (41.5, 51.4, 56.0, 56.3 % of 312 TFLOP/s), so the rows were transcribed right."""
+    rows = [r for r in load_rows(MEGATRON_DATA) if '"selective"' in r["pinned"]]
+    mfu = [_megatron_model_flops(r) / float(r["value"]) / int(r["gpus"]) / 312e12 for r in rows]
+    assert mfu == pytest.approx([0.415, 0.514, 0.560, 0.563], abs=0.003)
+
+
+def test_megatron_rows_fit_pin_their_knobs_and_land_within_fifteen_percent(megatron: list[HeldOutCheck]) -> None:
+    assert len(megatron) == 8
+    for c in megatron:
+        cfg = c.estimate.config
+        assert not c.refused and cfg.tp == 8 and cfg.dp == 1 and cfg.attn_kernel == "eager"
+        assert cfg.sequence_parallel == (cfg.ckpt_granularity == "selective") and cfg.ckpt_ratio == 1.0
+        assert abs(c.error) < 0.15, (c.row["model"], cfg.ckpt_granularity, c.error)
+
+
+def test_megatron_selective_recomputation_speedup_is_close_to_the_published(megatron: list[HeldOutCheck]) -> None:
+    """Sequence parallelism + selective recomputation over full recomputation: 1.29-1.32x published."""
+    by_model: dict[str, dict[str, HeldOutCheck]] = {}
+    for c in megatron:
+        by_model.setdefault(c.row["model"], {})[c.estimate.config.ckpt_granularity] = c
+    assert len(by_model) == 4
+    for pair in by_model.values():
+        published = pair["selective"].measured / pair["full"].measured
+        predicted = pair["selective"].predicted / pair["full"].predicted
+        assert 1.2 < published < 1.4 and predicted == pytest.approx(published, rel=0.10)
+
+
+@pytest.mark.parametrize("pinned, match", [("{", "must be a JSON object"), ("[1]", "must be a JSON object"),
+                                           ('{"warp_speed": 9}', "unknown knobs"),
+                                           ('{"micro_batch": 0}', "positive integer")])
+def test_a_bad_pinned_column_is_refused_with_the_rule(pinned: str, match: str) -> None:
+    row = {**load_rows(MEGATRON_DATA)[0], "pinned": pinned}
+    with pytest.raises(ConfigError, match=match):
         check_row(row)
