@@ -51,7 +51,13 @@ REPREDICT_TOLERANCE = 0.01
 
 
 def _knob_values(config: ScheduleConfig) -> list[tuple[str, str]]:
-    return [(k.name, repr(getattr(config, k.name))) for k in KNOBS]
+    """The searched knobs' values that act in ``config``. A derived knob (dp, gradient accumulation)
+    follows from the others, and an inert one (ZeRO's stage without data parallelism, a pipeline
+    schedule without a pipeline) changes nothing, so neither carries an effect: otherwise the
+    default value of a knob that does nothing in one configuration would share the effect measured
+    where it acts."""
+    d = config.to_dict()
+    return [(k.name, repr(d[k.name])) for k in KNOBS if not k.derived and not (k.inert and k.inert(d, 0))]
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,21 @@ def test_knob_effects_recover_planted_per_value_effects() -> None:
         KnobEffects({("tp", "1"): 0.0})
 
 
+def test_knob_effects_skip_derived_and_inert_knobs() -> None:
+    """ZeRO's stage measured where data parallelism runs says nothing of a layout without it (the
+    stage is inert there and stored at its default), and dp / gradient accumulation follow from the
+    searched knobs, so neither carries an effect."""
+    configs = list(space_for(BASE.family).bind(BASE, V100_16).configs())
+    with_dp = [c for c in configs if c.dp > 1 and c.zero_stage == 0][:8]
+    without_dp = next(c for c in configs if c.dp == 1)
+    assert with_dp and without_dp.zero_stage == 0
+    got = fit_knob_effects([(c, math.log(0.5)) for c in with_dp], ridge=0.5)
+    assert ("zero_stage", "0") in got.effects and got.factor(with_dp[0]) < 0.9
+    assert not any(k in {"dp", "grad_accum"} for k, _ in got.effects)
+    only_zero = KnobEffects({("zero_stage", "0"): 0.5})
+    assert only_zero.factor(with_dp[0]) == 0.5 and only_zero.factor(without_dp) == 1.0
+
+
 def test_a_learning_study_measures_the_corrected_priors_pick(store: Store) -> None:
     truth = PlantedEvaluator(BASE, V100_16, PLANTED)
     runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=6, baselines=False, warm_start=False,
