@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 from typing import Any
 
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
@@ -217,19 +216,28 @@ def _rank_main(spec_d: dict[str, Any], config_d: dict[str, Any], opts: dict[str,
     return out
 
 
+def _last_output(spec: Any, out: Any) -> Any:
+    """What the last pipeline stage hands the loss, from the whole model's output: its logits, or for
+    a model file (whose stages run its forward to the loss it computes) that loss."""
+    from autoslapo.models.user import USER_FAMILY, user_loss
+
+    return user_loss(out) if spec.family == USER_FAMILY else out.logits
+
+
 def _verify_pipeline(
     sch: Any, spec: Any, config: Any, groups: Any, batch: dict[str, Any], opts: dict[str, Any]
 ) -> tuple[int, float, str]:
-    """One pipelined step vs the unscheduled model: loss and every stage parameter's gradient."""
+    """One pipelined step vs the unscheduled model: loss and every stage parameter's gradient.
+
+    The stages are the pipeline's own choice (``autoslapo.pipeline.build_stage_modules``: a family's
+    adapter, T5's two stacks as one layer list, a model file's shell); the reference takes the batch
+    keys the first stage takes and is scored against the target the last stage's loss reads.
+    """
     import torch
     import torch.distributed as dist
 
     from autoslapo.errors import VerifyError
-    from autoslapo.models.adapters import pipeline_adapter
     from autoslapo.models.build import build_model
-    from autoslapo.models.spec import is_convolutional
-    from autoslapo.models.t5_stages import t5_stage_adapter
-    from autoslapo.models.user import USER_FAMILY, user_loss
     from autoslapo.pipeline import build_pipeline
     from autoslapo.primitives.tp import gather_shards, shard_spec
     from autoslapo.runtime.train import loss_function
@@ -237,58 +245,33 @@ def _verify_pipeline(
 
     model = sch.mod
     model.eval()  # dropout is off anyway; eval keeps both runs deterministic
+    # the schedule's check above trained BatchNorm's running statistics (WideResNet), which eval mode
+    # reads; start them afresh, as the reference's are (a tp-split bn1 keeps its channels' slice)
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            mod.reset_running_stats()
     dtype = next(model.parameters()).dtype
     ref = build_model(spec, attn_kernel=config.attn_kernel, seed=opts["seed"], dtype=dtype, dropout=0.0)
     ref.eval()
     m = opts["grad_accum"]
-    user = spec.family == USER_FAMILY  # its stages run its forward to its own loss (autoslapo.user_pipeline)
-    conv = is_convolutional(spec.family)  # WideResNet: images in, cross-entropy over images
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    if conv:
-        # the schedule's check above trained BatchNorm's running statistics, which eval mode reads;
-        # start them afresh, as the reference's are (a tp-split bn1 keeps its channels' slice)
-        for mod in model.modules():
-            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
-                mod.reset_running_stats()
-        loss_fn = loss_function(spec)
-    elif user:
-        loss_fn = loss_function(spec)
-    else:
-        loss_of = model.loss_function
-
-        def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            if spec.encoder_decoder:  # T5's own loss: the target tokens, unshifted
-                return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-            return loss_of(logits=logits, labels=labels, vocab_size=spec.vocab)  # type: ignore[no-any-return]
-
-        loss_fn = lm_loss
-
-    # Reference: the mean of the micro-batch losses (torch's pipeline schedules scale by 1/m).
-    micro = [{k: v.chunk(m)[i] for k, v in batch.items()} for i in range(m)]
-
-    def ref_loss_of(mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        if user:
-            return user_loss(ref(**mb))
-        if conv:
-            return loss_fn(ref(images=mb["images"]).logits, mb["labels"])
-        # T5's decoder reads the labels (shifted right): the first stage takes them too
-        extra = {"labels": mb["labels"]} if spec.encoder_decoder else {}
-        return loss_fn(ref(input_ids=mb["input_ids"], **extra).logits, mb["labels"])
-
-    ref_losses = [ref_loss_of(mb) for mb in micro]
-    ref_loss = torch.stack(ref_losses).mean()
-    ref_loss.backward()
-
+    loss_fn = loss_function(spec)
     runtime = build_pipeline(
         sch,
         pp_group=groups.pp_group,
         grad_accum=m,
         schedule=config.pipeline_schedule,
         loss_fn=loss_fn,
-        # a user's module builds its own stages; WideResNet's adapter is adapter_for's
-        adapter=None if user or conv else (t5_stage_adapter(model) if spec.encoder_decoder
-                                           else pipeline_adapter(model, spec.family)),
     )
+
+    # Reference: the mean of the micro-batch losses (torch's pipeline schedules scale by 1/m).
+    micro = [{k: v.chunk(m)[i] for k, v in batch.items()} for i in range(m)]
+    ref_losses = [
+        loss_fn(_last_output(spec, ref(**{k: mb[k] for k in runtime.input_keys})), mb[runtime.target_key])
+        for mb in micro
+    ]
+    ref_loss = torch.stack(ref_losses).mean()
+    ref_loss.backward()
+
     loss = runtime.step(*[batch[k] for k in runtime.input_keys], target=batch[runtime.target_key])
     # build_pipeline's step already sums the gradients of weights tied across stages.
     mine = {id(p) for mod in runtime.modules for p in mod.parameters()}

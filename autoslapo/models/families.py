@@ -155,6 +155,16 @@ def list_families() -> list[str]:
     return sorted(FAMILY_DESCRIPTIONS)
 
 
+# -- the built-in families -------------------------------------------------------------------------
+# Written through a few builders: what a group of families shares is said once, what one family
+# has of its own stays at its entry.
+
+
+def _paths(prefix: str, *names: str) -> tuple[str, ...]:
+    """``prefix.name`` for each name: a module's q, k, v projections."""
+    return tuple(f"{prefix}.{n}" for n in names)
+
+
 def _bert_like(name: str, base: str, head: str) -> FamilyDescription:
     # BERT and RoBERTa share the encoder layout; only the base attribute and the head differ.
     return FamilyDescription(
@@ -168,7 +178,7 @@ def _bert_like(name: str, base: str, head: str) -> FamilyDescription:
         final=(head.split(".")[0],),
         attention="attention.self",
         attention_input=0,
-        qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+        qkv=_paths("attention.self", "query", "key", "value"),
         qkv_chunks=1,
         attn_out="attention.output.dense",
         attention_attrs=("num_attention_heads", "all_head_size"),
@@ -180,29 +190,43 @@ def _bert_like(name: str, base: str, head: str) -> FamilyDescription:
     )
 
 
-BERT = register_family(_bert_like("bert", "bert", "cls.predictions"))
-ROBERTA = register_family(_bert_like("roberta", "roberta", "lm_head"))
-GPT2 = register_family(
-    FamilyDescription(
-        name="gpt2",
-        model_type="gpt2",
+def _gpt_like(
+    name: str, *, attention: str, qkv: tuple[str, ...], attn_out: str, attention_attrs: tuple[str, ...]
+) -> FamilyDescription:
+    # GPT-2 and GPT-Neo share the layout (transformer.h, learned positions, ln_f, the c_fc -> GeLU ->
+    # c_proj MLP, a head tied to wte); only the attention module differs. One path in ``qkv``: fused.
+    return FamilyDescription(
+        name=name,
+        model_type=name,
         layers="transformer.h",
         embed_tokens="transformer.wte",
         lm_head="lm_head",
         head_tied=True,
         embeddings=("transformer.wte", "transformer.wpe", "transformer.drop"),
         final=("transformer.ln_f", "lm_head"),
-        attention="attn",
+        attention=attention,
         attention_input=0,
-        qkv=("attn.c_attn",),
-        qkv_chunks=3,
-        attn_out="attn.c_proj",
-        attention_attrs=("num_heads", "split_size", "embed_dim"),
+        qkv=qkv,
+        qkv_chunks=3 if len(qkv) == 1 else 1,
+        attn_out=attn_out,
+        attention_attrs=attention_attrs,
         mlp="mlp",
         mlp_in=("mlp.c_fc",),
         mlp_out="mlp.c_proj",
         norms=("ln_1", "ln_2"),
         bias_gelu="mlp",
+    )
+
+
+BERT = register_family(_bert_like("bert", "bert", "cls.predictions"))
+ROBERTA = register_family(_bert_like("roberta", "roberta", "lm_head"))
+GPT2 = register_family(
+    _gpt_like(
+        "gpt2",
+        attention="attn",
+        qkv=("attn.c_attn",),
+        attn_out="attn.c_proj",
+        attention_attrs=("num_heads", "split_size", "embed_dim"),
     )
 )
 OPT = register_family(
@@ -217,7 +241,7 @@ OPT = register_family(
         final=("model.decoder.final_layer_norm", "lm_head"),
         attention="self_attn",
         attention_input="hidden_states",
-        qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        qkv=_paths("self_attn", "q_proj", "k_proj", "v_proj"),
         qkv_chunks=1,
         attn_out="self_attn.out_proj",
         attention_attrs=("num_heads", "embed_dim"),
@@ -242,7 +266,7 @@ LLAMA = register_family(
         final=("model.norm", "lm_head"),
         attention="self_attn",
         attention_input="hidden_states",
-        qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        qkv=_paths("self_attn", "q_proj", "k_proj", "v_proj"),
         qkv_chunks=1,
         attn_out="self_attn.o_proj",
         # LlamaAttention infers the head count from the projection width (view(..., -1, head_dim))
@@ -259,8 +283,9 @@ LLAMA = register_family(
 
 def _t5_stack(stack: str, decoder: bool, mlp_in: tuple[str, ...]) -> FamilyDescription:
     # T5Block: layer.0 self-attention, (decoder) layer.1 cross-attention, then the feed-forward layer.
-    ff = f"layer.{2 if decoder else 1}"
-    attn = ("n_heads", "inner_dim")  # n_heads shapes the zero bias of a block without a table
+    # The whole-model paths (head, embeddings, final) are the same in both stacks' descriptions.
+    ff = f"layer.{2 if decoder else 1}.DenseReluDense"
+    cross = "layer.1.EncDecAttention"
     return FamilyDescription(
         name="t5",
         model_type="t5",
@@ -272,18 +297,18 @@ def _t5_stack(stack: str, decoder: bool, mlp_in: tuple[str, ...]) -> FamilyDescr
         final=("decoder.final_layer_norm", "lm_head"),
         attention="layer.0.SelfAttention",
         attention_input=0,
-        qkv=("layer.0.SelfAttention.q", "layer.0.SelfAttention.k", "layer.0.SelfAttention.v"),
+        qkv=_paths("layer.0.SelfAttention", "q", "k", "v"),
         qkv_chunks=1,
         attn_out="layer.0.SelfAttention.o",
-        attention_attrs=attn,
-        mlp=f"{ff}.DenseReluDense",
-        mlp_in=tuple(f"{ff}.DenseReluDense.{m}" for m in mlp_in),
-        mlp_out=f"{ff}.DenseReluDense.wo",
+        attention_attrs=("n_heads", "inner_dim"),  # n_heads shapes the zero bias of a block without a table
+        mlp=ff,
+        mlp_in=_paths(ff, *mlp_in),
+        mlp_out=f"{ff}.wo",
         norms=tuple(f"layer.{i}.layer_norm" for i in range(3 if decoder else 2)),
         bias_gelu=None,  # no biases
-        cross_attention="layer.1.EncDecAttention" if decoder else None,
-        cross_qkv=tuple(f"layer.1.EncDecAttention.{m}" for m in "qkv") if decoder else (),
-        cross_attn_out="layer.1.EncDecAttention.o" if decoder else None,
+        cross_attention=cross if decoder else None,
+        cross_qkv=_paths(cross, "q", "k", "v") if decoder else (),
+        cross_attn_out=f"{cross}.o" if decoder else None,
         position_bias="layer.0.SelfAttention.relative_attention_bias",
     )
 
@@ -298,21 +323,12 @@ def _t5(mlp_in: tuple[str, ...]) -> FamilyDescription:
 # (wi_0, wi_1) is the same family with other MLP paths: ``family_description`` picks it.
 T5 = register_family(_t5(("wi",)))
 T5_GATED = _t5(("wi_0", "wi_1"))
-
-
-def family_description(spec: ModelSpec) -> FamilyDescription:
-    """The description of ``spec``'s model: its family's, or a variant its ``extra`` selects (T5 v1.1).
-
-    Raises: ConfigError for an unknown family (as ``get_family``).
-    """
-    if spec.encoder_decoder and spec.t5("gated"):
-        return T5_GATED
-    return get_family(spec.family)
 # ALBERT: one AlbertLayer (one group of one layer) is run ``num_hidden_layers`` times, so the layer
 # list has a single entry that the schedule shards once and checkpoints by call (see
 # ``autoslapo.plan``). Its embeddings have width E and are mapped to hidden by the encoder's first
 # Linear, which the first pipeline stage owns; pipeline stages run calls [a, b) of the one layer, each
 # rank holding a copy whose gradients the pipeline sums (``autoslapo.pipeline.find_tied``).
+_ALBERT_QKV = _paths("attention", "query", "key", "value")
 ALBERT = register_family(
     FamilyDescription(
         name="albert",
@@ -325,7 +341,7 @@ ALBERT = register_family(
         final=("predictions",),
         attention="attention",
         attention_input=0,
-        qkv=("attention.query", "attention.key", "attention.value"),
+        qkv=_ALBERT_QKV,
         qkv_chunks=1,
         attn_out="attention.dense",
         # AlbertAttention infers its heads from the projection width; the attributes are kept true.
@@ -336,31 +352,27 @@ ALBERT = register_family(
         norms=("attention.LayerNorm", "full_layer_layer_norm"),
         bias_gelu=None,  # the GeLU runs inside ff_chunk, not a module of its own
         # AlbertAttention ends with LayerNorm(input + dense(...)): its input is also the residual
-        attention_entries=("attention.query", "attention.key", "attention.value"),
+        attention_entries=_ALBERT_QKV,
     )
 )
 # GPT-Neo: q/k/v without biases; each attention module holds its own causal (global) or banded
 # (local) mask as a buffer, so sharding heads leaves the masks valid.
 GPT_NEO = register_family(
-    FamilyDescription(
-        name="gpt_neo",
-        model_type="gpt_neo",
-        layers="transformer.h",
-        embed_tokens="transformer.wte",
-        lm_head="lm_head",
-        head_tied=True,
-        embeddings=("transformer.wte", "transformer.wpe", "transformer.drop"),
-        final=("transformer.ln_f", "lm_head"),
+    _gpt_like(
+        "gpt_neo",
         attention="attn.attention",
-        attention_input=0,
-        qkv=("attn.attention.q_proj", "attn.attention.k_proj", "attn.attention.v_proj"),
-        qkv_chunks=1,
+        qkv=_paths("attn.attention", "q_proj", "k_proj", "v_proj"),
         attn_out="attn.attention.out_proj",
         attention_attrs=("num_heads", "embed_dim"),
-        mlp="mlp",
-        mlp_in=("mlp.c_fc",),
-        mlp_out="mlp.c_proj",
-        norms=("ln_1", "ln_2"),
-        bias_gelu="mlp",
     )
 )
+
+
+def family_description(spec: ModelSpec) -> FamilyDescription:
+    """The description of ``spec``'s model: its family's, or a variant its ``extra`` selects (T5 v1.1).
+
+    Raises: ConfigError for an unknown family (as ``get_family``).
+    """
+    if spec.encoder_decoder and spec.t5("gated"):
+        return T5_GATED
+    return get_family(spec.family)

@@ -19,43 +19,17 @@ from autoslapo.models.resolve import resolve_model
 from autoslapo.models.user import load_user_model, model_cache_dir, user_loss, user_spec
 from autoslapo.plan import apply_schedule
 from search_spaces import space_for
+from tests.modelfiles import net_source, write_model_file
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "experiments" / "my_model.py"
 
-BARE = '''
-import torch
-from torch import nn
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
-        self.out = nn.Linear(8, 1)
-
-    def forward(self, x, y):
-        for b in self.blocks:
-            x = torch.relu(b(x))
-        return ((self.out(x) - y) ** 2).mean()
-
-def build():
-    return Net()
-
-def batch(micro_batch, seed):
-    g = torch.Generator().manual_seed(seed)
-    return {"x": torch.randn(micro_batch, 8, generator=g), "y": torch.randn(micro_batch, 1, generator=g)}
-'''
+BARE = net_source()  # declares no layers
 
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-def _file(tmp_path: Path, text: str, name: str = "net.py") -> Path:
-    p = tmp_path / name
-    p.write_text(text)
-    return p
 
 
 def test_the_worked_example_is_measured_by_its_trace(cache: Path) -> None:
@@ -81,16 +55,16 @@ def test_the_worked_example_is_measured_by_its_trace(cache: Path) -> None:
 
 
 def test_a_file_is_found_by_content_not_by_name(tmp_path: Path) -> None:
-    a = user_spec(_file(tmp_path, BARE, "a.py"))
-    b = user_spec(_file(tmp_path, BARE, "b.py"))
-    c = user_spec(_file(tmp_path, BARE + "\n# changed\n", "a2.py"))
+    a = user_spec(write_model_file(tmp_path, BARE, "a.py"))
+    b = user_spec(write_model_file(tmp_path, BARE, "b.py"))
+    c = user_spec(write_model_file(tmp_path, BARE + "\n# changed\n", "a2.py"))
     assert a.signature() == b.signature() != c.signature()
     assert (a.preset, b.preset) == ("a", "b")
     assert load_user_model(b).module == "b"
 
 
 def test_ranks_load_the_cached_copy_by_digest(tmp_path: Path, cache: Path) -> None:
-    path = _file(tmp_path, BARE, "gone.py")
+    path = write_model_file(tmp_path, BARE, "gone.py")
     spec = user_spec(path)
     path.unlink()  # the ranks never read the user's path
     from autoslapo.models import user
@@ -119,22 +93,22 @@ def test_ranks_load_the_cached_copy_by_digest(tmp_path: Path, cache: Path) -> No
 )
 def test_a_bad_file_is_one_line_with_rule_value_and_fix(tmp_path: Path, text: str, name: str, message: str) -> None:
     with pytest.raises(UsageError) as err:
-        user_spec(_file(tmp_path, text, name))
+        user_spec(write_model_file(tmp_path, text, name))
     assert message in str(err.value) and "\n" not in str(err.value), err.value
 
 
 def test_resolve_model_takes_presets_and_files(tmp_path: Path) -> None:
     assert resolve_model("bert-tiny", hidden=256).hidden == 256
-    assert resolve_model(str(_file(tmp_path, BARE))).family == "user"
+    assert resolve_model(str(write_model_file(tmp_path, BARE))).family == "user"
     with pytest.raises(UsageError, match=r"shape flags do not apply to a model file \(its shape is its own\): got --hidden"):
-        resolve_model(str(_file(tmp_path, BARE)), hidden=256)
+        resolve_model(str(write_model_file(tmp_path, BARE)), hidden=256)
     with pytest.raises(UsageError, match="model file not found"):
         resolve_model(str(tmp_path / "missing.py"))
 
 
 def test_what_the_file_declares_decides_the_knobs(tmp_path: Path) -> None:
-    bare = user_spec(_file(tmp_path, BARE))
-    blocks = user_spec(_file(tmp_path, BARE + "\nlayers = 'blocks'\n", "blocks.py"))
+    bare = user_spec(write_model_file(tmp_path, BARE))
+    blocks = user_spec(write_model_file(tmp_path, BARE + "\nlayers = 'blocks'\n", "blocks.py"))
     full = user_spec(EXAMPLE)
     with pytest.raises(ConfigError, match="tensor parallelism needs the model file to declare family"):
         ScheduleConfig(tp=2).validate(blocks)

@@ -22,35 +22,13 @@ from autoslapo.service import ServiceSettings, Worker, create_app
 from autoslapo.service.jobs import StudyRequest
 from autoslapo.service.modfile import ModuleFile, ModuleFilesOff, forget, module_spec
 from store import Store
+from tests.modelfiles import net_source, write_model_file
 from tests.service.conftest import bearer
 from tests.service.test_app import wait_status
 from tests.service.test_processes import Processes
 from tuner import tune
 
-TINY = '''
-import torch
-from torch import nn
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
-        self.out = nn.Linear(16, 1)
-
-    def forward(self, x, y):
-        for b in self.blocks:
-            x = torch.relu(b(x))
-        return ((self.out(x) - y) ** 2).mean()
-
-def build():
-    return Net()
-
-def batch(micro_batch, seed):
-    g = torch.Generator().manual_seed(seed)
-    return {"x": torch.randn(micro_batch, 16, generator=g), "y": torch.randn(micro_batch, 1, generator=g)}
-
-layers = "blocks"
-'''
+TINY = net_source(width=16, blocks=4, layers="blocks")
 BASE = {"gpus": 8, "backend": "sim", "sampler": "tpe", "baselines": False}
 BROKEN = [
     ("def build(:\n", "SyntaxError"),
@@ -65,12 +43,6 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     forget()
     yield tmp_path / "cache"
     forget()
-
-
-def tiny_file(tmp_path: Path, text: str = TINY, name: str = "tiny.py") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 def payload(text: str = TINY, name: str = "tiny.py") -> dict:
@@ -102,7 +74,7 @@ def test_the_spec_is_the_one_tune_builds_and_the_file_is_never_imported_here(tmp
     (pid,) = marker.read_text().split()
     assert pid != str(os.getpid())  # it ran in a child process, not in this one
     assert (cache / mf.digest / "tiny.py").read_bytes() == text.encode()  # materialized by digest
-    assert spec == resolve_model(str(tiny_file(tmp_path, text)))  # what `autoslapo tune tiny.py` builds
+    assert spec == resolve_model(str(write_model_file(tmp_path, text, "tiny.py")))  # what `autoslapo tune tiny.py` builds
     assert module_spec(mf) is spec  # kept by digest: traced once per process
 
 
@@ -161,7 +133,7 @@ def test_submit_run_and_ask_for_the_best_of_a_module_file(open_client: TestClien
     assert name == "tiny-8xa100-80gb-sim"
     doc = wait_status(open_client, name, tokens["read"])
     assert doc["status"] == "complete" and doc["launched"] == 4, doc
-    path = tiny_file(tmp_path)
+    path = write_model_file(tmp_path, TINY, "tiny.py")
     spec = resolve_model(str(path))
     study = service_store.get_study(name)
     assert study.model_signature == spec.signature() and study.model["extra"]["digest"] == spec.extra["digest"]
@@ -207,7 +179,7 @@ def test_a_worker_without_the_flag_fails_a_module_job_naming_it(service_store: S
 
 
 def test_the_client_sends_the_file_as_text_and_asks_by_signature(tmp_path: Path) -> None:
-    path = tiny_file(tmp_path)
+    path = write_model_file(tmp_path, TINY, "tiny.py")
     assert model_field(str(path)) == payload()
     assert model_query(str(path)) == resolve_model(str(path)).signature()
     latin = tmp_path / "latin.py"
@@ -222,7 +194,7 @@ def test_remote_tune_and_best_of_a_model_file_against_a_running_server(tmp_path:
     procs = Processes(tmp_path)
     procs.env["AUTOSLAPO_MODEL_CACHE"] = str(cache)
     try:
-        path = tiny_file(tmp_path)
+        path = write_model_file(tmp_path, TINY, "tiny.py")
         procs.serve("--workers", "1", "--allow-module-files")
         done = procs.cli("tune", str(path), "--gpus", "8", "--trials", "5", "--no-baselines", "--sampler", "tpe",
                          "--server", procs.base, token=procs.submit)
