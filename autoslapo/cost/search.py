@@ -12,6 +12,7 @@ micro-batch never needs less memory, so the search stops growing it at the first
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -44,12 +45,13 @@ def _domain(name: str, cluster: ClusterSpec, fixed: dict[str, Any]) -> list[Any]
 
 
 def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int | None = None,
-                      **fixed: Any) -> Iterator[list[ScheduleConfig]]:
+                      rejected: Counter[str] | None = None, **fixed: Any) -> Iterator[list[ScheduleConfig]]:
     """Valid configs, grouped by everything but the micro-batch (each group in growing micro-batch).
 
     ``fixed`` pins knobs by ``ScheduleConfig`` field name; every knob of ``KNOBS`` can be pinned, and
     an unknown name raises ``ConfigError``. A pinned value is never dropped: a pin no valid
-    configuration can have yields nothing (and ``best_config`` says so).
+    configuration can have yields nothing (and ``best_config`` says which rule it breaks).
+    ``rejected``, when given, counts the rule each configuration left out broke.
     """
     bad = sorted(set(fixed) - set(KNOB))
     if bad:
@@ -75,6 +77,8 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
             for mb in mbs:
                 if global_batch is not None:
                     if global_batch % (mb * dp):
+                        if rejected is not None:
+                            rejected[_batch_rule(global_batch, mb, dp)] += 1
                         continue
                     ga = global_batch // (mb * dp)
                 else:
@@ -82,11 +86,35 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
                 try:
                     cfg = ScheduleConfig(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga,
                                          **knobs).validate(model, cluster)
-                except ConfigError:
+                except ConfigError as exc:
+                    if rejected is not None:
+                        rejected[str(exc)] += 1
                     continue
                 group.append(cfg)
             if group:
                 yield group
+
+
+def _batch_rule(global_batch: int, mb: int, dp: int) -> str:
+    return (f"the global batch must split into micro-batches over the replicas: got global batch {global_batch} "
+            f"for micro-batch {mb} x dp {dp}; use a global batch that is a multiple of micro-batch x dp")
+
+
+def no_schedule_reason(model: ModelSpec, cluster: ClusterSpec, fixed: dict[str, Any],
+                       rejected: Counter[str]) -> str:
+    """The rule that leaves no valid configuration: a pinned degree's own, else the one most of the
+    configurations tried broke ("" when none was tried and no pin explains it)."""
+    if fixed.get("tp") is not None and (problem := layout.tp_problem(int(fixed["tp"]), model, cluster)):
+        return problem
+    if fixed.get("pp") is not None and (problem := layout.pp_problem(
+            int(fixed["pp"]), model, cluster, int(fixed.get("virtual_stages") or 1))):
+        return problem
+    pins = {k: fixed.get(k) for k in ("tp", "pp", "dp")}
+    if not any(layout.layouts(model, cluster, **pins)):
+        given = ", ".join(f"{k}={v}" for k, v in pins.items() if v is not None)
+        return (f"tp*pp*dp must equal --gpus: no layout of {cluster.gpus} devices has {given}; "
+                f"pin degrees whose product is {cluster.gpus}")
+    return rejected.most_common(1)[0][0] if rejected else ""
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, configs: Iterable[ScheduleConfig], *,
@@ -109,7 +137,8 @@ def best_config(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int | N
     best: Estimate | None = None
     smallest: Estimate | None = None
     seen = 0
-    for group in candidate_configs(model, cluster, global_batch=global_batch, **fixed):
+    rejected: Counter[str] = Counter()
+    for group in candidate_configs(model, cluster, global_batch=global_batch, rejected=rejected, **fixed):
         for cfg in group:
             est = estimate(model, cfg, cluster, perf=perf, validate=False)
             seen += 1
@@ -123,9 +152,11 @@ def best_config(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int | N
     if best is not None:
         return replace(best, breakdown={**best.breakdown, "searched": seen})
     if smallest is None:
+        reason = no_schedule_reason(model, cluster, {k: v for k, v in fixed.items() if v is not None}, rejected)
         raise ConfigError(
             f"no valid schedule for {model.preset} on {cluster.gpus} x {cluster.gpu_type} with {fixed}"
-            f"{'' if global_batch is None else f' and global batch {global_batch}'}; relax the fixed knobs"
+            f"{'' if global_batch is None else f' and global batch {global_batch}'}"
+            f"{f': {reason}' if reason else '; relax the fixed knobs'}"
         )
     raise ConfigError(
         f"no schedule fits in memory: the smallest needs {smallest.memory_per_device_bytes / 2**30:.1f} "

@@ -55,6 +55,13 @@ def test_estimate_fixed_knobs_are_kept(capsys: pytest.CaptureFixture[str], monke
     (["estimate", "bert", "--gpus", "8", "--gpu-type", "tpu"], "--gpu-type"),
     (["estimate", "nosuchmodel", "--gpus", "8"], "unknown model"),
     (["estimate", "bert", "--gpus", "8", "--tp", "3"], "no valid schedule"),
+    # a pin no configuration can have says which rule it breaks, the value and the fix
+    (["estimate", "gpt2-xl", "--gpus", "8", "--tp", "2"], "tp must divide the attention heads: got tp=2 for 25 heads"),
+    (["estimate", "gpt2-xl", "--gpus", "8", "--pp", "5"], "got 48 layers for pp=5"),
+    (["estimate", "bert", "--gpus", "8", "--tp", "1", "--pp", "2", "--dp", "2"], "tp*pp*dp must equal --gpus"),
+    (["estimate", "bert", "--gpus", "8", "--global-batch", "7", "--micro-batch", "2"],
+     "got global batch 7 for micro-batch 2 x dp"),
+    (["estimate", "wideresnet-50-2", "--gpus", "8", "--attn", "flash"], "attn_kernel does not apply to wideresnet"),
     (["estimate", "llama-70b", "--gpus", "1", "--gpu-type", "v100-16gb"], "fits in memory"),
 ])
 def test_estimate_bad_input_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str,
