@@ -106,18 +106,22 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
 def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
     """Why ``config`` cannot run a user's own module (family ``user``), or "" when it can.
 
-    Checkpointing needs the file's ``layers``; sequence parallelism, the chunked loss, compiled
-    layers and selective recomputation are not offered for it (the loss and attention are its own).
+    Checkpointing needs the file's ``layers``, selective recomputation its ``family`` too (where a
+    block's attention is); sequence parallelism, the chunked loss and compiled layers are not offered
+    for it (the loss is its own).
     """
     if model.family != "user":
         return ""
     if config.ckpt_ratio > 0 and not model.extra.get("layers"):
         return (f"checkpointing needs the model file to declare layers: got ckpt_ratio={config.ckpt_ratio:g} for "
                 f"{model.preset}.py; add layers = \"<ModuleList path>\" to it or use ckpt_ratio 0")
+    if config.ckpt_granularity == "selective" and config.ckpt_ratio > 0 and not model.extra.get("kernels"):
+        return (f"selective recomputation needs the model file to declare family (where a block's attention is): "
+                f"got ckpt_granularity=selective for {model.preset}.py; add family = autoslapo.FamilyDescription(...) "
+                "to it or use ckpt_granularity full")
     off = [k for k, on in (("sequence_parallel", config.sequence_parallel),
                            ("loss_kernel=chunked", config.loss_kernel == "chunked"),
-                           ("compile_layers", config.compile_layers),
-                           ("ckpt_granularity=selective", config.ckpt_granularity == "selective" and config.ckpt_ratio > 0))
+                           ("compile_layers", config.compile_layers))
            if on]
     if off:
         return f"a user's own module ({model.preset}) cannot take {', '.join(off)}; leave them at their defaults"
@@ -128,12 +132,15 @@ def user_knob_ok(knob: str, value: object, model: ModelSpec) -> bool:
     """Whether a searched knob's value can change a user's module's run (always True for other families).
 
     Without ``layers`` only ckpt_ratio 0; without ``family`` only the default attention kernel and no
-    fusion (the schedule does not touch its attention or MLP), so the search does not repeat itself.
+    fusion (the schedule does not touch its attention or MLP); selective recomputation needs both, so
+    the search does not repeat itself.
     """
     if model.family != "user":
         return True
     if knob == "ckpt_ratio":
         return value == 0.0 or bool(model.extra.get("layers"))
+    if knob == "ckpt_granularity":
+        return value == "full" or bool(model.extra.get("kernels") and model.extra.get("layers"))
     if knob in ("attn_kernel", "fuse_bias_gelu") and not model.extra.get("kernels"):
         return value == {"attn_kernel": "sdpa", "fuse_bias_gelu": False}[knob]
     return True

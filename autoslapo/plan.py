@@ -359,21 +359,23 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
     Its ``family`` (paths inside one block) brings tensor parallelism of the blocks (the embeddings
     and head stay whole on every rank, the loss is the module's own; or its own ``shard_block``), the attention kernel (the
     block's attention core rewritten) and bias + GeLU fusion; its ``layers`` brings checkpointing
-    and pipeline cuts between blocks (stages that run its own forward: ``autoslapo.user_pipeline``).
-    Sequence parallelism and the chunked loss are not offered for a user's module.
+    and pipeline cuts between blocks (stages that run its own forward: ``autoslapo.user_pipeline``),
+    and with both, selective recomputation (the family's attention module of each checkpointed block,
+    keeping its products with weights). Sequence parallelism and the chunked loss are not offered for
+    a user's module.
     """
     um = load_user_model(spec)
     desc = um.family
+    selective = config.ckpt_granularity == "selective" and config.ckpt_ratio > 0
     unsupported = [name for name, on in (("sequence_parallel", config.sequence_parallel),
                                          ("loss_kernel=chunked", config.loss_kernel == "chunked"),
-                                         ("compile_layers", config.compile_layers),
-                                         ("ckpt_granularity=selective", config.ckpt_granularity == "selective"
-                                          and config.ckpt_ratio > 0))
+                                         ("compile_layers", config.compile_layers))
                    if on]
     if unsupported:
         raise ScheduleError(f"a user's module ({um.module}.py) cannot take {', '.join(unsupported)}; "
                             "leave those knobs at their defaults")
     needs = [(config.tp > 1 and not um.tensor_parallel, "family", f"tp={config.tp}"),
+             (selective and desc is None, "family", "ckpt_granularity=selective"),
              (config.ckpt_ratio > 0 and um.layers is None, "layers", f"ckpt_ratio={config.ckpt_ratio:g}"),
              (config.pp > 1 and um.layers is None, "layers", f"pp={config.pp}")]
     for on, name, what in needs:
@@ -413,7 +415,10 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
             _sync_layer(layer, desc, seq_parallel=False)
     ckpt = checkpointed_layers(spec, config) if layers else []  # within each pipeline chunk
     for i in ckpt:
-        layers[i].checkpoint()
+        if selective and desc is not None:  # only the attention core runs again (Korthikanti et al. 2022)
+            layers[i][desc.attention].checkpoint(keep="linear")
+        else:
+            layers[i].checkpoint()
     chunks = config.pp * config.virtual_stages
     cuts = cut_points(len(layers), chunks) if chunks > 1 else []
     for i in cuts:

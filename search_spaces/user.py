@@ -3,10 +3,10 @@
 Always: data parallelism, ZeRO, micro-batch (and so gradient accumulation). With ``layers``: the
 checkpoint ratio and placement, and pipeline stages cut between the blocks (GPipe or 1F1B; each
 stage runs the file's forward: ``autoslapo.user_pipeline``). With ``family``: tensor parallelism,
-the attention kernel and bias + GeLU fusion. Values a file does not allow are dropped when the space
-is bound (``tp`` and ``pp`` by the layout rules; ``ckpt_ratio`` without ``layers`` by
-``autoslapo.layout.user_problem``); sequence parallelism, the chunked loss and selective
-recomputation are not offered.
+the attention kernel, bias + GeLU fusion and (with ``layers``) selective recomputation. Values a
+file does not allow are dropped when the space is bound (``tp`` and ``pp`` by the layout rules;
+``ckpt_ratio`` without ``layers`` and the kernels without ``family`` by
+``autoslapo.layout.user_knob_ok``); sequence parallelism and the chunked loss are not offered.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from search_spaces.space import SearchSpace
 
 USER = SearchSpace(
     name="user",
-    version="2",
+    version="3",
     description="your own module: dp, ZeRO, micro-batch; checkpointing and pp with layers; tp and kernels with family",
     knobs={
         "tp": "auto",
@@ -26,7 +26,7 @@ USER = SearchSpace(
         "attn_kernel": ["eager", "sdpa"],
         "fuse_bias_gelu": [False, True],
         "pipeline_schedule": ["gpipe", "1f1b"],
+        "ckpt_granularity": ["full", "selective"],
     },
-    fixed={"compile_layers": False, "sequence_parallel": False,
-           "loss_kernel": "eager", "ckpt_granularity": "full"},
+    fixed={"compile_layers": False, "sequence_parallel": False, "loss_kernel": "eager"},
 )

@@ -87,6 +87,10 @@ def hw_flops_per_sample(model: ModelSpec, config: ScheduleConfig) -> float:
     recomputed = len(config.checkpointed_layers(model.layers))
     if model.family == "user" and not model.extra.get("layers"):
         recomputed = 0  # no blocks to checkpoint
+    if config.ckpt_granularity == "selective":  # only the attention core runs again
+        core = (float(model.extra["attn_core_flops"]) if model.family == "user"
+                else attention_flops_per_token(model) * model.seq_len)
+        return model_flops_per_sample(model) + recomputed * core
     return model_flops_per_sample(model) + recomputed * layer_flops_per_token(model) * model.seq_len
 
 

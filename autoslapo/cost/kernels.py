@@ -37,6 +37,9 @@ Three effects that a per-FLOP and per-byte roofline misses, each with its basis:
 
 from __future__ import annotations
 
+import itertools
+import math
+
 # FP32-equivalent operations a score element costs in the online softmax (see the module docstring).
 FLASH_SOFTMAX_FWD_OPS = 9.0
 FLASH_SOFTMAX_BWD_OPS = 11.0
@@ -85,3 +88,16 @@ def host_floor_s(kernels: float, host_op_s: float, device_s: float) -> float:
     """Seconds a micro-batch takes when the host must issue ``kernels`` kernels at ``host_op_s`` each:
     the longer of the device's time and the host's."""
     return max(device_s, kernels * host_op_s)
+
+
+def interp_rate(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    """A measured rate at ``x`` (FLOPs of a GEMM, bytes of a copy; a CPU profile's curves):
+    log-linear between points, flat beyond them."""
+    pts = sorted(curve)
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, r0), (x1, r1) in itertools.pairwise(pts):
+        if x <= x1:
+            w = math.log(x / x0) / math.log(x1 / x0)
+            return r0 + w * (r1 - r0)
+    return pts[-1][1]

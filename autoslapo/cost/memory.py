@@ -371,7 +371,8 @@ def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
     Parameters: the blocks' sharded over tp (the file's family description), the rest on every
     rank; states and ZeRO as for the families. Activations: the fp32 bytes the trace saw saved per
     sample, scaled to the precision's element size; a block's share under tp as Korthikanti's
-    ``(10 + 24/t) / 34``; a checkpointed block keeps its input; backward holds one block's
+    ``(10 + 24/t) / 34``; a checkpointed block keeps its input (selective recomputation: all but
+    what its attention module saves beyond its input and weight products); backward holds one block's
     activations more while it runs it. Pipeline stages (``autoslapo.user_pipeline``) split the
     blocks; the parameters outside them sit on every stage; the first stage keeps its blocks'
     activations of every micro-batch in flight, the last one micro-batch's and those outside the
@@ -390,6 +391,10 @@ def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
     scale = element_bytes(config) / 4
     layer = float(x["layer_act_bytes"]) * scale * (10 + 24 / config.tp) / 34
     kept = float(x["layer_input_bytes"]) * scale
+    if config.ckpt_granularity == "selective":
+        # the block less what its attention module saves, plus what selective recomputation keeps of
+        # it (its input, its products with weights): traced, the attention's share sharded over tp
+        kept = layer - (float(x["attn_act_bytes"]) - float(x["attn_kept_bytes"])) * scale / config.tp
     v = config.virtual_stages
     n_ckpt = v * len(config.checkpointed_layers(per_stage // v)) if x.get("layers") else 0  # each chunk's
     in_flight = in_flight_microbatches(config)

@@ -25,13 +25,18 @@ a GPU a micro-batch takes at least the host's time to issue its kernels (``Devic
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost.encdec import checkpointed_blocks, stage_blocks
-from autoslapo.cost.kernels import flash_softmax_s, flash_traffic_bytes, gemm_size_efficiency, host_floor_s
+from autoslapo.cost.kernels import (
+    flash_softmax_s,
+    flash_traffic_bytes,
+    gemm_size_efficiency,
+    host_floor_s,
+    interp_rate,
+)
 from autoslapo.cost.memory import TANH_GELU_FAMILIES, element_bytes, has_dropout, stage_params
 
 if TYPE_CHECKING:
@@ -90,7 +95,7 @@ class _Rates:
         flops = 2.0 * m * n * k * batch
         p = self.perf
         if self.curve:
-            rate = _interp_rate(self.curve, flops) * 1e12 * eff
+            rate = interp_rate(self.curve, flops) * 1e12 * eff
         else:
             tiles = math.ceil(m / p.tile) * math.ceil(n / p.tile) * batch
             waves = math.ceil(tiles / p.sms)
@@ -123,22 +128,10 @@ class _Rates:
     def mem(self, nbytes: float, kernels: int = 1) -> float:
         """Seconds of ``kernels`` memory-bound kernels moving ``nbytes`` in all."""
         if self.perf.mem_curve:
-            t = nbytes / (_interp_rate(self.perf.mem_curve, nbytes / max(kernels, 1)) * 1e9)
+            t = nbytes / (interp_rate(self.perf.mem_curve, nbytes / max(kernels, 1)) * 1e9)
         else:
             t = nbytes / self.bw
         return t + kernels * self.lat if self.perf.op_latency_additive else max(t, kernels * self.lat)
-
-
-def _interp_rate(curve: tuple[tuple[float, float], ...], flops: float) -> float:
-    """A measured rate at ``x`` (FLOPs of a GEMM, bytes of a copy): log-linear between points."""
-    pts = sorted(curve)
-    if flops <= pts[0][0]:
-        return pts[0][1]
-    for (f0, r0), (f1, r1) in itertools.pairwise(pts):
-        if flops <= f1:
-            w = math.log(flops / f0) / math.log(f1 / f0)
-            return r0 + w * (r1 - r0)
-    return pts[-1][1]
 
 
 def _ring(kind: str, nbytes: float, ranks: int, gbps: float, perf: DevicePerf) -> float:
@@ -452,9 +445,9 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     """Seconds of one optimizer step of a user's own module (family ``user``), from its trace: the
     traced FLOPs at the achievable rate, a memory pass over each block's saved activations and a
     latency per traced op (backward twice forward); TP divides the blocks' FLOPs and adds four
-    all-reduces of a block's input per block; DP/ZeRO as for the families; checkpointed blocks run
-    again. Pipeline stages split the blocks; the last (the slot) runs all outside them; a block's
-    input passes between stages; the outside parameters' gradients are summed over pp."""
+    all-reduces of a block's input per block; DP/ZeRO as for the families; checkpointed blocks (or
+    their attention cores) run again. Pipeline stages split the blocks; the last (the slot) runs all
+    outside them; a block's input passes between stages; outside gradients are summed over pp."""
     r = _Rates(perf, cluster, config)
     x = model.extra
     t, dp, m, b, z, pp, v = (config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage,
@@ -483,7 +476,11 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
     else:
         dp_comm = m * (2 * _ring("all_gather", w_bytes, dp, dp_bw, perf) + _ring("reduce_scatter", g_bytes, dp, dp_bw, perf))
-    rec_mb, tp_mb = n_ckpt * (layer_f + 2 * tp_one), per_stage * 4 * tp_one
+    # recomputed: a block and its collectives, or (selective) its attention core's traced ops and FLOPs
+    core = max(float(x["attn_act_bytes"]) - float(x["attn_kept_bytes"]), 0.0) * scale * b / t
+    again = (r.mem(core, int(x["attn_core_ops"])) + float(x["attn_core_flops"]) * b / t / r.flops_s
+             if config.ckpt_granularity == "selective" else layer_f + 2 * tp_one)
+    rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
     bubble_slots = 0.0 if pp == 1 else (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
     p2p = 2 * (hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
     tied = _ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf) if pp > 1 else 0.0

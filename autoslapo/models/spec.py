@@ -52,6 +52,9 @@ FAMILIES: dict[str, dict[str, bool]] = {
 # The user's own module (``autoslapo.models.user``): no presets, no transformers class; its shape is
 # measured from its file and kept in ``extra``. Apart from ``FAMILIES``, which lists the built-in ones.
 USER_FAMILY = "user"
+#: What a user's block's attention module holds and runs, from its trace (``autoslapo.models.user``;
+#: the cost of selective recomputation). Left out of ``signature``: the file's digest decides them.
+USER_ATTENTION_KEYS = ("attn_act_bytes", "attn_kept_bytes", "attn_core_flops", "attn_core_ops")
 USER_FLAGS = {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False}
 
 
@@ -359,7 +362,7 @@ class ModelSpec:
         d = self.to_dict()
         d.pop("preset", None)
         if self.family == "user":  # a model file is found by its content, whatever the file is called
-            d["extra"] = {k: v for k, v in d["extra"].items() if k != "module"}
+            d["extra"] = {k: v for k, v in d["extra"].items() if k != "module" and k not in USER_ATTENTION_KEYS}
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -17,7 +17,11 @@ by a trace on the meta device (cached by digest): ``params``, ``layer_params`` (
 ``torch.utils.flop_counter``), ``act_bytes`` and ``layer_act_bytes`` (fp32 bytes saved for backward
 per sample outside the blocks / by one block), ``layer_input_bytes`` (one block's input per
 sample: what a checkpointed block keeps), ``ops`` and ``layer_ops`` (aten ops of one forward / of
-one block: kernel launches). The transformer fields say what the generic rules need:
+one block: kernel launches); with a ``family``, what selective recomputation of a block's attention
+module (``family.attention``) changes, per sample and block: ``attn_act_bytes`` (saved inside it),
+``attn_kept_bytes`` (what selective recomputation keeps of it: its input and the outputs of its
+matrix products with weights, ``mm``/``addmm``), ``attn_core_flops`` and ``attn_core_ops`` (its
+other FLOPs and aten ops: what runs again). The transformer fields say what the generic rules need:
 ``layers`` the block count (1 without ``layers``); ``heads`` = ``kv_heads`` = ``hidden`` = ``ffn`` the
 largest tensor-parallel degree every sharded size divides (``tp_divisor`` with ``shard_block``; 1 without either); ``seq_len`` the
 batch's ``input_ids`` length (1 without it); ``vocab`` 1.
@@ -46,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.families import FamilyDescription
+from autoslapo.models.spec import USER_ATTENTION_KEYS as ATTENTION_KEYS
 from autoslapo.models.spec import USER_FAMILY, ModelSpec
 
 if TYPE_CHECKING:
@@ -67,7 +72,7 @@ CACHE_ENV = "AUTOSLAPO_MODEL_CACHE"
 TRACE_VERSION = 1  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
 TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
-              "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops")
+              "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", *ATTENTION_KEYS)
 
 
 @dataclass(frozen=True)
@@ -330,18 +335,44 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
             current[0] = -1
         handles += [block.register_forward_pre_hook(pre), block.register_forward_hook(post)]
 
+    # inside a block's attention module (the family's): saved bytes, what selective recomputation
+    # keeps of them (the module's input, its products with weights) and the ops it would run again
+    attn = {"in": False, "saved": 0, "kept": 0, "core_ops": 0}
+    attn_paths = []
+
+    def attn_pre(_m: Any, args: tuple[Any, ...]) -> None:
+        attn["in"] = True
+        attn["kept"] += sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+
+    def attn_post(_m: Any, _a: Any, _o: Any) -> None:
+        attn["in"] = False
+    if um.family is not None:
+        for i, block in enumerate(blocks):
+            mod = resolve_path(block, um.family.attention, "family.attention")
+            handles += [mod.register_forward_pre_hook(attn_pre), mod.register_forward_hook(attn_post)]
+            attn_paths.append(f"{um.layers}.{i}.{um.family.attention}")
+
     ops = [0] * (len(blocks) + 1)
+    linear = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)  # as autoslapo.primitives.checkpoint keeps
 
     class OpCount(TorchDispatchMode):
         # aten ops run per block: the kernel launches the cost model charges a fixed latency each
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             ops[current[0]] += 1
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if attn["in"]:
+                if func in linear:
+                    attn["kept"] += out.numel() * out.element_size()
+                else:
+                    attn["core_ops"] += 1
+            return out
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         base = t._base if t._base is not None else t
         if not (base.is_leaf and base.requires_grad):  # a parameter (or a view of one) is not an activation
             saved[current[0]] += t.numel() * t.element_size()
+            if attn["in"]:
+                attn["saved"] += t.numel() * t.element_size()
         return t
 
     counter = FlopCounterMode(display=False)
@@ -365,7 +396,14 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
             if prefix == um.layers and idx.isdigit():
                 block_flops += sum(by_op.values())
     n = max(len(blocks), 1)
+    attn_flops = 0
+    for name, by_op in counts.items():
+        if name.split(".", 1)[-1] in attn_paths:
+            attn_flops += sum(f for op, f in by_op.items() if str(op) not in ("aten.mm", "aten.addmm"))
+    per = n * micro_batch
     return {
+        "attn_act_bytes": attn["saved"] // per, "attn_kept_bytes": attn["kept"] // per,
+        "attn_core_flops": attn_flops // per, "attn_core_ops": attn["core_ops"] // n,
         "layers": len(blocks) or 1, "tp_unit": tp_unit, "seq_len": seq_len, "params": params,
         "layer_params": sum(_numel(b) for b in blocks) // n if blocks else 0,
         "fwd_flops": total // micro_batch, "layer_fwd_flops": block_flops // n // micro_batch,
@@ -405,7 +443,7 @@ def user_spec(path: str | os.PathLike[str]) -> ModelSpec:
         "module": um.module, "digest": um.digest, "layers": um.layers, "tp": um.tensor_parallel,
         "kernels": um.family is not None,
         **{k: int(shape[k]) for k in ("params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
-                                      "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops")},
+                                      "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", *ATTENTION_KEYS)},
     }
     return ModelSpec(family=USER_FAMILY, hidden=unit, layers=int(shape["layers"]), heads=unit, ffn=unit,
                      seq_len=int(shape["seq_len"]), vocab=1, preset=um.module, extra=extra)

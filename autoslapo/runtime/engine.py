@@ -81,6 +81,11 @@ def deepspeed_config(config: Any, *, zero_stage: int | None = None) -> dict[str,
     if stage == 3:
         # Gather small tensors eagerly; tiny test models would otherwise fetch every bias one by one.
         zero["stage3_param_persistence_threshold"] = 0
+        # DeepSpeed's "memory-efficient" linear replaces torch.nn.functional.linear for the rest of
+        # the process, and adds the bias in place to the product's output. Selective recomputation
+        # keeps that product (``checkpoint(keep="linear")``), so its recomputation would add the bias
+        # a second time: wrong gradients for every Linear with a bias in a recomputed attention.
+        zero["memory_efficient_linear"] = False
     return {
         "train_micro_batch_size_per_gpu": config.micro_batch,
         "gradient_accumulation_steps": config.grad_accum,

@@ -5,6 +5,7 @@ saved memory than the eager paths, and a cost model that predicts it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +21,11 @@ from autoslapo.cost.memory import estimate_activation_bytes, logit_rows
 from autoslapo.dist import build_groups, spawn
 from autoslapo.errors import ScheduleError
 from autoslapo.models.build import build_model, example_batch
+from autoslapo.models.resolve import resolve_model
 from autoslapo.models.spec import FAMILIES, ModelSpec, is_convolutional
 from autoslapo.plan import apply_schedule
 from autoslapo.primitives.loss import chunked_cross_entropy, shift_for_causal
+from autoslapo.runtime.engine import deepspeed_config
 from autoslapo.runtime.launcher import launch
 from autoslapo.runtime.train import reference_losses
 from autoslapo.schedule import create_schedule
@@ -146,6 +149,9 @@ def test_lean_kernels_match_under_tensor_parallelism_for_every_family() -> None:
     assert all(v.startswith("ok") for v in verdicts.values()), verdicts
 
 
+MY_MODEL = Path(__file__).resolve().parents[2] / "experiments" / "my_model.py"
+
+
 def _train(runs: list[tuple[str, dict[str, Any]]]) -> None:
     configs = [(ModelSpec.from_name(n, seq_len=32), ScheduleConfig(precision="fp32", **kw)) for n, kw in runs]
     payload = {"runs": [{"spec": s.to_dict(), "config": c.to_dict(), "steps": 2, "warmup": 0} for s, c in configs]}
@@ -160,6 +166,22 @@ def test_training_losses_match_with_the_lean_kernels() -> None:
     # tp 2 (vocab-parallel chunked loss) and a pipeline (the chunked loss as the last stage's loss_fn)
     _train([("gpt2-tiny", {"tp": 2, "dp": 2, **LEAN}),
             ("llama-tiny", {"pp": 2, "dp": 2, "grad_accum": 2, "zero_stage": 1, **LEAN})])
+
+
+def test_zero3_leaves_the_products_selective_recomputation_keeps_alone(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # DeepSpeed's ZeRO-3 would replace F.linear for the process by one that adds the bias in place to
+    # the product selective recomputation keeps: the recomputed q/k/v would carry the bias twice and
+    # the gradients drift (3e-5 in the second step's loss of this file's model, which has biases)
+    assert deepspeed_config(ScheduleConfig(dp=4, zero_stage=3))["zero_optimization"]["memory_efficient_linear"] is False
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
+    spec = resolve_model(str(MY_MODEL))
+    config = ScheduleConfig(precision="fp32", dp=4, zero_stage=3, ckpt_ratio=1.0, ckpt_granularity="selective")
+    payload = {"runs": [{"spec": spec.to_dict(), "config": config.to_dict(), "steps": 3, "warmup": 0}]}
+    out = launch("autoslapo.runtime.train:train_many_entry", 4, payload, timeout_s=900)
+    assert out.status == "complete", (out.reason, out.logs[0][-3000:])
+    want = reference_losses(spec, global_batch=config.global_batch, micro_batch=config.micro_batch, steps=3)
+    assert out.values[0][0]["losses"] == pytest.approx(want, abs=2e-6)
 
 
 @pytest.mark.slow

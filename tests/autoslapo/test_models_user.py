@@ -47,6 +47,15 @@ def test_the_worked_example_is_measured_by_its_trace(cache: Path) -> None:
     assert model_flops_per_sample(spec) == 3 * x["fwd_flops"]
     assert hw_flops_per_sample(spec, ScheduleConfig(ckpt_ratio=0.5)) == 3 * x["fwd_flops"] + 2 * block
     assert x["layer_input_bytes"] == s * h * 4  # one fp32 sample of hidden states
+    # its attention module (family.attention): q, k, v, out each a Linear of the normed input
+    # saves the input 3x, q and k^T, v and the context (7 s h fp32) and the probabilities twice
+    # (softmax's output and the P V product's input); selective recomputation keeps its input and the
+    # 4 projections' outputs (5 s h) and runs again the core's Q K^T and P V (4 s^2 h FLOPs)
+    heads = 4
+    assert x["attn_act_bytes"] == 7 * s * h * 4 + 2 * heads * s * s * 4
+    assert x["attn_kept_bytes"] == 5 * s * h * 4
+    assert x["attn_core_flops"] == 4 * s * s * h
+    assert 0 < x["attn_core_ops"] < x["layer_ops"]
     # tp may be any divisor of 4 (the heads); the sequence is the batch's input_ids
     assert (spec.heads, spec.layers, spec.seq_len) == (4, 4, 32)
     # traced once: the result is cached beside the file's copy, by digest
@@ -121,6 +130,9 @@ def test_what_the_file_declares_decides_the_knobs(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="share the divisor 4"):
         ScheduleConfig(tp=8).validate(full)
     ScheduleConfig(tp=4, ckpt_ratio=0.5).validate(full)
+    ScheduleConfig(tp=2, ckpt_ratio=0.5, ckpt_granularity="selective").validate(full)
+    with pytest.raises(ConfigError, match="selective recomputation needs the model file to declare family"):
+        ScheduleConfig(ckpt_ratio=0.5, ckpt_granularity="selective").validate(blocks)
     cluster = ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4)
     b = space_for("user").bind(bare, cluster)
     assert (b.domains["tp"], b.domains["ckpt_ratio"], b.domains["attn_kernel"]) == ((1,), (0.0,), ("sdpa",))
@@ -129,12 +141,16 @@ def test_what_the_file_declares_decides_the_knobs(tmp_path: Path) -> None:
     f = space_for("user").bind(full, cluster)
     assert f.domains["tp"] == (1, 2, 4) and f.domains["attn_kernel"] == ("eager", "sdpa")
     assert f.domains["pp"] == (1, 2, 4) and not any(c.sequence_parallel for c in f.configs())
+    assert f.domains["ckpt_granularity"] == ("full", "selective")
+    assert space_for("user").bind(blocks, cluster).domains["ckpt_granularity"] == ("full",)
     assert space_for("user").bind(bare, cluster).domains["pp"] == (1,)
     assert space_for("user").bind(blocks, cluster).domains["pp"] == (1, 2)  # 2 blocks
 
 
 @pytest.mark.parametrize("knobs", [{"ckpt_ratio": 0.5, "fuse_bias_gelu": True},
-                                   {"ckpt_ratio": 1.0, "attn_kernel": "eager"}])
+                                   {"ckpt_ratio": 1.0, "attn_kernel": "eager"},
+                                   {"ckpt_ratio": 0.75, "ckpt_granularity": "selective", "attn_kernel": "eager"},
+                                   {"ckpt_ratio": 1.0, "ckpt_granularity": "selective", "attn_kernel": "sdpa"}])
 def test_the_schedule_keeps_loss_and_gradients(knobs: dict[str, object]) -> None:
     spec = user_spec(EXAMPLE)
     ref, model = build_model(spec, seed=1), build_model(spec, seed=1)
@@ -165,6 +181,14 @@ def test_the_cost_model_reads_the_trace() -> None:
     assert tp.memory.params < base.memory.params and tp.time.tp_comm > 0 == base.time.tp_comm
     ckpt = estimate(spec, ScheduleConfig(dp=4, micro_batch=8, ckpt_ratio=1.0, precision="fp32"), cluster)
     assert ckpt.memory.activations < base.memory.activations and ckpt.time.recompute > 0
+    # selective recomputation: between none and full in memory, and only the attention core runs again
+    sel = estimate(spec, ScheduleConfig(dp=4, micro_batch=8, ckpt_ratio=1.0, ckpt_granularity="selective",
+                                        precision="fp32"), cluster)
+    x = spec.extra
+    saved = 4 * 8 * (x["attn_act_bytes"] - x["attn_kept_bytes"])  # 4 blocks, 8 samples a micro-batch
+    assert sel.memory.activations == base.memory.activations - saved > ckpt.memory.activations
+    assert 0 < sel.time.recompute < ckpt.time.recompute  # at this size, mostly its ops' launch latency
+    assert sel.hw_tflops_per_device / sel.tflops_per_device == pytest.approx(1 + 4 * x["attn_core_flops"] / (3 * x["fwd_flops"]))
     z3 = estimate(spec, ScheduleConfig(dp=4, micro_batch=8, zero_stage=3, precision="fp32"), cluster)
     assert z3.memory.params < base.memory.params
     # pipeline stages: each holds half the blocks (and everything outside them), a bubble of pp - 1

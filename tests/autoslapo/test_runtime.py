@@ -72,14 +72,15 @@ MIXED.append((HF_CONFIGS[1], {"tp": 2, "pp": 2, "zero_stage": 1, "grad_accum": 2
 
 
 # Model files (a user's own module): no sequence parallelism for them; pipeline stages cut between the
-# file's blocks (autoslapo.user_pipeline), interleaved too (4 blocks = 2 ranks x 2 chunks).
+# file's blocks (autoslapo.user_pipeline), interleaved too (4 blocks = 2 ranks x 2 chunks); selective
+# recomputation of the file's attention modules with TP and stages.
 FILE_MATRIX: list[dict[str, Any]] = [
     {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
     {"dp": 4, "zero_stage": 2, "grad_accum": 2},
     {"tp": 2, "dp": 2, "zero_stage": 3},
     {"tp": 4, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
     {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2},
-    {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5},
+    {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5, "ckpt_granularity": "selective"},
     {"pp": 2, "dp": 2, "grad_accum": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2},
 ]
 MY_MODEL = str(Path(__file__).resolve().parents[2] / "experiments" / "my_model.py")
