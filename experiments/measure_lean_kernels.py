@@ -115,11 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--predict-only", action="store_true", help="print the predictions, run nothing")
     p.add_argument("--families", default=",".join(list_families()), help="comma-separated families")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps a trial (one is warm-up)")
-    p.add_argument("--reuse", action="store_true", help=f"re-tabulate the saved {RECORDS.name}")
+    p.add_argument("--reuse", action="store_true",
+                   help=f"re-tabulate the measurements saved in {RECORDS.name} against the model's predictions now")
     args = p.parse_args(argv)
     prof = load_profile(PROFILE)
     if args.reuse:
         records = json.loads(RECORDS.read_text())
+        for rec in records:  # the saved measurements; the predictions of the cost model as it is now
+            rec["predicted_bytes"] = predict(ModelSpec.from_dict(rec["model"]), ScheduleConfig.from_dict(rec["config"]),
+                                             prof)
     else:
         records = []
         for family in args.families.split(","):

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoslapo.config import LOSS_CHUNK_TOKENS
-
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
     from autoslapo.models.spec import ModelSpec
@@ -149,7 +147,8 @@ def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bo
 
 
 def encdec_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
-                            runtime: str = "megatron", transients: bool = False, in_flight: float = 1.0) -> int:
+                            runtime: str = "megatron", transients: bool = False, in_flight: float = 1.0,
+                            heap: bool = False) -> int:
     """Peak activation bytes on the most loaded device (``memory.estimate_activation_bytes``).
 
     Blocks are kept whole, or only their input (full recomputation) or all but their attention
@@ -161,14 +160,14 @@ def encdec_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: b
     logits, whichever is more; a stage after the first also keeps the pair of streams it received.
     """
     if config.pp > 1:
-        first = _stage_activation_bytes(model, config, 0, in_flight, dropout, runtime, transients)
-        last = _stage_activation_bytes(model, config, config.pp - 1, 1.0, dropout, runtime, transients)
+        first = _stage_activation_bytes(model, config, 0, in_flight, dropout, runtime, transients, heap)
+        last = _stage_activation_bytes(model, config, config.pp - 1, 1.0, dropout, runtime, transients, heap)
         return max(first, last)
-    return _stage_activation_bytes(model, config, 0, 1.0, dropout, runtime, transients)
+    return _stage_activation_bytes(model, config, 0, 1.0, dropout, runtime, transients, heap)
 
 
 def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int, in_flight: float,
-                            dropout: bool | None, runtime: str, transients: bool) -> int:
+                            dropout: bool | None, runtime: str, transients: bool, heap: bool = False) -> int:
     drop = True if dropout is None else dropout
     e, b = _element_bytes(config), config.micro_batch
     s, u, h = model.seq_len, model.decoder_seq_len, model.hidden
@@ -200,14 +199,9 @@ def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int,
     emb = b * (s + u) * h * (e + (1 if drop else 0)) if first else in_flight * b * (s + u) * h * e
     # the encoder output every cross-attention reads (held where decoder blocks run)
     encoder_out = b * s * h * e * (in_flight if any(i >= model.layers for i in blocks) else 0)
-    rows = min(b * u, LOSS_CHUNK_TOKENS) if config.loss_kernel == "chunked" else b * u
-    logits = rows * model.vocab / config.tp * (e + 4)
-    if config.loss_kernel == "chunked":
-        logits += b * u * 4
-    if transients:
-        logits += rows * 4 * model.vocab / config.tp
-    if not last:
-        logits = 0
+    from autoslapo.cost.memory import loss_tensor_bytes  # memory imports this module
+
+    logits = loss_tensor_bytes(model, config, b * u, transients, heap) if last else 0
     return int(max(fwd_end + logits, bwd_peak) + emb + encoder_out)
 
 

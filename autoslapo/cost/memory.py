@@ -196,6 +196,28 @@ def head_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig) ->
     return model.vocab / config.tp * (element_bytes(config) + 4)
 
 
+# glibc's malloc serves an allocation at or above its mmap threshold with a mapping of its own, which
+# free() returns to the system; the threshold rises with the chunks freed up to
+# DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit systems (mallopt(3), M_MMAP_THRESHOLD). Larger tensors
+# never join the heap whose retention a CPU profile measures (``DevicePerf.heap_retention``).
+MMAP_THRESHOLD_MAX = 32 * 2**20
+
+
+def loss_tensor_bytes(model: ModelSpec, config: ScheduleConfig, tokens: int, transients: bool = False,
+                      heap: bool = False) -> float:
+    """Bytes the loss holds at once: the (chunk's) logits and the fp32 softmax the cross-entropy keeps
+    (``head_activation_bytes_per_token``), the chunked kernel's fp32 log-sum-exp a token, and with
+    ``transients`` the fp32 gradient of the logits. ``heap``: only the tensors a CPU's allocator
+    serves from its heap (each under ``MMAP_THRESHOLD_MAX``)."""
+    rows, cols = logit_rows(model, config, tokens), model.vocab / config.tp
+    sizes = [rows * cols * element_bytes(config), rows * cols * 4.0]
+    if config.loss_kernel == "chunked":
+        sizes.append(tokens * 4.0)
+    if transients:
+        sizes.append(rows * cols * 4.0)
+    return sum(x for x in sizes if not heap or x < MMAP_THRESHOLD_MAX)
+
+
 def logit_rows(model: ModelSpec, config: ScheduleConfig, tokens: int) -> int:
     """Tokens whose logits the loss holds at once: all of them, or one chunk with the chunked kernel
     (which keeps an fp32 log-sum-exp per token besides, counted as one more 4-byte logit column)."""
@@ -252,16 +274,18 @@ def in_flight_microbatches(config: ScheduleConfig) -> float:
 
 
 def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
-                              runtime: str = "megatron", transients: bool = False) -> int:
+                              runtime: str = "megatron", transients: bool = False, heap: bool = False) -> int:
     """Peak activation bytes on the most loaded device (first or last pipeline stage).
 
     ``transients=False``: the tensors saved for backward (Korthikanti's accounting). ``True``: the
     peak a memory counter sees, which adds what backward holds besides them: the gradients of the
     layer it is in (about that layer's activations again) and, at the loss, the fp32 gradient of
-    the logits.
+    the logits. ``heap``: the loss's tensors only where a CPU allocator's heap holds them
+    (``loss_tensor_bytes``).
     """
     if model.encoder_decoder:  # T5: source and target tokens, two kinds of block
-        return encdec_activation_bytes(model, config, dropout, runtime, transients, in_flight_microbatches(config))
+        return encdec_activation_bytes(model, config, dropout, runtime, transients, in_flight_microbatches(config),
+                                       heap=heap)
     tokens = config.micro_batch * model.seq_len
     full = layer_activation_bytes_per_token(model, config, dropout, runtime) * tokens
     kept = checkpointed_layer_bytes_per_token(model, config, dropout, runtime) * tokens
@@ -287,12 +311,7 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     # Embedding output and its dropout mask on the first stage; on the last the head's logits
     # (16-bit, plus the fp32 softmax the cross-entropy keeps), freed once the loss's backward ran.
     emb = tokens * model.hidden * (e + (1 if has_dropout(model, dropout) else 0))
-    rows = logit_rows(model, config, tokens)
-    logits = rows * head_activation_bytes_per_token(model, config)
-    if config.loss_kernel == "chunked":
-        logits += tokens * 4  # the log-sum-exp per token
-    if transients:
-        logits += rows * 4 * model.vocab / config.tp
+    logits = loss_tensor_bytes(model, config, tokens, transients, heap)
     fwd_first, bwd_first = stage(0, in_flight_microbatches(config))
     if config.pp == 1:
         return int(max(fwd_first + logits, bwd_first) + emb)
@@ -356,7 +375,7 @@ def estimate_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
     if perf.heap_retention:
         # the host allocator's heap keeps what every layer's full activations occupied (see DevicePerf)
         full = config if config.ckpt_ratio == 0 else replace(config, ckpt_ratio=0.0)
-        act += int(estimate_activation_bytes(model, full, dropout, rt, transients=True) * perf.heap_retention)
+        act += int(estimate_activation_bytes(model, full, dropout, rt, transients=True, heap=True) * perf.heap_retention)
     during, after = zero_buffer_bytes(model, config, rt)
     buffers = during + max(0, after - act)
     if config.zero_stage >= 1 and config.pp == 1:  # DeepSpeed's ZeRO optimizer (pipelines use torch's)

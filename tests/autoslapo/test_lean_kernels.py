@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from autoslapo import layout
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import LOSS_CHUNK_TOKENS, ScheduleConfig
+from autoslapo.cost.device import PERF, DevicePerf
 from autoslapo.cost.estimate import estimate
-from autoslapo.cost.memory import estimate_activation_bytes, logit_rows
+from autoslapo.cost.memory import estimate_activation_bytes, estimate_memory, logit_rows, loss_tensor_bytes
 from autoslapo.dist import build_groups, spawn
 from autoslapo.errors import ScheduleError
 from autoslapo.models.build import build_model, example_batch
@@ -226,6 +227,26 @@ def test_cost_model_predicts_the_savings() -> None:
     # the loss holds one chunk's logits rather than all tokens'
     assert logit_rows(model, eager_sdpa, 2 * s) == 2 * s
     assert logit_rows(model, lean_sdpa, 2 * s) == LOSS_CHUNK_TOKENS
+
+
+def test_a_cpu_heap_keeps_none_of_the_tensors_glibc_maps_on_their_own() -> None:
+    # glibc serves allocations of 32 MiB and more with their own mappings, returned when freed: the
+    # heap retention a CPU profile measures does not apply to them (here the eager loss's logits,
+    # softmax and gradient, 4,096 tokens x 8,192 fp32 = 128 MiB each, and the chunked loss's 32 MiB)
+    model = ModelSpec.from_name("gpt2-tiny").with_overrides(seq_len=512, vocab=8192)
+    eager = ScheduleConfig(dp=2, micro_batch=8, precision="fp32")
+    chunked, tokens, mib = eager.with_(loss_kernel="chunked"), 8 * 512, 2**20
+    assert loss_tensor_bytes(model, eager, tokens, transients=True) == 3 * 128 * mib
+    assert loss_tensor_bytes(model, eager, tokens, transients=True, heap=True) == 0
+    assert loss_tensor_bytes(model, chunked, tokens, transients=True) == 3 * 32 * mib + tokens * 4
+    assert loss_tensor_bytes(model, chunked, tokens, transients=True, heap=True) == tokens * 4
+    small = ModelSpec.from_name("gpt2-tiny").with_overrides(seq_len=128, vocab=1024)  # 2 MiB tensors: heap
+    assert loss_tensor_bytes(small, eager, 4 * 128, heap=True) == loss_tensor_bytes(small, eager, 4 * 128)
+    # so on a profile with heap retention, the eager loss's peak is its tensors once, not once more
+    perf = DevicePerf.from_profile(PERF["cpu"], {"heap_retention": 0.5, "activation_slack": 1.0})
+    full = estimate_memory(model, eager, perf).activations - estimate_memory(model, chunked, perf).activations
+    tensors = loss_tensor_bytes(model, eager, tokens, True) - loss_tensor_bytes(model, chunked, tokens, True)
+    assert full == pytest.approx(tensors, rel=0.01)
 
 
 def test_targets_of_the_chunked_loss_are_shifted_for_causal_models() -> None:
