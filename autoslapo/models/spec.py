@@ -55,7 +55,7 @@ USER_FAMILY = "user"
 #: What a user's block's attention module holds and runs, from its trace (``autoslapo.models.user``;
 #: the cost of selective recomputation). Left out of ``signature``: the file's digest decides them.
 USER_ATTENTION_KEYS = ("attn_act_bytes", "attn_kept_bytes", "attn_core_flops", "attn_core_ops")
-USER_FLAGS = {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False}
+USER_FLAGS = {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "sequence_parallel": False}
 
 
 def family_flags(family: str) -> dict[str, bool]:

@@ -205,3 +205,21 @@ def test_the_cost_model_reads_the_trace() -> None:
                                           pipeline_schedule="interleaved", virtual_stages=2), cluster)
     assert inter.time.bubble < pp.time.bubble
     assert model_cache_dir().name == "cache"
+
+
+def test_both_baselines_exist_for_a_model_file(tmp_path: Path) -> None:
+    # the Megatron-style baseline takes sequence parallelism only where the model can: a file cannot
+    # (it was refused as "no configuration fits" before); here TP 4 (the file's 4 heads), full recomputation
+    from store import open_store
+    from tuner import TuneOptions, tune
+
+    store = open_store(f"sqlite:///{tmp_path / 'tuner.db'}")
+    try:
+        out = tune(TuneOptions(model=user_spec(EXAMPLE), cluster=ClusterSpec(gpus=8, gpu_type="a100-80gb"),
+                               trials=5, baselines=True), store)
+    finally:
+        store.close()
+    mega = out.baselines["megatron"]
+    assert mega["status"] == "complete", mega
+    assert (mega["config"]["tp"], mega["config"]["ckpt_ratio"], mega["config"]["sequence_parallel"]) == (4, 1.0, False)
+    assert out.baselines["deepspeed"]["status"] == "complete"
