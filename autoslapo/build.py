@@ -36,7 +36,7 @@ from torch import nn
 from autoslapo import pipeline
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives.tp import SHARD_ATTR, ShardSpec, copy_param_attrs, slice_shard
-from autoslapo.schedule import Schedule
+from autoslapo.schedule import Schedule, origin_path
 
 __all__ = ["build", "has_pipeline_cuts", "materialize", "path_seed"]
 
@@ -139,7 +139,9 @@ def materialize(
             for n, p in tied.items():
                 module._parameters[n] = done[id(p)]
             continue
-        full_path = f"{prefix}.{mpath}".strip(".")
+        # seeded by the path the module had in the unscheduled model, wherever a primitive moved it
+        origin = origin_path(module)
+        full_path = origin if origin is not None else f"{prefix}.{mpath}".strip(".")
         olds = {**metas, **tied}
         for n, p in olds.items():
             spec: ShardSpec | None = getattr(p, SHARD_ATTR, None)

@@ -18,6 +18,7 @@ submodule for another (then the parent node calls :meth:`Schedule.refresh`).
 from __future__ import annotations
 
 import difflib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -80,6 +81,8 @@ class Schedule:
         # root by the primitives that need them and dropped whenever a subtree is rebuilt.
         self.cache: dict[str, Any] = {}
         self.children: dict[str, Schedule] = {}
+        if mod not in _ORIGIN:
+            _ORIGIN[mod] = path
         self._build_children()
 
     # -- tree -------------------------------------------------------------------------------------
@@ -219,6 +222,18 @@ class Schedule:
 
     def __repr__(self) -> str:
         return f"Schedule(path={self.path!r}, mod={type(self.mod).__name__}, children={len(self.children)})"
+
+
+# The path each module had when a schedule first covered it. A primitive that moves a module (``fuse``
+# puts the fused Linear under its new region) leaves it here, so a meta-device model is materialized
+# with the seeds of the unscheduled model's paths (``autoslapo.build.materialize``): the scheduled
+# model starts from the same weights.
+_ORIGIN: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+
+
+def origin_path(module: nn.Module) -> str | None:
+    """The dotted path ``module`` had when a schedule first covered it (None if none has)."""
+    return _ORIGIN.get(module)
 
 
 def create_schedule(model: nn.Module, group: Any = None) -> Schedule:

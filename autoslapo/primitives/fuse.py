@@ -54,7 +54,10 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") ->
 class FusedLinearGelu(nn.Module):
     """Linear then GeLU with the bias-add folded into the activation.
 
-    Shares the parameters of the Linear it was built from, so the model's parameters are unchanged.
+    Holds the Linear it was built from as its child ``linear`` (only its forward is replaced: the
+    matmul here, the bias-add inside the activation), so the model's parameters are the same objects
+    and a meta-device model gives them the values the unscheduled model's Linear would get (its
+    initializer and the seed of its path, ``autoslapo.build.materialize``).
     """
 
     def __init__(self, linear: nn.Linear, approximate: str = "none", compiler: str = "eager") -> None:
@@ -63,13 +66,21 @@ class FusedLinearGelu(nn.Module):
             raise ScheduleError(
                 "bias-GeLU fusion needs a Linear with a bias: got bias=None; fuse the region instead"
             )
-        self.weight = linear.weight
-        self.bias = linear.bias
+        self.linear = linear
         self.approximate = approximate
         self.compiler = compiler
         self._act: Callable[..., torch.Tensor] = bias_gelu
         if compiler != "eager":
             self._act = torch.compile(bias_gelu, backend=compiler, dynamic=True)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def bias(self) -> torch.Tensor:
+        assert self.linear.bias is not None
+        return self.linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._act(F.linear(x, self.weight), self.bias, self.approximate)

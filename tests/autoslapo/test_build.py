@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,12 +11,20 @@ import torch
 import torch.distributed as dist
 
 from autoslapo import build, create_schedule
-from autoslapo.build import path_seed
+from autoslapo.build import materialize, path_seed
+from autoslapo.config import ScheduleConfig
 from autoslapo.dist import build_groups, init_fake_world, spawn
 from autoslapo.errors import ScheduleError
+from autoslapo.models.build import build_model, example_batch
+from autoslapo.models.resolve import resolve_model
+from autoslapo.models.spec import ModelSpec
+from autoslapo.models.user import user_loss
+from autoslapo.plan import apply_schedule
 from autoslapo.primitives.tp import gather_shards, shard_spec
 from tests.autoslapo.test_tp import apply_tp_bert, apply_tp_gpt2
 from tests.conftest import bert_config, tiny_gpt2, token_ids
+
+MY_MODEL = Path(__file__).resolve().parents[2] / "experiments" / "my_model.py"
 
 
 def _meta_bert(**kw: Any) -> Any:
@@ -103,6 +112,25 @@ def _build_worlds() -> list[str]:
 def test_meta_build_matches_unscheduled_weights_tp2_and_pp2() -> None:
     for rank, bad in enumerate(spawn(_build_worlds, 2, timeout=180)):
         assert not bad, f"rank {rank}: {bad}"
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "gpt_neo", "user"])
+def test_a_meta_model_with_fused_bias_gelu_starts_from_the_unscheduled_weights(
+        family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # fusion moves the Linear (GPT-2's Conv1D under the new region; an nn.Linear into FusedLinearGelu):
+    # its weights are still drawn with the seed of the path it had, so the first loss is the unscheduled
+    # model's (the meta-built training path gave GPT-2 -1.1e-2, BERT -6.1e-3 before)
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
+    spec = resolve_model(str(MY_MODEL)) if family == "user" else ModelSpec.from_name(f"{family}-tiny", seq_len=32)
+    config = ScheduleConfig(fuse_bias_gelu=True, ckpt_ratio=0.5, precision="fp32")
+    with torch.device("meta"):
+        model, ref = build_model(spec, seed=0, dropout=0.0), build_model(spec, seed=0, dropout=0.0)
+    sch = apply_schedule(model, spec, config, compiler="eager")
+    assert sch.meta["plan"]["fused_bias_gelu"]
+    materialize(model, seed=5)
+    materialize(ref, seed=5)
+    batch = example_batch(spec, 2, seed=1)
+    assert torch.equal(user_loss(model(**batch)), user_loss(ref(**batch)))
 
 
 def test_build_is_deterministic_and_keeps_ties() -> None:

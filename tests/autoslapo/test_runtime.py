@@ -37,6 +37,9 @@ MATRIX: list[dict[str, Any]] = [
     {"tp": 2, "dp": 2, "zero_stage": 3},
     {"tp": 2, "dp": 2, "sequence_parallel": True, "zero_stage": 1, "ckpt_ratio": 1.0},
     {"tp": 2, "dp": 2, "sequence_parallel": True, "zero_stage": 3},
+    # bias + GeLU fused (compiled; a no-op for families without a biased GeLU MLP): the fused Linear
+    # keeps the unscheduled model's weights (test_build.py checks the meta build in the default run)
+    {"tp": 2, "dp": 2, "fuse_bias_gelu": True, "ckpt_ratio": 0.5},
 ]
 
 # The default run: one configuration per family, every engine path covered once.
@@ -78,6 +81,7 @@ FILE_MATRIX: list[dict[str, Any]] = [
     {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
     {"dp": 4, "zero_stage": 2, "grad_accum": 2},
     {"tp": 2, "dp": 2, "zero_stage": 3},
+    {"tp": 2, "dp": 2, "fuse_bias_gelu": True, "ckpt_ratio": 0.5, "ckpt_granularity": "selective"},
     {"tp": 4, "zero_stage": 1, "ckpt_ratio": 1.0, "grad_accum": 2},
     {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2},
     {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5, "ckpt_granularity": "selective"},
