@@ -353,7 +353,7 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
             attn_paths.append(f"{um.layers}.{i}.{um.family.attention}")
 
     ops = [0] * (len(blocks) + 1)
-    linear = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)  # as autoslapo.primitives.checkpoint keeps
+    from autoslapo.primitives.checkpoint import LINEAR_OPS as linear  # what selective recomputation keeps
 
     class OpCount(TorchDispatchMode):
         # aten ops run per block: the kernel launches the cost model charges a fixed latency each
@@ -399,7 +399,7 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
     attn_flops = 0
     for name, by_op in counts.items():
         if name.split(".", 1)[-1] in attn_paths:
-            attn_flops += sum(f for op, f in by_op.items() if str(op) not in ("aten.mm", "aten.addmm"))
+            attn_flops += sum(f for op, f in by_op.items() if all(op is not k.overloadpacket for k in linear))
     per = n * micro_batch
     return {
         "attn_act_bytes": attn["saved"] // per, "attn_kept_bytes": attn["kept"] // per,
@@ -442,8 +442,7 @@ def user_spec(path: str | os.PathLike[str]) -> ModelSpec:
     extra = {
         "module": um.module, "digest": um.digest, "layers": um.layers, "tp": um.tensor_parallel,
         "kernels": um.family is not None,
-        **{k: int(shape[k]) for k in ("params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
-                                      "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", *ATTENTION_KEYS)},
+        **{k: int(shape[k]) for k in TRACE_KEYS if k not in ("layers", "tp_unit", "seq_len")},
     }
     return ModelSpec(family=USER_FAMILY, hidden=unit, layers=int(shape["layers"]), heads=unit, ffn=unit,
                      seq_len=int(shape["seq_len"]), vocab=1, preset=um.module, extra=extra)

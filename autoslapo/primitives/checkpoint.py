@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from autoslapo.schedule import Schedule
 from autoslapo.errors import ScheduleError
 
-__all__ = ["KEEP", "checkpoint", "set_call_index"]
+__all__ = ["KEEP", "LINEAR_OPS", "checkpoint", "set_call_index"]
 
 _INNER = "_autoslapo_inner_forward"
 _FLAGS = "_autoslapo_ckpt_rng"
@@ -40,11 +40,11 @@ _COUNT = "_autoslapo_ckpt_count"
 KEEP = ("nothing", "linear")
 # The products of activations with weights (nn.Linear, transformers' Conv1D): 2-D after flattening
 # tokens. The attention core's products are batched (bmm) or a fused SDPA kernel, so recomputed.
-_LINEAR_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+LINEAR_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
 def _keep_linear(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> torch_ckpt.CheckpointPolicy:
-    if op in _LINEAR_OPS:
+    if op in LINEAR_OPS:
         return torch_ckpt.CheckpointPolicy.MUST_SAVE
     return torch_ckpt.CheckpointPolicy.PREFER_RECOMPUTE
 
