@@ -187,13 +187,19 @@ def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
     return replicated + sharded / t
 
 
-def head_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig) -> float:
-    """Bytes the output head keeps per token: 16-bit logits and the fp32 softmax of the loss.
+def head_tensor_bytes_per_token(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float]:
+    """(logits, fp32 softmax of the loss): bytes of each tensor the output head keeps, per token.
 
     A vocab-parallel cross-entropy keeps ``V/t`` of each: Megatron's, and autoslapo's
     (``autoslapo.primitives.loss``, which every tp > 1 schedule uses for calls with labels).
     """
-    return model.vocab / config.tp * (element_bytes(config) + 4)
+    cols = model.vocab / config.tp
+    return cols * element_bytes(config), cols * 4.0
+
+
+def head_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig) -> float:
+    """Bytes the output head keeps per token: 16-bit logits and the fp32 softmax of the loss."""
+    return sum(head_tensor_bytes_per_token(model, config))
 
 
 # glibc's malloc serves an allocation at or above its mmap threshold with a mapping of its own, which
@@ -206,15 +212,16 @@ MMAP_THRESHOLD_MAX = 32 * 2**20
 def loss_tensor_bytes(model: ModelSpec, config: ScheduleConfig, tokens: int, transients: bool = False,
                       heap: bool = False) -> float:
     """Bytes the loss holds at once: the (chunk's) logits and the fp32 softmax the cross-entropy keeps
-    (``head_activation_bytes_per_token``), the chunked kernel's fp32 log-sum-exp a token, and with
+    (``head_tensor_bytes_per_token``), the chunked kernel's fp32 log-sum-exp a token, and with
     ``transients`` the fp32 gradient of the logits. ``heap``: only the tensors a CPU's allocator
     serves from its heap (each under ``MMAP_THRESHOLD_MAX``)."""
-    rows, cols = logit_rows(model, config, tokens), model.vocab / config.tp
-    sizes = [rows * cols * element_bytes(config), rows * cols * 4.0]
+    rows = logit_rows(model, config, tokens)
+    logits, softmax = head_tensor_bytes_per_token(model, config)
+    sizes = [rows * logits, rows * softmax]
     if config.loss_kernel == "chunked":
         sizes.append(tokens * 4.0)
     if transients:
-        sizes.append(rows * cols * 4.0)
+        sizes.append(rows * softmax)  # the gradient of the logits, fp32 like the softmax
     return sum(x for x in sizes if not heap or x < MMAP_THRESHOLD_MAX)
 
 
