@@ -3,6 +3,8 @@
 Knobs given on the command line are fixed; the rest are chosen as the best the cost model finds.
 A measured profile (``autoslapo profile``) calibrates the device: ``--profile PATH``, else
 ``$AUTOSLAPO_PROFILE``, else ``~/.cache/autoslapo/profiles/<gpu-type>.json`` if it exists.
+``--server URL`` asks a running ``autoslapo serve`` (``POST /v1/estimate``) with the same model, pins
+and shape: the same answer, and ``--cluster-from`` then names a study in the server's store.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "its measured trials fitted; see --storage)")
     parser.add_argument("--storage", metavar="URL", default=None,
                         help="store URL for --cluster-from (default: $AUTOSLAPO_STORAGE, else sqlite:///autoslapo.db)")
+    parser.add_argument("--server", metavar="URL", default=None,
+                        help="ask a running `autoslapo serve` at URL (token from $AUTOSLAPO_TOKEN) instead of "
+                             "estimating here; --cluster-from then names a study in its store")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
@@ -75,13 +80,13 @@ def _study_cluster(args: argparse.Namespace) -> tuple[ClusterSpec, dict[str, Any
 
 def run(args: argparse.Namespace) -> int:
     """Estimate the given (or best) schedule; prints a summary or JSON. Returns 0."""
+    if args.server:
+        return _show(_remote(args), args)
     from autoslapo.cluster import ClusterSpec
-    from autoslapo.cost import best_config
-    from autoslapo.cost.correction import corrected_cluster, corrected_perf
+    from autoslapo.cost.answer import calibrated_best, estimate_document
     from autoslapo.models.resolve import resolve_model
 
-    overrides = shape_overrides(args)
-    model = resolve_model(args.model, **overrides)
+    model = resolve_model(args.model, **shape_overrides(args))
     calibration: dict[str, Any] | None = None
     if args.cluster_from is not None:
         cluster, calibration = _study_cluster(args)
@@ -101,34 +106,64 @@ def run(args: argparse.Namespace) -> int:
                 f"{source}; pass a matching --profile"
             )
         cluster = cluster.with_profile(profile)
+    est = calibrated_best(model, cluster, calibration["params"] if calibration else None,
+                          global_batch=args.global_batch, profile=profile, **_pins(args))
+    return _show(estimate_document(model, cluster, est, profile=source, calibration=calibration,
+                                   study=args.cluster_from), args)
+
+
+def _pins(args: argparse.Namespace) -> dict[str, Any]:
     fixed = knob_values(args, "estimate")
     if args.global_batch is not None and "grad_accum" in fixed:
         raise UsageError("--global-batch and --grad-accum both fix the batch: give one of them")
-    perf = corrected_perf(cluster, calibration["params"] if calibration else None, profile)
-    links = corrected_cluster(cluster, calibration["params"] if calibration else None)
-    est = best_config(model, links, global_batch=args.global_batch, profile=profile, perf=perf, **fixed)
-    d = est.to_dict()
-    d.update(model=model.to_dict(), num_params=model.num_params(), cluster=cluster.to_dict(), profile=source or None,
-             searched=est.breakdown.get("searched"),
-             calibration=None if calibration is None else {"study": args.cluster_from, "params": calibration["params"],
-                                                           "n_trials": calibration["n_trials"]})
-    d["num_params"] = model.num_params()  # the model's parameter count, to check against the published one
+    return fixed
+
+
+def _remote(args: argparse.Namespace) -> dict[str, Any]:
+    """``estimate --server``: the server's answer to ``POST /v1/estimate`` with this command's model,
+    cluster, pins and shape, as the document a local estimate prints."""
+    from autoslapo.remote import Client, model_field
+
+    if args.profile is not None or args.storage is not None:
+        given = " and ".join(f for f, v in (("--profile", args.profile), ("--storage", args.storage)) if v is not None)
+        raise UsageError(f"--server estimates with the server's device presets and store: {given} cannot be sent; "
+                         "drop it, or estimate here without --server")
+    overrides = shape_overrides(args)
+    if overrides and args.model.lower().endswith(".py"):
+        flags = " ".join("--" + k.replace("_", "-") for k in overrides)
+        raise UsageError(f"shape flags do not apply to a model file (its shape is its own): got {flags} with "
+                         f"{args.model}; change the file instead")
+    body = {"model": model_field(args.model), "gpus": args.gpus, "gpu_type": args.gpu_type,
+            "gpus_per_node": args.gpus_per_node, "global_batch": args.global_batch, "knobs": _pins(args) or None,
+            "shape": overrides or None, "cluster_from": args.cluster_from,
+            "allow_cross_node_tp": args.allow_cross_node_tp or None}
+    doc = Client(args.server).post("/v1/estimate", {k: v for k, v in body.items() if v is not None})
+    spec = doc.pop("model_spec")
+    for key in ("gpus", "gpu_type"):  # the cluster's, also under "cluster"
+        doc.pop(key, None)
+    return {**doc, "model": spec}
+
+
+def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print an estimate's document (``autoslapo.cost.answer``): JSON, or a summary. Returns 0."""
     if args.json:
         sys.stdout.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
         return 0
-    c = est.config
+    model, cluster, c, calibration = d["model"], d["cluster"], d["config"], d["calibration"]
+    overrides = shape_overrides(args)
     shape = ""
     if overrides:  # the preset's name alone would hide the shape estimated
         keys = [*overrides, *(["ffn"] if "hidden" in overrides else []), *(["kv_heads"] if "heads" in overrides else [])]
-        shape = " with " + " ".join(f"{k}={getattr(model, k)}" for k in dict.fromkeys(keys))
-    print(f"{model.preset}{shape} on {cluster.gpus} x {cluster.gpu_type}" + (f" (profile {source})" if source else ""))
+        shape = " with " + " ".join(f"{k}={model[k]}" for k in dict.fromkeys(keys))
+    where = f" (profile {d['profile']})" if d.get("profile") else f" (server {args.server})" if args.server else ""
+    print(f"{model['preset']}{shape} on {cluster['gpus']} x {cluster['gpu_type']}{where}")
     if args.cluster_from is not None:
         print(f"  calibration of {args.cluster_from}'s cluster: " + (
             ", ".join(f"{k} x{v:.2f}" for k, v in calibration["params"].items()) + f" ({calibration['n_trials']} trials)"
             if calibration else "none stored yet (the uncalibrated model)"))
-    print(f"  schedule: {' '.join(k.show(getattr(c, k.name)) for k in KNOBS)}")
-    print(f"  {est.samples_per_s:,.1f} samples/s, {est.tokens_per_s:,.0f} tokens/s, step {est.step_time_s:.3f} s")
-    print(f"  {est.tflops_per_device:.1f} model TFLOP/s a device ({est.hw_tflops_per_device:.1f} with recompute)")
-    print(f"  memory {est.memory_per_device_bytes / 2**30:.2f} GiB of {cluster.memory_bytes / 2**30:.1f} GiB a "
-          f"device ({'fits' if est.fits else 'does NOT fit'})")
+    print(f"  schedule: {' '.join(k.show(c[k.name]) for k in KNOBS)}")
+    print(f"  {d['samples_per_s']:,.1f} samples/s, {d['tokens_per_s']:,.0f} tokens/s, step {d['step_time_s']:.3f} s")
+    print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")
+    print(f"  memory {d['memory_per_device_bytes'] / 2**30:.2f} GiB of {d['memory_capacity_bytes'] / 2**30:.1f} GiB a "
+          f"device ({'fits' if d['fits'] else 'does NOT fit'})")
     return 0

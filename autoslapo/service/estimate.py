@@ -4,22 +4,30 @@
 store (its spec is read from the study: nothing is executed). ``POST /v1/estimate`` takes a JSON
 body whose ``model`` is what ``POST /v1/studies`` takes: a preset, ``{"hf_config": {...}}`` or, on
 a server started with ``--allow-module-files``, ``{"module_file": {...}}`` (traced in a child
-process, as for a study). Both answer ``{model, gpus, gpu_type, fits, samples_per_s, ...}``.
+process, as for a study), and optionally pins: ``knobs`` (``{"tp": 2, "zero_stage": 1, ...}``, checked
+by the knob declarations as ``autoslapo estimate``'s flags are), ``shape`` (``{"hidden": 2048, ...}``, a
+preset's or a config's overrides), ``allow_cross_node_tp`` and ``cluster_from`` (a study in the
+server's store: its cluster, with the calibration its measured trials fitted). Both answer the
+document ``autoslapo estimate --json`` prints (``autoslapo.cost.answer``), with ``model`` the model's
+name, ``model_spec`` its shape, and ``gpus`` and ``gpu_type``: what ``autoslapo estimate --server``
+reads.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from autoslapo.cluster import ClusterSpec
-from autoslapo.cost import best_config
+from autoslapo.config import KNOB
+from autoslapo.cost.answer import calibrated_best, estimate_document
 from autoslapo.errors import UsageError
+from autoslapo.models.hf import check_hf_spec
 from autoslapo.models.spec import ModelSpec
 from autoslapo.service.bodies import read_json
 from autoslapo.service.jobs import json_repr
@@ -29,7 +37,9 @@ from store import Store
 
 SIGNATURE = re.compile(r"[0-9a-f]{16}")  # ModelSpec.signature()
 ESTIMATE_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, dict), "gpus": (int,), "gpu_type": (str,),
-                                                "gpus_per_node": (int,), "global_batch": (int,)}
+                                                "gpus_per_node": (int,), "global_batch": (int,),
+                                                "knobs": (dict,), "shape": (dict,), "cluster_from": (str,),
+                                                "allow_cross_node_tp": (bool,)}
 
 
 @dataclass(frozen=True)
@@ -37,10 +47,14 @@ class EstimateRequest:
     """The body of ``POST /v1/estimate``."""
 
     model: ModelField
-    gpus: int
-    gpu_type: str = "a100-80gb"
-    gpus_per_node: int = 8
+    gpus: int | None = None
+    gpu_type: str | None = None
+    gpus_per_node: int | None = None
     global_batch: int | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    shape: dict[str, int] = field(default_factory=dict)
+    cluster_from: str | None = None
+    allow_cross_node_tp: bool = False
 
     @classmethod
     def from_json(cls, doc: Any, *, allow_module_files: bool = False,
@@ -52,28 +66,89 @@ class EstimateRequest:
         unknown = sorted(set(doc) - set(ESTIMATE_FIELDS))
         if unknown:
             raise UsageError(f"unknown field {unknown[0]!r}: the fields are {', '.join(ESTIMATE_FIELDS)}")
-        for key in ("model", "gpus"):
-            if doc.get(key) is None:
-                raise UsageError(f"field {key!r} is required: e.g. {{\"model\": \"bert\", \"gpus\": 8}}")
+        if doc.get("model") is None:
+            raise UsageError("field 'model' is required: e.g. {\"model\": \"bert\", \"gpus\": 8}")
+        if doc.get("gpus") is None and doc.get("cluster_from") is None:
+            raise UsageError("field 'gpus' is required (or 'cluster_from', a study whose cluster to use): e.g. "
+                             "{\"model\": \"bert\", \"gpus\": 8}")
         doc = {k: v for k, v in doc.items() if v is not None}
         for key, value in doc.items():
-            if not isinstance(value, ESTIMATE_FIELDS[key]) or isinstance(value, bool):
-                want = " or ".join(k.__name__ for k in ESTIMATE_FIELDS[key])
+            kinds = ESTIMATE_FIELDS[key]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                want = " or ".join("true/false" if k is bool else k.__name__ for k in kinds)
                 raise UsageError(f"field {key!r} must be {want}: got {json_repr(value)}")
+        for name, value in doc.get("knobs", {}).items():
+            if name not in KNOB:
+                raise UsageError(f"knobs: unknown knob {name!r}: the knobs are {', '.join(KNOB)}")
+            KNOB[name].check(value, "field 'knobs'")
+        if doc.get("global_batch") is not None and "grad_accum" in doc.get("knobs", {}):
+            raise UsageError("'global_batch' and knobs.grad_accum both fix the batch: give one of them")
+        for name, value in doc.get("shape", {}).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError(f"shape.{name} must be a positive integer: got {json_repr(value)}")
         check_model_field(doc["model"], allow_module_files=allow_module_files)
+        if doc.get("shape") and is_module_file(doc["model"]):
+            raise UsageError(f"field 'shape' does not apply to a model file (its shape is its own): got "
+                             f"{', '.join(doc['shape'])}; change the file instead")
         request = cls(**doc)
-        request.cluster_spec()  # a bad cluster is refused before a module file is traced
-        return request, model_spec_of(request.model, timeout_s=module_timeout_s)
+        if request.cluster_from is None:
+            request.cluster_spec()  # a bad cluster is refused before a module file is traced
+        spec = model_spec_of(request.model, timeout_s=module_timeout_s)
+        if request.shape:
+            spec = spec.with_overrides(**request.shape)
+            if not isinstance(request.model, str):
+                check_hf_spec(spec)
+        return request, spec
 
     def cluster_spec(self) -> ClusterSpec:
-        """The described cluster."""
-        return ClusterSpec(gpus=self.gpus, gpu_type=self.gpu_type, gpus_per_node=self.gpus_per_node)
+        """The described cluster (``gpus_per_node`` defaults to 8, or to every device when fewer)."""
+        if self.gpus is None:
+            raise UsageError("field 'gpus' is required unless 'cluster_from' names a study")
+        gpu_type = self.gpu_type or "a100-80gb"
+        per_node = self.gpus_per_node or (self.gpus if gpu_type == "cpu" else min(8, self.gpus))
+        return ClusterSpec(gpus=self.gpus, gpu_type=gpu_type, gpus_per_node=per_node,
+                           allow_cross_node_tp=self.allow_cross_node_tp)
+
+    def study_cluster(self, store: Store) -> tuple[ClusterSpec, dict[str, Any] | None]:
+        """``cluster_from``'s cluster and its stored calibration (None when it has none yet).
+
+        Raises: UsageError when the study is missing, or when ``gpus``/``gpu_type``/``gpus_per_node``
+        are given and differ from the study's."""
+        if not store.has_study(str(self.cluster_from)):
+            raise UsageError(f"cluster_from: no study named {self.cluster_from!r} in this server's store; "
+                             "GET /v1/studies lists them")
+        study = store.get_study(str(self.cluster_from))
+        cluster = ClusterSpec.from_dict(study.cluster)
+        for key, given, has in (("gpus", self.gpus, cluster.gpus), ("gpu_type", self.gpu_type, cluster.gpu_type),
+                                ("gpus_per_node", self.gpus_per_node, cluster.gpus_per_node)):
+            if given is not None and given != has:
+                raise UsageError(f"cluster_from {self.cluster_from!r} estimates on that study's cluster: got {key} "
+                                 f"{json_repr(given)}, the study has {json_repr(has)}; leave {key} out or pick "
+                                 "another study")
+        return cluster, store.calibration(study.cluster_fingerprint)
+
+    def answer(self, spec: ModelSpec, store: Store) -> dict[str, Any]:
+        """The estimate of this request for ``spec`` (the model it names)."""
+        calibration = None
+        if self.cluster_from is not None:
+            cluster, calibration = self.study_cluster(store)
+        else:
+            cluster = self.cluster_spec()
+        return estimate_answer(spec, cluster, self.global_batch, knobs=self.knobs, calibration=calibration,
+                               study=self.cluster_from)
 
 
-def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | None) -> dict[str, Any]:
-    """What both endpoints answer: the model, the cluster and the cost model's best schedule."""
-    return {"model": spec.preset, "gpus": cluster.gpus, "gpu_type": cluster.gpu_type,
-            **best_config(spec, cluster, global_batch=global_batch).to_dict()}
+def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | None, *,
+                    knobs: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
+                    study: str | None = None) -> dict[str, Any]:
+    """What both endpoints answer: ``autoslapo estimate --json``'s document for the cost model's best
+    schedule (``knobs`` pinned, ``calibration`` applied), with ``model`` the model's name,
+    ``model_spec`` its shape, and the cluster's ``gpus`` and ``gpu_type``."""
+    est = calibrated_best(spec, cluster, calibration["params"] if calibration else None,
+                          global_batch=global_batch, **(knobs or {}))
+    doc = estimate_document(spec, cluster, est, calibration=calibration, study=study)
+    return {**doc, "model": spec.preset, "model_spec": doc["model"], "gpus": cluster.gpus,
+            "gpu_type": cluster.gpu_type}
 
 
 def spec_by_name(store: Store, model: str) -> ModelSpec:
@@ -100,15 +175,16 @@ def estimate_router(store: Store, caller: Callable[[Request, str], Any], *, allo
 
     @router.get("/v1/estimate")
     def estimate(request: Request, model: str, gpus: int, gpu_type: str = "a100-80gb",
-                 gpus_per_node: int = 8, global_batch: int | None = None) -> dict[str, Any]:
+                 gpus_per_node: int | None = None, global_batch: int | None = None) -> dict[str, Any]:
         """The cost model's best schedule for a preset (or a stored study's model signature)."""
         caller(request, "read")
-        cluster = ClusterSpec(gpus=gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
-        return estimate_answer(spec_by_name(store, model), cluster, global_batch)
+        asked = EstimateRequest(model=model, gpus=gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
+        return estimate_answer(spec_by_name(store, model), asked.cluster_spec(), global_batch)
 
     @router.post("/v1/estimate")
     async def estimate_of(request: Request) -> dict[str, Any]:
-        """Body ``{model, gpus, gpu_type, gpus_per_node, global_batch}``; ``model`` as in ``POST /v1/studies``."""
+        """Body ``{model, gpus, gpu_type, gpus_per_node, global_batch, knobs, shape, cluster_from,
+        allow_cross_node_tp}``; ``model`` as in ``POST /v1/studies``."""
         await run_in_threadpool(caller, request, "read")
         doc = await read_json(request, max_body_bytes)
         if allow_module_files and isinstance(doc, dict) and is_module_file(doc.get("model")):
@@ -116,7 +192,7 @@ def estimate_router(store: Store, caller: Callable[[Request, str], Any], *, allo
         def answer() -> dict[str, Any]:
             est, spec = EstimateRequest.from_json(doc, allow_module_files=allow_module_files,
                                                   module_timeout_s=module_timeout_s)
-            return estimate_answer(spec, est.cluster_spec(), est.global_batch)
+            return est.answer(spec, store)
 
         return await run_in_threadpool(answer)
 

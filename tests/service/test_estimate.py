@@ -74,3 +74,98 @@ def test_get_by_signature_reads_the_studys_model(client: TestClient, tokens: dic
     posted = client.post("/v1/estimate", json={"model": {"hf_config": CONFIG}, "gpus": 8}, headers=read)
     assert found.status_code == 200, found.text
     assert found.json() == posted.json()
+
+
+def _routed_to(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Send the CLI's HTTP requests to ``client``'s app (the real service, in this process)."""
+    import httpx
+
+    def request(method: str, url: str, *, headers: dict[str, str], timeout: float, **kwargs: object) -> httpx.Response:
+        path = url.split("://", 1)[1].split("/", 1)[1]
+        return client.request(method, "/" + path, headers=headers, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(httpx, "request", request)
+
+
+PINNED = ["--tp", "2", "--zero-stage", "1", "--ckpt-granularity", "selective", "--loss-kernel", "chunked",
+          "--sequence-parallel", "on", "--global-batch", "64"]
+
+
+@pytest.mark.parametrize("model", ["gpt2", str(CONFIG_PATH)])
+def test_estimate_server_answers_what_a_local_estimate_prints(client: TestClient, tokens: dict[str, str],
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str], model: str) -> None:
+    from autoslapo.cli import main
+
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent-autoslapo-home")  # no default profile here
+    argv = ["estimate", model, "--gpus", "8", "--gpu-type", "h100-80gb", "--layers", "4", "--seq-len", "128",
+            *PINNED, "--json"]
+    assert main(argv) == 0
+    local = json.loads(capsys.readouterr().out)
+    _routed_to(client, monkeypatch)
+    monkeypatch.setenv("AUTOSLAPO_TOKEN", tokens["read"])
+    assert main([*argv, "--server", "http://autoslapo.test"]) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert remote == local
+    c = remote["config"]
+    assert (c["tp"], c["zero_stage"], c["ckpt_granularity"], c["loss_kernel"], c["sequence_parallel"]) == (
+        2, 1, "selective", "chunked", True)
+    assert remote["model"]["layers"] == 4 and remote["model"]["seq_len"] == 128
+    assert main([*argv[:-1], "--server", "http://autoslapo.test"]) == 0  # the summary, from the same answer
+    out = capsys.readouterr().out
+    assert "on 8 x h100-80gb (server http://autoslapo.test)" in out and "tp=2" in out and "gran=selective" in out
+
+
+def test_estimate_server_uses_a_stored_studys_calibration(client: TestClient, tokens: dict[str, str],
+                                                          service_store: Store) -> None:
+    cluster, spec = ClusterSpec(gpus=16, gpu_type="v100-32gb"), resolve_model("bert")
+    service_store.create_study("real", model=spec.to_dict(), cluster=cluster.to_dict(), space_name="bert",
+                               space_version="1", objective="samples_per_s", backend="local",
+                               model_signature=spec.signature(), cluster_fingerprint=cluster.fingerprint())
+    read = bearer(tokens["read"])
+    knobs = {"tp": 2, "pp": 1, "dp": 8, "micro_batch": 8}
+    plain = client.post("/v1/estimate", json={"model": "bert", "gpus": 16, "gpu_type": "v100-32gb", "knobs": knobs},
+                        headers=read).json()
+    none_yet = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "real", "knobs": knobs},
+                           headers=read).json()
+    assert none_yet["calibration"] is None and none_yet["samples_per_s"] == plain["samples_per_s"]
+    service_store.save_calibration(cluster.fingerprint(), {"compute": 0.5, "activation": 2.0}, 4)
+    cal = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "real", "knobs": knobs},
+                      headers=read).json()
+    assert cal["calibration"] == {"study": "real", "params": {"compute": 0.5, "activation": 2.0}, "n_trials": 4}
+    assert cal["samples_per_s"] < 0.8 * plain["samples_per_s"]
+    assert cal["memory"]["activations"] > 1.9 * plain["memory"]["activations"]
+    clash = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "real", "gpus": 8}, headers=read)
+    assert clash.status_code == 400 and "got gpus 8, the study has 16" in clash.json()["error"]
+    missing = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "nope"}, headers=read)
+    assert missing.status_code == 400 and "no study named 'nope'" in missing.json()["error"]
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"model": "bert", "gpus": 8, "knobs": {"tpp": 2}}, "unknown knob 'tpp'"),
+    ({"model": "bert", "gpus": 8, "knobs": {"tp": 0}}, "tp must be a positive integer: got 0 in field 'knobs'"),
+    ({"model": "bert", "gpus": 8, "knobs": {"loss_kernel": "fast"}}, "loss_kernel must be one of"),
+    ({"model": "bert", "gpus": 8, "knobs": {"tp": 3}}, "tp must divide"),
+    ({"model": "bert", "gpus": 8, "knobs": {"grad_accum": 2}, "global_batch": 64}, "both fix the batch"),
+    ({"model": "bert", "gpus": 8, "knobs": [1]}, "field 'knobs' must be dict"),
+    ({"model": "bert", "gpus": 8, "shape": {"hidden": "big"}}, "shape.hidden must be a positive integer"),
+    ({"model": "bert", "gpus": 8, "shape": {"width": 64}}, "unknown model override"),
+    ({"model": "bert", "gpus": 8, "allow_cross_node_tp": 1}, "field 'allow_cross_node_tp' must be true/false"),
+    ({"model": "bert"}, "field 'gpus' is required (or 'cluster_from'"),
+])
+def test_a_bad_pin_or_shape_is_one_line(client: TestClient, tokens: dict[str, str], body: dict, words: str) -> None:
+    r = client.post("/v1/estimate", json=body, headers=bearer(tokens["read"]))
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"] and "\n" not in r.json()["error"]
+
+
+def test_estimate_server_refuses_what_it_cannot_send(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from autoslapo.cli import main
+
+    assert main(["estimate", "bert", "--gpus", "8", "--storage", "sqlite:///x.db", "--server", "http://h.test"]) == 2
+    assert "--storage cannot be sent" in capsys.readouterr().err
+    module = tmp_path / "m.py"
+    module.write_text("x = 1\n")
+    assert main(["estimate", str(module), "--gpus", "8", "--hidden", "64", "--server", "http://h.test"]) == 2
+    assert "shape flags do not apply to a model file" in capsys.readouterr().err
