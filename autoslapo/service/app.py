@@ -54,7 +54,7 @@ from autoslapo.service.events import study_events
 from autoslapo.service.jobs import StudyRequest, check_name
 from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
 from autoslapo.service.looplag import loop_lag_histogram, loop_lag_lifespan
-from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff
+from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff, trace_memory_bytes
 from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
 from store import JobLimitError, Store
 
@@ -92,6 +92,8 @@ class ServiceSettings:
         if self.max_body_bytes < 1 or self.events_poll_s <= 0 or self.module_timeout_s <= 0:
             raise UsageError(f"max_body_bytes must be >= 1, events_poll_s and module_timeout_s > 0: got "
                              f"{self.max_body_bytes}, {self.events_poll_s}, {self.module_timeout_s}")
+        if self.allow_module_files:
+            trace_memory_bytes()  # a bad $AUTOSLAPO_TRACE_MEMORY_MIB is refused at start, not on each request
 
 
 def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI:

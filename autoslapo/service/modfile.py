@@ -5,7 +5,8 @@ A module file is code, so the service takes it only when started with ``--allow-
 text, writes it into the model cache by its digest (``$AUTOSLAPO_MODEL_CACHE``, the layout
 ``autoslapo tune my_model.py`` uses) and builds the spec by running the file's trace
 (``autoslapo.models.user.user_spec``) in a child process under a timeout. A file that fails there
-(syntax error, no ``build``/``batch``, an exception, the timeout) is one UsageError line, before
+(syntax error, no ``build``/``batch``, an exception, the timeout, or one of the child's limits: 4 GiB of
+memory by default, CPU seconds as the timeout, 64 MiB a written file) is one UsageError line, before
 anything is stored. The job keeps the source as sent, so the worker that runs the study, and any
 worker that takes it over after a crash, writes the same bytes, traces the same digest and builds
 the same spec; the trial processes then load the file from the cache by digest, as they do for
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -40,22 +42,55 @@ TRACE_TIMEOUT_S = 120.0
 NAME_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\.py")
 MEMO_SIZE = 64
 
-# The child: trace the file as `autoslapo tune FILE.py` does and write the spec (or one error line)
-# to a result file; the file's own prints go nowhere. BaseException: a file may raise SystemExit.
+#: The trace child's limits: its heap and other private memory (``RLIMIT_DATA``; ``$AUTOSLAPO_TRACE_MEMORY_MIB``
+#: overrides the default 4 GiB: the trace of experiments/my_model.py peaks at ~220 MiB, torch's import
+#: included), the files it may write (``RLIMIT_FSIZE``) and its CPU seconds (``RLIMIT_CPU``: the
+#: timeout's, so its threads cannot use every core of the server for the whole timeout).
+MEMORY_ENV = "AUTOSLAPO_TRACE_MEMORY_MIB"
+TRACE_MEMORY_MIB = 4096
+TRACE_FILE_BYTES = 64 * 2**20
+
+# The child: set its limits (before torch is imported), trace the file as `autoslapo tune FILE.py`
+# does and write the spec (or one error line) to a result file; the file's own prints go nowhere.
+# BaseException: a file may raise SystemExit. One thread for torch: the trace is on the meta device.
 _CHILD = """\
-import json, sys
+import errno, json, os, resource, sys
+memory, cpu_s, file_bytes = (int(a) for a in sys.argv[3:6])
+resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+os.environ["OMP_NUM_THREADS"] = "1"
 result = {}
 try:
     from autoslapo.errors import AutoslapoError
     from autoslapo.models.user import user_spec
     result = {"spec": user_spec(sys.argv[1]).to_dict()}
+except MemoryError:
+    result = {"limit": "memory"}
 except BaseException as exc:
     text = " ".join(str(exc).split())
     ours = isinstance(exc, AutoslapoError) and text
     result = {"error": text if ours else f"{type(exc).__name__}: {text}".rstrip(": ")}
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        result = {"limit": "file"}
+    elif "can't allocate memory" in text or "Cannot allocate memory" in text:  # torch's CPU allocator
+        result = {"limit": "memory"}
 with open(sys.argv[2], "w", encoding="utf-8") as out:
     json.dump(result, out)
 """
+
+
+def trace_memory_bytes() -> int:
+    """The trace child's memory limit: ``$AUTOSLAPO_TRACE_MEMORY_MIB`` MiB, else ``TRACE_MEMORY_MIB``.
+
+    Raises: UsageError for a value that is not a whole number of at least 256 MiB."""
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    if not text:
+        return TRACE_MEMORY_MIB * 2**20
+    if not text.isdigit() or int(text) < 256:
+        raise UsageError(f"{MEMORY_ENV} must be a whole number of MiB, at least 256 (torch alone needs ~200): got "
+                         f"{text[:40]!r}; e.g. {MEMORY_ENV}={TRACE_MEMORY_MIB}")
+    return int(text) * 2**20
 
 
 class ModuleFilesOff(UsageError):
@@ -151,9 +186,11 @@ def forget() -> None:
 
 
 def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
+    memory = trace_memory_bytes()
+    limits = [str(memory), str(max(1, math.ceil(timeout_s))), str(TRACE_FILE_BYTES)]
     with tempfile.TemporaryDirectory(prefix="autoslapo-trace-") as work:
         result = Path(work) / "result.json"
-        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result)], cwd=work,
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result), *limits], cwd=work,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  start_new_session=True)  # its own group: a timeout ends what it started too
         try:
@@ -167,12 +204,41 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
         try:
             doc = json.loads(result.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            raise UsageError(f"the trace of the model file {mf.name} ended with exit code {code} and no result; "
-                             "the file must not end the process") from None
+            raise UsageError(_no_result(mf, code, memory, timeout_s)) from None
+    if doc.get("limit") == "memory":
+        raise UsageError(_memory_message(mf, memory))
+    if doc.get("limit") == "file":
+        raise UsageError(_file_message(mf))
     if "error" in doc:
         text = str(doc["error"]).replace(str(path), mf.name).replace(str(path.parent), "<model cache>")
         raise UsageError(f"the model file {mf.name} cannot be used: {text}")
     return ModelSpec.from_dict(doc["spec"])
+
+
+def _memory_message(mf: ModuleFile, memory: int) -> str:
+    return (f"the model file {mf.name} needed more than {memory // 2**20} MiB to trace (the server's limit, "
+            f"{MEMORY_ENV}); build() and the forward run on the meta device: create no real tensors or data")
+
+
+def _file_message(mf: ModuleFile) -> str:
+    return (f"the model file {mf.name} wrote a file over {TRACE_FILE_BYTES // 2**20} MiB in its trace (the server's "
+            "limit); the trace must not write data")
+
+
+def _no_result(mf: ModuleFile, code: int, memory: int, timeout_s: float) -> str:
+    """Why a trace child ended without writing its result: a limit's signal, else its exit code."""
+    cpu_s = max(1, math.ceil(timeout_s))
+    if code == -signal.SIGXCPU:
+        return (f"the model file {mf.name} used more than {cpu_s} s of CPU in its trace (the server's limit); "
+                "build() and one forward on the meta device must be quick")
+    if code == -signal.SIGKILL:
+        return (f"the trace of the model file {mf.name} was killed (its CPU limit of {cpu_s} s, or the system's "
+                "out-of-memory killer); build() and one forward on the meta device must be quick and small")
+    if code == -signal.SIGXFSZ:
+        return _file_message(mf)
+    if code == -signal.SIGSEGV or code == -signal.SIGABRT:  # an allocation failing outside Python's reach
+        return _memory_message(mf, memory) + f" (it ended with signal {-code})"
+    return f"the trace of the model file {mf.name} ended with exit code {code} and no result; the file must not end the process"
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:

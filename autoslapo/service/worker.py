@@ -19,7 +19,7 @@ from typing import Any
 from autoslapo.errors import AutoslapoError, UsageError
 from autoslapo.redact import redact
 from autoslapo.service.jobs import StudyRequest
-from autoslapo.service.modfile import ALLOW_FLAG, TRACE_TIMEOUT_S
+from autoslapo.service.modfile import ALLOW_FLAG, TRACE_TIMEOUT_S, trace_memory_bytes
 from autoslapo.service.payload import is_module_file, model_spec_of
 from store import JobRecord, Store
 from tuner import tune
@@ -47,6 +47,8 @@ class Worker:
             raise UsageError(f"--lease and --poll must be positive seconds: got {lease_s}, {poll_s}")
         if max_running is not None and max_running < 1:
             raise UsageError(f"--max-running must be at least 1: got {max_running}; leave it out for no limit")
+        if allow_module_files:
+            trace_memory_bytes()  # a bad $AUTOSLAPO_TRACE_MEMORY_MIB is refused at start, not on each job
         self.max_running = max_running
         self.allow_module_files = allow_module_files
         self.module_timeout_s = module_timeout_s

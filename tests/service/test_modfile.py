@@ -92,6 +92,31 @@ def test_a_file_that_runs_too_long_is_stopped_and_one_line() -> None:
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.parametrize(("grab", "words"), [
+    ("bytearray(1 << 30)", "needed more than 512 MiB to trace"),  # Python's own allocation
+    ("__import__('torch').ones(1 << 28, device='cpu')", "needed more than 512 MiB to trace"),  # torch's allocator, 1 GiB
+    ("open('big.bin', 'wb').write(bytes(80 << 20))", "wrote a file over 64 MiB in its trace"),
+])
+def test_a_file_over_the_trace_limits_is_stopped_and_one_line(monkeypatch: pytest.MonkeyPatch, grab: str,
+                                                              words: str) -> None:
+    monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
+    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
+    assert text != TINY
+    with pytest.raises(UsageError, match=r"the model file big\.py") as err:
+        module_spec(ModuleFile("big.py", text))
+    assert words in str(err.value) and "\n" not in str(err.value)
+    module_spec(ModuleFile("tiny.py", TINY))  # the same limit leaves a real trace room (~220 MiB)
+
+
+def test_a_bad_trace_memory_limit_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, service_store: Store) -> None:
+    monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "lots")
+    with pytest.raises(UsageError, match="AUTOSLAPO_TRACE_MEMORY_MIB must be a whole number of MiB"):
+        ServiceSettings(allow_module_files=True)
+    with pytest.raises(UsageError, match="AUTOSLAPO_TRACE_MEMORY_MIB must be a whole number of MiB"):
+        Worker(service_store, allow_module_files=True)
+    ServiceSettings()  # without module files the limit is never used
+
+
 @pytest.mark.parametrize(("value", "words"), [
     ({"name": "../evil.py", "source": TINY}, "must be a Python file name"),
     ({"name": "tiny.txt", "source": TINY}, "must be a Python file name"),
