@@ -7,6 +7,7 @@ other), ``BEGIN IMMEDIATE`` on SQLite (claimers queue on the database's write lo
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -130,11 +131,13 @@ class JobQueue:
         """Every job, oldest first."""
         return self._tx.read("list jobs", lambda s: [_record(r) for r in s.scalars(select(JobRow).order_by(JobRow.id))])
 
-    def claim(self, worker: str, lease_s: float, *, max_running: int | None = None) -> JobRecord | None:
+    def claim(self, worker: str, lease_s: float, *, max_running: int | None = None,
+              skip: Collection[int] = ()) -> JobRecord | None:
         """Take the oldest queued job (or running one whose lease lapsed) for ``worker``; None if none.
 
         ``max_running``: None when ``max_running`` jobs already run under a live lease (the rest
         stay queued). On PostgreSQL an advisory lock makes the count and the claim one step.
+        ``skip``: ids of jobs this worker gave back (``release``) and will not take again.
         """
         if max_running is not None and max_running < 1:
             raise StorageError(f"max_running must be >= 1 or None: got {max_running}")
@@ -152,6 +155,8 @@ class JobQueue:
             q = (select(JobRow)
                  .where(or_(JobRow.status == "queued", (JobRow.status == "running") & (JobRow.lease_until < now)))
                  .order_by(JobRow.id).limit(1))
+            if skip:
+                q = q.where(JobRow.id.notin_(sorted(skip)))
             if postgres:
                 q = q.with_for_update(skip_locked=True)
             row = session.scalar(q)
@@ -164,6 +169,21 @@ class JobQueue:
             return _record(row)
 
         return self._tx.write("claim a job", take)
+
+    def release(self, job_id: int, worker: str, note: str) -> bool:
+        """Give a job ``worker`` claimed but cannot run back to the queue: queued again, the attempt
+        not counted, ``note`` (why) kept as its error until a worker that can run it finishes it.
+        Returns False when ``worker`` no longer holds it."""
+
+        def give(session: Session) -> bool:
+            row = session.get(JobRow, job_id)
+            if row is None or row.status != "running" or row.worker != worker:
+                return False
+            row.status, row.worker, row.lease_until, row.error = "queued", "", None, note
+            row.attempts = max(0, row.attempts - 1)
+            return True
+
+        return self._tx.write("release a job", give)
 
     def heartbeat(self, job_id: int, worker: str, lease_s: float) -> tuple[bool, bool]:
         """Extend ``worker``'s lease; returns (still held, cancel requested)."""

@@ -57,6 +57,7 @@ class Worker:
         self.poll_s = poll_s
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self._stop = threading.Event()
+        self._skip: set[int] = set()  # jobs given back (a model file without the flag): not claimed again
 
     def stop(self) -> None:
         """Ask the loop to end after the current job (or at once when idle)."""
@@ -66,20 +67,28 @@ class Worker:
         """Claim and run jobs; returns how many ran."""
         ran = 0
         while not self._stop.is_set():
-            job = self.store.jobs.claim(self.name, self.lease_s, max_running=self.max_running)
+            job = self.store.jobs.claim(self.name, self.lease_s, max_running=self.max_running, skip=self._skip)
             if job is None:
                 if once:
                     return ran
                 self._stop.wait(self.poll_s)
                 continue
-            self.run_job(job)
+            if self.run_job(job) == "released":
+                continue  # left to a worker that can run it; take the next job
             ran += 1
             if once:
                 return ran
         return ran
 
     def run_job(self, job: JobRecord) -> str:
-        """Run (or resume) one claimed job to its end; returns the job's final status."""
+        """Run (or resume) one claimed job to its end; returns the job's final status, or "released"
+        when this worker cannot run it (a model file, without ``--allow-module-files``): the job goes
+        back to the queue, noting why, for a worker that has the flag."""
+        if not self.allow_module_files and is_module_file(job.request.get("model")):
+            self._skip.add(job.id)
+            self.store.jobs.release(job.id, self.name, f"waiting for a worker started with {ALLOW_FLAG}: study "
+                                    f"{job.study!r} tunes a model file (code), which worker {self.name} runs none of")
+            return "released"
         cancel = threading.Event()
         lost = threading.Event()
         done = threading.Event()
@@ -106,9 +115,6 @@ class Worker:
         try:
             request = StudyRequest(**job.request)
             if is_module_file(request.model):
-                if not self.allow_module_files:
-                    return self._finish(job, "failed", f"study {job.study!r} tunes a model file (code) and this worker "
-                                                       f"runs none: start workers with `autoslapo worker {ALLOW_FLAG}`")
                 model_spec_of(request.model, timeout_s=self.module_timeout_s)  # written to the cache, traced apart
             options = request.to_options(name=job.study, resume=self.store.has_study(job.study))
             outcome = tune(options, self.store, progress=progress)

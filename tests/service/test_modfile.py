@@ -194,13 +194,22 @@ def test_a_worker_that_takes_a_module_job_over_builds_the_same_spec(service_stor
     assert len([t for t in service_store.trials("mod") if t.status != "pruned"]) == 5
 
 
-def test_a_worker_without_the_flag_fails_a_module_job_naming_it(service_store: Store) -> None:
+def test_a_worker_without_the_flag_leaves_a_module_job_to_one_that_has_it(service_store: Store) -> None:
     request = StudyRequest.from_json({**BASE, "model": payload(), "trials": 2, "name": "mod"}, allow_module_files=True)
     service_store.jobs.submit("mod", request.to_dict())
-    assert Worker(service_store, lease_s=5, poll_s=0.1).run(once=True) == 1
+    service_store.jobs.submit("plain", StudyRequest.from_json({**BASE, "model": "bert-tiny", "trials": 2}).to_dict())
+    plain_worker = Worker(service_store, lease_s=5, poll_s=0.1)
+    assert plain_worker.run(once=True) == 1  # gave the module job back, then ran the next one
     job = service_store.jobs.get("mod")
-    assert job is not None and job.status == "failed" and "--allow-module-files" in job.error
+    assert job is not None and job.status == "queued" and job.attempts == 0 and job.worker == ""
+    assert "waiting for a worker started with --allow-module-files" in job.error
     assert not service_store.has_study("mod")
+    assert service_store.jobs.get("plain").status == "complete"  # type: ignore[union-attr]
+    assert plain_worker.run(once=True) == 0  # it does not take the module job again
+    assert Worker(service_store, lease_s=5, poll_s=0.1, allow_module_files=True).run(once=True) == 1
+    job = service_store.jobs.get("mod")
+    assert job is not None and job.status == "complete" and job.error == "" and job.attempts == 1
+    assert service_store.has_study("mod")
 
 
 def test_the_client_sends_the_file_as_text_and_asks_by_signature(tmp_path: Path) -> None:

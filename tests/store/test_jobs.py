@@ -35,6 +35,26 @@ def test_claim_lease_heartbeat_and_takeover(store_url: str) -> None:
         assert db.jobs.claim("w4", 30) is None
 
 
+def test_a_released_job_is_queued_again_and_skipped_by_its_releaser(store_url: str) -> None:
+    with open_store(store_url) as db:
+        a = db.jobs.submit("a", {"model": "bert", "gpus": 8})
+        db.jobs.submit("b", {"model": "bert", "gpus": 8})
+        taken = db.jobs.claim("w1", 30)
+        assert taken is not None and taken.id == a.id
+        assert db.jobs.release(a.id, "w2", "not mine") is False  # only its holder gives it back
+        assert db.jobs.release(a.id, "w1", "needs a flag") is True
+        back = db.jobs.get("a")
+        assert (back.status, back.worker, back.attempts, back.error, back.lease_until) == ("queued", "", 0,
+                                                                                         "needs a flag", None)
+        assert db.jobs.release(a.id, "w1", "again") is False  # no longer held
+        other = db.jobs.claim("w1", 30, skip={a.id})
+        assert other is not None and other.study == "b"
+        assert db.jobs.claim("w1", 30, skip={a.id}) is None
+        again = db.jobs.claim("w2", 30)
+        assert again is not None and again.study == "a" and again.attempts == 1
+        assert db.jobs.finish(again.id, "w2", "complete") is True and db.jobs.get("a").error == ""
+
+
 def test_submit_refuses_a_taken_name(store_url: str) -> None:
     with open_store(store_url) as db:
         db.create_study("taken", **study_kwargs())
