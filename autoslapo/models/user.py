@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.families import FamilyDescription
+from autoslapo.models.modcache import cache_root, mark_used
 from autoslapo.models.spec import USER_ATTENTION_KEYS as ATTENTION_KEYS
 from autoslapo.models.spec import USER_FAMILY, ModelSpec
 
@@ -68,7 +69,6 @@ __all__ = [
     "user_spec",
 ]
 
-CACHE_ENV = "AUTOSLAPO_MODEL_CACHE"
 TRACE_VERSION = 1  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
 TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
@@ -96,8 +96,9 @@ class UserModel:
 
 
 def model_cache_dir() -> Path:
-    """Where model files are kept by digest: ``$AUTOSLAPO_MODEL_CACHE`` or ``~/.cache/autoslapo/models``."""
-    return Path(os.environ.get(CACHE_ENV) or "~/.cache/autoslapo/models").expanduser()
+    """Where model files are kept by digest: ``$AUTOSLAPO_MODEL_CACHE`` or ``~/.cache/autoslapo/models``
+    (entries unused for a while are pruned: ``autoslapo.models.modcache``)."""
+    return cache_root()
 
 
 def file_digest(path: Path) -> str:
@@ -187,6 +188,7 @@ def load_user_file(path: str | os.PathLike[str]) -> UserModel:
         tmp = cached.with_suffix(".tmp")
         shutil.copyfile(p, tmp)
         tmp.replace(cached)
+    mark_used(digest)
     key = f"{digest}/{p.stem}"
     if key not in _LOADED:
         _LOADED[key] = _read(p, digest)
@@ -202,6 +204,7 @@ def load_user_model(spec: ModelSpec) -> UserModel:
         raise ConfigError(f"load_user_model needs a spec of family {USER_FAMILY!r}: got {spec.family!r}")
     digest, module = spec.extra.get("digest"), spec.extra.get("module")
     key = f"{digest}/{module}"
+    mark_used(str(digest))
     if key in _LOADED:
         return _LOADED[key]
     path = model_cache_dir() / str(digest) / f"{module}.py"

@@ -45,6 +45,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoslapo import api
 from autoslapo.errors import AutoslapoError, StorageError, UsageError
+from autoslapo.models.modcache import max_age_days
+from autoslapo.models.modcache import prune as prune_model_cache
 from autoslapo.service import pages
 from autoslapo.service.answers import FRESH_S, STALE_S, AnswerCache
 from autoslapo.service.auth import CACHE_S, Caller, TokenCheck
@@ -94,11 +96,14 @@ class ServiceSettings:
                              f"{self.max_body_bytes}, {self.events_poll_s}, {self.module_timeout_s}")
         if self.allow_module_files:
             trace_memory_bytes()  # a bad $AUTOSLAPO_TRACE_MEMORY_MIB is refused at start, not on each request
+            max_age_days()  # likewise $AUTOSLAPO_MODEL_CACHE_DAYS
 
 
 def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI:
     """The service's app over an open ``store`` (the caller closes it)."""
     cfg = settings or ServiceSettings()
+    if cfg.allow_module_files:
+        prune_model_cache()  # sent files no study has used for $AUTOSLAPO_MODEL_CACHE_DAYS
     tokens = TokenCheck(store, cache_s=cfg.token_cache_s)
     answers = AnswerCache(cfg.answer_cache_s, STALE_S)
     registry = CollectorRegistry()

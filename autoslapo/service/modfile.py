@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.errors import UsageError
+from autoslapo.models.modcache import mark_used
 from autoslapo.models.spec import ModelSpec
 from autoslapo.models.user import model_cache_dir
 
@@ -142,6 +143,7 @@ class ModuleFile:
 def materialize(mf: ModuleFile) -> Path:
     """Write the file into the model cache by its digest (once; atomically) and return its path."""
     path = model_cache_dir() / mf.digest / mf.name
+    mark_used(mf.digest)
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,8 @@ import threading
 from typing import Any
 
 from autoslapo.errors import AutoslapoError, UsageError
+from autoslapo.models.modcache import max_age_days
+from autoslapo.models.modcache import prune as prune_model_cache
 from autoslapo.redact import redact
 from autoslapo.service.jobs import StudyRequest
 from autoslapo.service.modfile import ALLOW_FLAG, TRACE_TIMEOUT_S, trace_memory_bytes
@@ -49,6 +51,7 @@ class Worker:
             raise UsageError(f"--max-running must be at least 1: got {max_running}; leave it out for no limit")
         if allow_module_files:
             trace_memory_bytes()  # a bad $AUTOSLAPO_TRACE_MEMORY_MIB is refused at start, not on each job
+            max_age_days()  # likewise $AUTOSLAPO_MODEL_CACHE_DAYS
         self.max_running = max_running
         self.allow_module_files = allow_module_files
         self.module_timeout_s = module_timeout_s
@@ -140,5 +143,7 @@ class Worker:
             if study.status == "running":
                 self.store.set_study_status(job.study, "failed" if status == "failed" else "stopped")
         self.store.jobs.finish(job.id, self.name, status, error)
+        if self.allow_module_files:
+            prune_model_cache()  # files no study has used for $AUTOSLAPO_MODEL_CACHE_DAYS
         return status
 

@@ -245,3 +245,19 @@ def test_remote_tune_and_best_of_a_model_file_against_a_running_server(tmp_path:
         assert lib.returncode == 0 and lib.stdout.strip().isdigit(), lib.stderr
     finally:
         procs.close()
+
+
+def test_workers_and_servers_that_take_model_files_prune_the_cache(service_store: Store, cache: Path) -> None:
+    stale = [cache / f"{n:064x}" for n in (1, 2)]
+    for entry in stale:
+        entry.mkdir(parents=True)
+        then = time.time() - 31 * 86400
+        os.utime(entry, (then, then))
+    with TestClient(create_app(service_store, ServiceSettings(allow_module_files=True))):
+        assert not stale[0].exists() and not stale[1].exists()  # at start
+    stale[0].mkdir()
+    then = time.time() - 31 * 86400
+    os.utime(stale[0], (then, then))
+    service_store.jobs.submit("plain", StudyRequest.from_json({**BASE, "model": "bert-tiny", "trials": 1}).to_dict())
+    assert Worker(service_store, lease_s=5, poll_s=0.1, allow_module_files=True).run(once=True) == 1
+    assert not stale[0].exists()  # after its job
