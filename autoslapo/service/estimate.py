@@ -15,6 +15,7 @@ reads.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -112,18 +113,19 @@ class EstimateRequest:
     def study_cluster(self, store: Store) -> tuple[ClusterSpec, dict[str, Any] | None]:
         """``cluster_from``'s cluster and its stored calibration (None when it has none yet).
 
-        Raises: UsageError when the study is missing, or when ``gpus``/``gpu_type``/``gpus_per_node``
-        are given and differ from the study's."""
+        Raises: UsageError when the study is missing, or when ``gpus``/``gpu_type``/``gpus_per_node``/
+        ``allow_cross_node_tp`` are given and differ from the study's."""
         if not store.has_study(str(self.cluster_from)):
             raise UsageError(f"cluster_from: no study named {self.cluster_from!r} in this server's store; "
                              "GET /v1/studies lists them")
         study = store.get_study(str(self.cluster_from))
         cluster = ClusterSpec.from_dict(study.cluster)
         for key, given, has in (("gpus", self.gpus, cluster.gpus), ("gpu_type", self.gpu_type, cluster.gpu_type),
-                                ("gpus_per_node", self.gpus_per_node, cluster.gpus_per_node)):
+                                ("gpus_per_node", self.gpus_per_node, cluster.gpus_per_node),
+                                ("allow_cross_node_tp", self.allow_cross_node_tp or None, cluster.allow_cross_node_tp)):
             if given is not None and given != has:
                 raise UsageError(f"cluster_from {self.cluster_from!r} estimates on that study's cluster: got {key} "
-                                 f"{json_repr(given)}, the study has {json_repr(has)}; leave {key} out or pick "
+                                 f"{json.dumps(given)}, the study has {json.dumps(has)}; leave {key} out or pick "
                                  "another study")
         return cluster, store.calibration(study.cluster_fingerprint)
 

@@ -138,6 +138,9 @@ def test_estimate_server_uses_a_stored_studys_calibration(client: TestClient, to
     assert cal["memory"]["activations"] > 1.9 * plain["memory"]["activations"]
     clash = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "real", "gpus": 8}, headers=read)
     assert clash.status_code == 400 and "got gpus 8, the study has 16" in clash.json()["error"]
+    wide = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "real", "allow_cross_node_tp": True},
+                       headers=read)
+    assert wide.status_code == 400 and "got allow_cross_node_tp true, the study has false" in wide.json()["error"]
     missing = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "nope"}, headers=read)
     assert missing.status_code == 400 and "no study named 'nope'" in missing.json()["error"]
 
