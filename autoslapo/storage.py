@@ -6,14 +6,17 @@ store package (SQLAlchemy) is imported when a store is opened, not when this mod
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import UsageError
 
 if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
     from store import Store
 
-__all__ = ["open_existing_store", "require_store"]
+__all__ = ["open_existing_store", "require_store", "study_cluster"]
 
 
 def open_existing_store(url: str | None) -> Store | None:
@@ -49,3 +52,26 @@ def require_store(url: str | None) -> Store:
             "or point --storage (or $AUTOSLAPO_STORAGE) at an existing store"
         )
     return store
+
+
+def study_cluster(store: Store, study: str, given: Mapping[str, Any],
+                  name: Callable[[str], str]) -> tuple[ClusterSpec, dict[str, Any] | None]:
+    """The cluster of the stored ``study`` and its cluster's calibration (None when none is stored yet):
+    what ``estimate --cluster-from`` and ``POST /v1/estimate`` with ``cluster_from`` estimate on.
+
+    ``given``: cluster fields the caller was also given (``gpus``, ``gpu_type`` ...; None when not
+    given), each of which must agree with the study's; ``name(field)`` is how the caller's user
+    writes a field (``--gpus`` on the command line, ``gpus`` in a request).
+    Raises: StorageError when there is no such study; UsageError naming a field that disagrees.
+    """
+    from autoslapo.cluster import ClusterSpec
+
+    record = store.get_study(study)
+    cluster = ClusterSpec.from_dict(record.cluster)
+    for key, value in given.items():
+        has = getattr(cluster, key)
+        if value is not None and value != has:
+            raise UsageError(f"{name('cluster_from')} {study} estimates on that study's cluster: got {name(key)} "
+                             f"{json.dumps(value)}, the study has {json.dumps(has)}; leave {name(key)} out or "
+                             "pick another study")
+    return cluster, store.calibration(record.cluster_fingerprint)

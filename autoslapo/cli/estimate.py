@@ -63,19 +63,12 @@ def _profile(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
 
 def _study_cluster(args: argparse.Namespace) -> tuple[ClusterSpec, dict[str, Any] | None]:
     """``--cluster-from STUDY``: the study's cluster and its stored calibration (None if none yet)."""
-    from autoslapo.cluster import ClusterSpec
-    from autoslapo.storage import require_store
+    from autoslapo.storage import require_store, study_cluster
 
+    given = {"gpus": args.gpus, "gpu_type": args.gpu_type, "gpus_per_node": args.gpus_per_node,
+             "allow_cross_node_tp": args.allow_cross_node_tp or None}
     with require_store(args.storage) as store:
-        study = store.get_study(args.cluster_from)
-        calibration = store.calibration(study.cluster_fingerprint)
-    cluster = ClusterSpec.from_dict(study.cluster)
-    for flag, given, has in (("--gpus", args.gpus, cluster.gpus), ("--gpu-type", args.gpu_type, cluster.gpu_type),
-                             ("--gpus-per-node", args.gpus_per_node, cluster.gpus_per_node)):
-        if given is not None and given != has:
-            raise UsageError(f"--cluster-from {args.cluster_from} estimates on that study's cluster: got {flag} "
-                             f"{given}, the study has {has}; drop {flag} or pick another study")
-    return cluster, calibration
+        return study_cluster(store, args.cluster_from, given, lambda key: "--" + key.replace("_", "-"))
 
 
 def run(args: argparse.Namespace) -> int:

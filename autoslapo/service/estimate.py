@@ -15,7 +15,6 @@ reads.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from autoslapo.service.bodies import read_json
 from autoslapo.service.jobs import json_repr
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
 from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
+from autoslapo.storage import study_cluster
 from store import Store
 
 SIGNATURE = re.compile(r"[0-9a-f]{16}")  # ModelSpec.signature()
@@ -118,16 +118,9 @@ class EstimateRequest:
         if not store.has_study(str(self.cluster_from)):
             raise UsageError(f"cluster_from: no study named {self.cluster_from!r} in this server's store; "
                              "GET /v1/studies lists them")
-        study = store.get_study(str(self.cluster_from))
-        cluster = ClusterSpec.from_dict(study.cluster)
-        for key, given, has in (("gpus", self.gpus, cluster.gpus), ("gpu_type", self.gpu_type, cluster.gpu_type),
-                                ("gpus_per_node", self.gpus_per_node, cluster.gpus_per_node),
-                                ("allow_cross_node_tp", self.allow_cross_node_tp or None, cluster.allow_cross_node_tp)):
-            if given is not None and given != has:
-                raise UsageError(f"cluster_from {self.cluster_from!r} estimates on that study's cluster: got {key} "
-                                 f"{json.dumps(given)}, the study has {json.dumps(has)}; leave {key} out or pick "
-                                 "another study")
-        return cluster, store.calibration(study.cluster_fingerprint)
+        given = {"gpus": self.gpus, "gpu_type": self.gpu_type, "gpus_per_node": self.gpus_per_node,
+                 "allow_cross_node_tp": self.allow_cross_node_tp or None}
+        return study_cluster(store, str(self.cluster_from), given, lambda key: key)
 
     def answer(self, spec: ModelSpec, store: Store) -> dict[str, Any]:
         """The estimate of this request for ``spec`` (the model it names)."""
