@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", metavar="URL", default=None,
                         help="ask a running `autoslapo serve` at URL (token from $AUTOSLAPO_TOKEN) instead of "
                              "estimating here; --cluster-from then names a study in its store")
+    parser.add_argument("--top", type=int, default=1, metavar="N",
+                        help="also list the N fastest schedules that fit (1-100; default 1: the best alone)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
@@ -99,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{source}; pass a matching --profile"
             )
         cluster = cluster.with_profile(profile)
-    est = calibrated_best(model, cluster, calibration["params"] if calibration else None,
-                          global_batch=args.global_batch, profile=profile, **_pins(args))
-    return _show(estimate_document(model, cluster, est, profile=source, calibration=calibration,
+    ranked = calibrated_best(model, cluster, calibration["params"] if calibration else None, top=args.top,
+                             global_batch=args.global_batch, profile=profile, **_pins(args))
+    return _show(estimate_document(model, cluster, ranked, profile=source, calibration=calibration,
                                    study=args.cluster_from), args)
 
 
@@ -129,7 +131,7 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
     body = {"model": model_field(args.model), "gpus": args.gpus, "gpu_type": args.gpu_type,
             "gpus_per_node": args.gpus_per_node, "global_batch": args.global_batch, "knobs": _pins(args) or None,
             "shape": overrides or None, "cluster_from": args.cluster_from,
-            "allow_cross_node_tp": args.allow_cross_node_tp or None}
+            "allow_cross_node_tp": args.allow_cross_node_tp or None, "top": args.top if args.top != 1 else None}
     doc = Client(args.server).post("/v1/estimate", {k: v for k, v in body.items() if v is not None})
     spec = doc.pop("model_spec")
     for key in ("gpus", "gpu_type"):  # the cluster's, also under "cluster"
@@ -159,4 +161,9 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")
     print(f"  memory {d['memory_per_device_bytes'] / 2**30:.2f} GiB of {d['memory_capacity_bytes'] / 2**30:.1f} GiB a "
           f"device ({'fits' if d['fits'] else 'does NOT fit'})")
+    if d.get("top"):
+        print(f"  the {len(d['top'])} fastest schedules that fit:")
+        for row in d["top"]:
+            print(f"  {row['rank']:>4}. {row['samples_per_s']:>12,.1f} samples/s  "
+                  f"{row['memory_per_device_bytes'] / 2**30:6.2f} GiB  {row['schedule']}")
     return 0

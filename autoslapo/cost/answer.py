@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.config import describe
 from autoslapo.cost.correction import Correction, corrected_cluster, corrected_perf
-from autoslapo.cost.search import best_config
+from autoslapo.cost.search import best_configs
+from autoslapo.errors import ConfigError
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -18,23 +20,40 @@ if TYPE_CHECKING:
     from autoslapo.models.spec import ModelSpec
 
 
+#: The most schedules an estimate lists (``--top``).
+MAX_TOP = 100
+
+
 def calibrated_best(model: ModelSpec, cluster: ClusterSpec, correction: Correction | dict[str, Any] | None, *,
-                    global_batch: int | None = None, profile: dict[str, Any] | None = None,
-                    **fixed: Any) -> Estimate:
-    """``best_config`` on ``cluster`` with a calibration (a ``Correction``, its dict, or None for the
-    uncalibrated model) applied to the device and its links; ``fixed`` pins knobs."""
-    return best_config(model, corrected_cluster(cluster, correction), global_batch=global_batch, profile=profile,
-                       perf=corrected_perf(cluster, correction, profile), **fixed)
+                    top: int = 1, global_batch: int | None = None, profile: dict[str, Any] | None = None,
+                    **fixed: Any) -> list[Estimate]:
+    """The ``top`` best schedules (``best_configs``, fastest first) on ``cluster`` with a calibration (a
+    ``Correction``, its dict, or None for the uncalibrated model) applied to the device and its links;
+    ``fixed`` pins knobs.
+
+    Raises: ConfigError for a ``top`` outside 1..``MAX_TOP`` (and as ``best_config`` does)."""
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_TOP:
+        raise ConfigError(f"top must be a whole number of schedules from 1 to {MAX_TOP}: got {top!r}; e.g. --top 5")
+    return best_configs(model, corrected_cluster(cluster, correction), top, global_batch=global_batch,
+                        profile=profile, perf=corrected_perf(cluster, correction, profile), **fixed)
 
 
-def estimate_document(model: ModelSpec, cluster: ClusterSpec, est: Estimate, *, profile: str | None = None,
+def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estimate], *, profile: str | None = None,
                       calibration: dict[str, Any] | None = None, study: str | None = None) -> dict[str, Any]:
-    """The estimate's JSON: its figures, config and breakdowns, the model, the cluster, the profile's
-    source, how many configurations were searched, and the calibration used (``{"study", "params",
-    "n_trials"}``; None when the model was not calibrated)."""
+    """The estimate's JSON: the best schedule's figures, config and breakdowns, the model, the
+    cluster, the profile's source, how many configurations were searched, the calibration used
+    (``{"study", "params", "n_trials"}``; None when the model was not calibrated) and, when
+    ``ranked`` holds more than the best, ``top``: each of them (the best first) as rank, figures,
+    config and its one-line description."""
+    est = ranked[0]
     d = est.to_dict()
     d.update(model=model.to_dict(), num_params=model.num_params(), cluster=cluster.to_dict(), profile=profile or None,
              searched=est.breakdown.get("searched"),
              calibration=None if calibration is None else {"study": study, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})
+    if len(ranked) > 1:
+        d["top"] = [{"rank": i, "samples_per_s": e.samples_per_s, "tokens_per_s": e.tokens_per_s,
+                     "step_time_s": e.step_time_s, "memory_per_device_bytes": e.memory_per_device_bytes,
+                     "config": e.config.to_dict(), "schedule": describe(e.config.to_dict())}
+                    for i, e in enumerate(ranked, 1)]
     return d

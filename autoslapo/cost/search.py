@@ -1,4 +1,5 @@
-"""Exhaustive search over schedules with the cost model: ``candidate_configs``, ``sweep``, ``best_config``.
+"""Exhaustive search over schedules with the cost model: ``candidate_configs``, ``sweep``, ``best_config``
+(and ``best_configs``, the n best).
 
 Pure. Every knob left free is enumerated over its valid values for the model and cluster: TP
 degrees that divide the heads and the MLP width and stay within a node, pipeline degrees that
@@ -11,6 +12,7 @@ micro-batch never needs less memory, so the search stops growing it at the first
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -133,8 +135,19 @@ def best_config(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int | N
     Returns its ``Estimate``. Raises ``ConfigError`` when no valid config exists, or when none
     fits in memory (naming the smallest footprint found).
     """
+    return best_configs(model, cluster, 1, global_batch=global_batch, profile=profile, perf=perf, **fixed)[0]
+
+
+def best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, *, global_batch: int | None = None,
+                 profile: dict[str, Any] | None = None, perf: DevicePerf | None = None,
+                 **fixed: Any) -> list[Estimate]:
+    """The ``n`` schedules with the highest predicted samples/s that fit, fastest first (a tie goes
+    to the smaller memory, then to the one found first); the first carries ``breakdown["searched"]``,
+    how many configurations were estimated. Pins and errors as ``best_config``'s."""
+    if n < 1:
+        raise ConfigError(f"the number of schedules must be at least 1: got {n}")
     perf = perf or device_perf(cluster, profile)
-    best: Estimate | None = None
+    top: list[tuple[tuple[float, float, int], Estimate]] = []  # a min-heap of the n best so far
     smallest: Estimate | None = None
     seen = 0
     rejected: Counter[str] = Counter()
@@ -146,11 +159,15 @@ def best_config(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int | N
                 if smallest is None or est.memory_per_device_bytes < smallest.memory_per_device_bytes:
                     smallest = est
                 break  # larger micro-batches of this layout need more memory still
-            if best is None or (est.samples_per_s, -est.memory_per_device_bytes) > (
-                    best.samples_per_s, -best.memory_per_device_bytes):
-                best = est
-    if best is not None:
-        return replace(best, breakdown={**best.breakdown, "searched": seen})
+            key = (est.samples_per_s, -est.memory_per_device_bytes, -seen)
+            if len(top) < n:
+                heapq.heappush(top, (key, est))
+            elif key > top[0][0]:
+                heapq.heapreplace(top, (key, est))
+    if top:
+        ranked = [est for _, est in sorted(top, key=lambda item: item[0], reverse=True)]
+        ranked[0] = replace(ranked[0], breakdown={**ranked[0].breakdown, "searched": seen})
+        return ranked
     if smallest is None:
         reason = no_schedule_reason(model, cluster, {k: v for k, v in fixed.items() if v is not None}, rejected)
         raise ConfigError(

@@ -6,7 +6,7 @@ body whose ``model`` is what ``POST /v1/studies`` takes: a preset, ``{"hf_config
 a server started with ``--allow-module-files``, ``{"module_file": {...}}`` (traced in a child
 process, as for a study), and optionally pins: ``knobs`` (``{"tp": 2, "zero_stage": 1, ...}``, checked
 by the knob declarations as ``autoslapo estimate``'s flags are), ``shape`` (``{"hidden": 2048, ...}``, a
-preset's or a config's overrides), ``allow_cross_node_tp`` and ``cluster_from`` (a study in the
+preset's or a config's overrides), ``allow_cross_node_tp``, ``top`` (list the n fastest too) and ``cluster_from`` (a study in the
 server's store: its cluster, with the calibration its measured trials fitted). Both answer the
 document ``autoslapo estimate --json`` prints (``autoslapo.cost.answer``), with ``model`` the model's
 name, ``model_spec`` its shape, and ``gpus`` and ``gpu_type``: what ``autoslapo estimate --server``
@@ -40,7 +40,7 @@ SIGNATURE = re.compile(r"[0-9a-f]{16}")  # ModelSpec.signature()
 ESTIMATE_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, dict), "gpus": (int,), "gpu_type": (str,),
                                                 "gpus_per_node": (int,), "global_batch": (int,),
                                                 "knobs": (dict,), "shape": (dict,), "cluster_from": (str,),
-                                                "allow_cross_node_tp": (bool,)}
+                                                "allow_cross_node_tp": (bool,), "top": (int,)}
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class EstimateRequest:
     shape: dict[str, int] = field(default_factory=dict)
     cluster_from: str | None = None
     allow_cross_node_tp: bool = False
+    top: int = 1
 
     @classmethod
     def from_json(cls, doc: Any, *, allow_module_files: bool = False,
@@ -130,18 +131,18 @@ class EstimateRequest:
         else:
             cluster = self.cluster_spec()
         return estimate_answer(spec, cluster, self.global_batch, knobs=self.knobs, calibration=calibration,
-                               study=self.cluster_from)
+                               study=self.cluster_from, top=self.top)
 
 
 def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | None, *,
                     knobs: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
-                    study: str | None = None) -> dict[str, Any]:
+                    study: str | None = None, top: int = 1) -> dict[str, Any]:
     """What both endpoints answer: ``autoslapo estimate --json``'s document for the cost model's best
     schedule (``knobs`` pinned, ``calibration`` applied), with ``model`` the model's name,
     ``model_spec`` its shape, and the cluster's ``gpus`` and ``gpu_type``."""
-    est = calibrated_best(spec, cluster, calibration["params"] if calibration else None,
-                          global_batch=global_batch, **(knobs or {}))
-    doc = estimate_document(spec, cluster, est, calibration=calibration, study=study)
+    ranked = calibrated_best(spec, cluster, calibration["params"] if calibration else None, top=top,
+                             global_batch=global_batch, **(knobs or {}))
+    doc = estimate_document(spec, cluster, ranked, calibration=calibration, study=study)
     return {**doc, "model": spec.preset, "model_spec": doc["model"], "gpus": cluster.gpus,
             "gpu_type": cluster.gpu_type}
 
@@ -170,16 +171,16 @@ def estimate_router(store: Store, caller: Callable[[Request, str], Any], *, allo
 
     @router.get("/v1/estimate")
     def estimate(request: Request, model: str, gpus: int, gpu_type: str = "a100-80gb",
-                 gpus_per_node: int | None = None, global_batch: int | None = None) -> dict[str, Any]:
-        """The cost model's best schedule for a preset (or a stored study's model signature)."""
+                 gpus_per_node: int | None = None, global_batch: int | None = None, top: int = 1) -> dict[str, Any]:
+        """The cost model's best schedule (or ``top`` best) for a preset (or a stored study's model signature)."""
         caller(request, "read")
         asked = EstimateRequest(model=model, gpus=gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
-        return estimate_answer(spec_by_name(store, model), asked.cluster_spec(), global_batch)
+        return estimate_answer(spec_by_name(store, model), asked.cluster_spec(), global_batch, top=top)
 
     @router.post("/v1/estimate")
     async def estimate_of(request: Request) -> dict[str, Any]:
         """Body ``{model, gpus, gpu_type, gpus_per_node, global_batch, knobs, shape, cluster_from,
-        allow_cross_node_tp}``; ``model`` as in ``POST /v1/studies``."""
+        allow_cross_node_tp, top}``; ``model`` as in ``POST /v1/studies``."""
         await run_in_threadpool(caller, request, "read")
         doc = await read_json(request, max_body_bytes)
         if allow_module_files and isinstance(doc, dict) and is_module_file(doc.get("model")):

@@ -139,3 +139,35 @@ def test_estimate_cluster_from_a_study_uses_its_calibration(capsys: pytest.Captu
     assert cal["memory"]["activations"] > 1.9 * plain["memory"]["activations"]
     assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--gpus", "8"]) == 2
     assert "--gpus 8, the study has 16" in capsys.readouterr().err
+
+
+def test_estimate_top_lists_the_fastest_schedules_that_fit(capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.cost import best_config, candidate_configs, estimate
+    from autoslapo.models.spec import ModelSpec
+
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    d = _json(capsys, ["estimate", "gpt2", "--gpus", "8", "--tp", "2", "--top", "6", "--json"])
+    top = d["top"]
+    assert [r["rank"] for r in top] == [1, 2, 3, 4, 5, 6]
+    assert top[0]["config"] == d["config"] and top[0]["samples_per_s"] == d["samples_per_s"]
+    rates = [r["samples_per_s"] for r in top]
+    assert rates == sorted(rates, reverse=True) and all(r["config"]["tp"] == 2 for r in top)
+    assert len({json.dumps(r["config"], sort_keys=True) for r in top}) == 6
+    # the same six as estimating every candidate that fits and ranking them
+    model, cluster = ModelSpec.from_name("gpt2"), ClusterSpec(gpus=8)
+    every = [e for group in candidate_configs(model, cluster, tp=2) for c in group
+             if (e := estimate(model, c, cluster, validate=False)).fits]
+    want = sorted(e.samples_per_s for e in every)[-6:][::-1]
+    assert rates == pytest.approx(want)
+    assert ScheduleConfig.from_dict(top[0]["config"]) == best_config(model, cluster, tp=2).config
+    assert main(["estimate", "gpt2", "--gpus", "8", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "the 3 fastest schedules that fit:" in out and "   3. " in out
+    assert "top" not in _json(capsys, ["estimate", "gpt2", "--gpus", "8", "--json"])  # the best alone by default
+    for bad in ("0", "101"):
+        assert main(["estimate", "gpt2", "--gpus", "8", "--top", bad]) == 2
+        assert "top must be a whole number of schedules from 1 to 100" in capsys.readouterr().err

@@ -100,7 +100,7 @@ def test_estimate_server_answers_what_a_local_estimate_prints(client: TestClient
     monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
     monkeypatch.setenv("HOME", "/nonexistent-autoslapo-home")  # no default profile here
     argv = ["estimate", model, "--gpus", "8", "--gpu-type", "h100-80gb", "--layers", "4", "--seq-len", "128",
-            *PINNED, "--json"]
+            *PINNED, "--top", "3", "--json"]
     assert main(argv) == 0
     local = json.loads(capsys.readouterr().out)
     _routed_to(client, monkeypatch)
@@ -156,6 +156,7 @@ def test_estimate_server_uses_a_stored_studys_calibration(client: TestClient, to
     ({"model": "bert", "gpus": 8, "shape": {"width": 64}}, "unknown model override"),
     ({"model": "bert", "gpus": 8, "allow_cross_node_tp": 1}, "field 'allow_cross_node_tp' must be true/false"),
     ({"model": "bert"}, "field 'gpus' is required (or 'cluster_from'"),
+    ({"model": "bert", "gpus": 8, "top": 500}, "top must be a whole number of schedules from 1 to 100"),
 ])
 def test_a_bad_pin_or_shape_is_one_line(client: TestClient, tokens: dict[str, str], body: dict, words: str) -> None:
     r = client.post("/v1/estimate", json=body, headers=bearer(tokens["read"]))
@@ -172,3 +173,14 @@ def test_estimate_server_refuses_what_it_cannot_send(capsys: pytest.CaptureFixtu
     module.write_text("x = 1\n")
     assert main(["estimate", str(module), "--gpus", "8", "--hidden", "64", "--server", "http://h.test"]) == 2
     assert "shape flags do not apply to a model file" in capsys.readouterr().err
+
+
+def test_top_lists_the_fastest_schedules_by_get_and_post(client: TestClient, tokens: dict[str, str]) -> None:
+    read = bearer(tokens["read"])
+    got = client.get("/v1/estimate", params={"model": "bert", "gpus": 8, "top": 4}, headers=read)
+    posted = client.post("/v1/estimate", json={"model": "bert", "gpus": 8, "top": 4}, headers=read)
+    assert got.status_code == posted.status_code == 200, posted.text
+    assert got.json() == posted.json()
+    top = posted.json()["top"]
+    assert [r["rank"] for r in top] == [1, 2, 3, 4] and top[0]["config"] == posted.json()["config"]
+    assert top[0]["samples_per_s"] >= top[-1]["samples_per_s"] and top[0]["schedule"].startswith("tp=")
