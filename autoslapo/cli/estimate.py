@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     ranked = calibrated_best(model, cluster, calibration["params"] if calibration else None, top=args.top,
                              global_batch=args.global_batch, profile=profile, **_pins(args))
     return _show(estimate_document(model, cluster, ranked, profile=source, calibration=calibration,
-                                   study=args.cluster_from), args)
+                                   study=args.cluster_from, pinned=_pins(args)), args)
 
 
 def _pins(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,6 +157,10 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
             ", ".join(f"{k} x{v:.2f}" for k, v in calibration["params"].items()) + f" ({calibration['n_trials']} trials)"
             if calibration else "none stored yet (the uncalibrated model)"))
     print(f"  schedule: {' '.join(k.show(c[k.name]) for k in KNOBS)}")
+    free = [k for k in KNOBS if k.name not in d["pinned"] and not k.derived]
+    print(f"  pinned: {' '.join(k.show(c[k.name]) for k in KNOBS if k.name in d['pinned']) or 'none'}; searched "
+          f"(fastest that fits): {' '.join(k.label for k in free if k.sweep is not None or k.auto) or 'none'}; "
+          f"defaults: {' '.join(k.label for k in free if k.sweep is None and not k.auto) or 'none'}")
     print(f"  {d['samples_per_s']:,.1f} samples/s, {d['tokens_per_s']:,.0f} tokens/s, step {d['step_time_s']:.3f} s")
     print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")
     print(f"  memory {d['memory_per_device_bytes'] / 2**30:.2f} GiB of {d['memory_capacity_bytes'] / 2**30:.1f} GiB a "

@@ -7,6 +7,7 @@ and a remote estimate of the same request are the same JSON.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.config import describe
@@ -39,16 +40,18 @@ def calibrated_best(model: ModelSpec, cluster: ClusterSpec, correction: Correcti
 
 
 def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estimate], *, profile: str | None = None,
-                      calibration: dict[str, Any] | None = None, study: str | None = None) -> dict[str, Any]:
+                      calibration: dict[str, Any] | None = None, study: str | None = None,
+                      pinned: Iterable[str] = ()) -> dict[str, Any]:
     """The estimate's JSON: the best schedule's figures, config and breakdowns, the model, the
     cluster, the profile's source, how many configurations were searched, the calibration used
     (``{"study", "params", "n_trials"}``; None when the model was not calibrated) and, when
     ``ranked`` holds more than the best, ``top``: each of them (the best first) as rank, figures,
-    config and its one-line description."""
+    config and its one-line description; ``pinned``: the knobs the caller fixed (the search chose
+    the others)."""
     est = ranked[0]
     d = est.to_dict()
     d.update(model=model.to_dict(), num_params=model.num_params(), cluster=cluster.to_dict(), profile=profile or None,
-             searched=est.breakdown.get("searched"),
+             searched=est.breakdown.get("searched"), pinned=sorted(pinned),
              calibration=None if calibration is None else {"study": study, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})
     if len(ranked) > 1:

@@ -142,7 +142,7 @@ def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | N
     ``model_spec`` its shape, and the cluster's ``gpus`` and ``gpu_type``."""
     ranked = calibrated_best(spec, cluster, calibration["params"] if calibration else None, top=top,
                              global_batch=global_batch, **(knobs or {}))
-    doc = estimate_document(spec, cluster, ranked, calibration=calibration, study=study)
+    doc = estimate_document(spec, cluster, ranked, calibration=calibration, study=study, pinned=knobs or {})
     return {**doc, "model": spec.preset, "model_spec": doc["model"], "gpus": cluster.gpus,
             "gpu_type": cluster.gpu_type}
 

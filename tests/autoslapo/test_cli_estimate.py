@@ -171,3 +171,17 @@ def test_estimate_top_lists_the_fastest_schedules_that_fit(capsys: pytest.Captur
     for bad in ("0", "101"):
         assert main(["estimate", "gpt2", "--gpus", "8", "--top", bad]) == 2
         assert "top must be a whole number of schedules from 1 to 100" in capsys.readouterr().err
+
+
+def test_estimate_says_which_knobs_were_pinned_searched_or_left_at_defaults(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    d = _json(capsys, ["estimate", "gpt2", "--gpus", "8", "--tp", "2", "--zero-stage", "1", "--json"])
+    assert d["pinned"] == ["tp", "zero_stage"]
+    assert _json(capsys, ["estimate", "gpt2", "--gpus", "8", "--json"])["pinned"] == []
+    assert main(["estimate", "gpt2", "--gpus", "8", "--tp", "2", "--compile-layers", "on"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("pinned:"))
+    assert line.strip().startswith("pinned: tp=2 compile;")
+    assert "searched (fastest that fits): pp mb ckpt zero attn sp gran loss;" in line
+    assert line.endswith("defaults: place fuse sched vs prec")
