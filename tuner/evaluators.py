@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import KNOBS, ScheduleConfig
 from autoslapo.errors import UsageError
-from autoslapo.models.spec import ModelSpec
+from autoslapo.models.modcache import ensure_entry, read_entry
+from autoslapo.models.spec import USER_FAMILY, ModelSpec
 from autoslapo.result import TrialResult
 from tuner.proposer import Prediction, Prior
 
@@ -102,7 +103,17 @@ class LocalEvaluator:
     instant: bool = False
     options: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A model file travels with the evaluator (Ray pickles it to other nodes), so a node whose
+        # cache lacks the file writes it before its ranks load it by digest.
+        self._module_file: tuple[str, str, bytes] | None = None
+        if self.model.family == USER_FAMILY:
+            digest, name = str(self.model.extra["digest"]), f"{self.model.extra['module']}.py"
+            self._module_file = (digest, name, read_entry(digest, name))
+
     def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        if self._module_file is not None:
+            ensure_entry(*self._module_file)
         try:
             from autoslapo.runtime import run_trial
         except ImportError as err:  # the runtime is an optional piece of a partial install

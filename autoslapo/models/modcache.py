@@ -12,13 +12,15 @@ keeps the source) or from the user's path.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
-from autoslapo.errors import UsageError
+from autoslapo.errors import ConfigError, UsageError
 
 CACHE_ENV = "AUTOSLAPO_MODEL_CACHE"
 DAYS_ENV = "AUTOSLAPO_MODEL_CACHE_DAYS"
@@ -29,6 +31,37 @@ _ENTRY = re.compile(r"[0-9a-f]{64}")
 def cache_root() -> Path:
     """Where model files are kept by digest: ``$AUTOSLAPO_MODEL_CACHE`` or ``~/.cache/autoslapo/models``."""
     return Path(os.environ.get(CACHE_ENV) or "~/.cache/autoslapo/models").expanduser()
+
+
+def ensure_entry(digest: str, name: str, data: bytes) -> Path:
+    """The cached file ``<digest>/<name>``, written (atomically) when this machine has none yet, and
+    marked used. What a machine that never saw the file needs before it loads it by digest: a Ray
+    node, a service worker.
+
+    Raises: ConfigError when ``data`` is not the file ``digest`` names."""
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ConfigError(f"the model file {name} does not match its digest {digest[:12]}: its bytes changed on "
+                          "the way; run the command with the .py path again")
+    path = cache_root() / digest / name
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upload-", suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    mark_used(digest)
+    return path
+
+
+def read_entry(digest: str, name: str) -> bytes:
+    """The bytes of the cached file ``<digest>/<name>`` (to send where it is not cached).
+
+    Raises: ConfigError when this machine's cache does not hold it."""
+    try:
+        return (cache_root() / digest / name).read_bytes()
+    except OSError:
+        raise ConfigError(f"the model file {name} with digest {digest[:12]} is not in the model cache "
+                          f"{str(cache_root())!r}; run the command with the .py path on this machine first") from None
 
 
 def mark_used(digest: str) -> None:

@@ -40,7 +40,6 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.families import FamilyDescription
-from autoslapo.models.modcache import cache_root, mark_used
+from autoslapo.models.modcache import cache_root, ensure_entry, mark_used
 from autoslapo.models.spec import USER_ATTENTION_KEYS as ATTENTION_KEYS
 from autoslapo.models.spec import USER_FAMILY, ModelSpec
 
@@ -181,14 +180,9 @@ def load_user_file(path: str | os.PathLike[str]) -> UserModel:
     """
     p = Path(path).expanduser().resolve()
     _check_file(p)
-    digest = file_digest(p)
-    cached = model_cache_dir() / digest / p.name
-    if not cached.is_file():  # what the ranks load: the bytes whose digest the spec records
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        shutil.copyfile(p, tmp)
-        tmp.replace(cached)
-    mark_used(digest)
+    data = p.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    ensure_entry(digest, p.name, data)  # what the ranks load: the bytes whose digest the spec records
     key = f"{digest}/{p.stem}"
     if key not in _LOADED:
         _LOADED[key] = _read(p, digest)

@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.errors import UsageError
-from autoslapo.models.modcache import mark_used
+from autoslapo.models.modcache import ensure_entry
 from autoslapo.models.spec import ModelSpec
-from autoslapo.models.user import model_cache_dir
 
 MODULE_FILE = "module_file"
 ALLOW_FLAG = "--allow-module-files"
@@ -142,16 +141,7 @@ class ModuleFile:
 
 def materialize(mf: ModuleFile) -> Path:
     """Write the file into the model cache by its digest (once; atomically) and return its path."""
-    path = model_cache_dir() / mf.digest / mf.name
-    mark_used(mf.digest)
-    if path.is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upload-", suffix=".tmp")
-    with os.fdopen(fd, "wb") as out:
-        out.write(mf.source.encode("utf-8"))
-    os.replace(tmp, path)
-    return path
+    return ensure_entry(mf.digest, mf.name, mf.source.encode("utf-8"))
 
 
 _memo: OrderedDict[tuple[str, str], ModelSpec] = OrderedDict()

@@ -223,3 +223,26 @@ def test_both_baselines_exist_for_a_model_file(tmp_path: Path) -> None:
     assert mega["status"] == "complete", mega
     assert (mega["config"]["tp"], mega["config"]["ckpt_ratio"], mega["config"]["sequence_parallel"]) == (4, 1.0, False)
     assert out.baselines["deepspeed"]["status"] == "complete"
+
+
+def test_a_trial_evaluator_carries_the_file_to_a_machine_whose_cache_lacks_it(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    from autoslapo.models import user
+    from tuner.evaluators import LocalEvaluator
+
+    path = write_model_file(tmp_path, net_source(layers="blocks"), "travels.py")
+    spec = user_spec(path)
+    sent = pickle.dumps(LocalEvaluator(spec, ClusterSpec(gpus=2, gpu_type="cpu"), steps=1, timeout_s=120))
+    elsewhere = tmp_path / "other-node-cache"  # a Ray node that never saw the file, nor its path
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(elsewhere))
+    path.unlink()
+    user._LOADED.clear()
+    result = pickle.loads(sent).evaluate(ScheduleConfig(dp=2))
+    assert result.status == "complete", result.reason
+    assert (elsewhere / str(spec.extra["digest"]) / "travels.py").read_bytes() == (
+        cache / str(spec.extra["digest"]) / "travels.py").read_bytes()
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="not in the model cache"):  # the driver needs it in its own cache
+        LocalEvaluator(spec, ClusterSpec(gpus=2, gpu_type="cpu"))
