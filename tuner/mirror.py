@@ -89,9 +89,15 @@ class OptunaMirror:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study = optuna.create_study(study_name=self.name, storage=storage, directions=directions,
                                         load_if_exists=True)
-        self._mirrored = {int(t.user_attrs[NUMBER_ATTR]) for t in study.get_trials(deepcopy=False)
-                          if NUMBER_ATTR in t.user_attrs}
-        self._dists = {k: optuna.distributions.CategoricalDistribution(list(v))
+        existing: dict[str, optuna.distributions.BaseDistribution] = {}
+        for t in study.get_trials(deepcopy=False):
+            if NUMBER_ATTR in t.user_attrs:
+                self._mirrored.add(int(t.user_attrs[NUMBER_ATTR]))
+            existing.update(t.distributions)
+        # A knob the Optuna study already has keeps its distribution (Optuna refuses another set of
+        # choices for a name): a study resumed over another space (a new version, other pins) mirrors
+        # a value outside those choices without that param; the store keeps the whole configuration.
+        self._dists = {k: existing.get(k) or optuna.distributions.CategoricalDistribution(list(v))
                        for k, v in self.bound.domains.items()}
         self._study = study
         return study
@@ -136,7 +142,7 @@ class OptunaMirror:
         except (ConfigError, TypeError, KeyError):
             point = None
         if point is not None:
-            params = {k: v for k, v in point.items() if k in self._dists}
+            params = {k: v for k, v in point.items() if k in self._dists and _allowed(self._dists[k], v)}
         # Few attributes: Optuna writes each in its own statements, the mirror's main cost. The
         # store number leads to everything else (``autoslapo show``).
         attrs: dict[str, Any] = {NUMBER_ATTR: t.number, "status": t.status, "measured": t.measured}
@@ -158,6 +164,12 @@ class OptunaMirror:
             distributions={k: self._dists[k] for k in params}, user_attrs=attrs)
         _set_times(frozen, t.started_at, t.ended_at)
         return frozen
+
+
+def _allowed(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    """Whether ``value`` is one of a categorical distribution's choices (any value for another kind)."""
+    choices = getattr(dist, "choices", None)
+    return choices is None or value in choices
 
 
 def _set_times(frozen: optuna.trial.FrozenTrial, start: datetime | None, end: datetime | None) -> None:

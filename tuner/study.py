@@ -38,7 +38,7 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.errors import ConfigError, StorageError, StorageLost, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
-from search_spaces import BoundSpace, SearchSpace, space_for
+from search_spaces import BoundSpace, SearchSpace, space_for, space_from_dict
 from tuner.baselines import BaselineContext
 from tuner.evaluators import Evaluator, SimEvaluator, make_evaluator
 from tuner.learning import PriorLearner, with_prediction
@@ -188,7 +188,7 @@ class StudyRunner:
         self.options = options
         self.store = store
         self.progress = progress
-        space = options.space or space_for(options.model.family)
+        space = options.space or self._submitted_space() or space_for(options.model.family)
         self.space = space
         self.evaluator = evaluator or make_evaluator(options.backend, options.model, options.cluster,
                                                      steps=options.steps, timeout_s=options.trial_timeout_s)
@@ -231,6 +231,17 @@ class StudyRunner:
                                        every=options.mirror_every, own_only=options.join,
                                        retried_prefix=INTERRUPTED_PREFIX)
         self._load()
+
+    def _submitted_space(self) -> SearchSpace | None:
+        """On ``resume`` without a space: the inline space the study was submitted with to the service
+        (its job's request, in this store), so a study sent with its own space goes on over it here."""
+        o = self.options
+        if not o.resume:
+            return None
+        job = self.store.jobs.get(o.study or default_study_name(o.model, o.cluster, o.backend))
+        if job is None or not job.request.get("space"):
+            return None
+        return space_from_dict(job.request["space"], source=f"the space study {job.study!r} was submitted with")
 
     def baseline_context(self) -> BaselineContext:
         """What the baselines read from this study: bound space, prior, evaluator, measured results."""

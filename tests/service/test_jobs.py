@@ -72,3 +72,25 @@ def test_a_worker_that_takes_a_job_over_searches_its_space(service_store: Store)
         assert (t.config["zero_stage"], t.config["attn_kernel"], t.config["pp"]) == (1, "sdpa", 1)
         assert t.config["tp"] in (1, 2) and t.config["micro_batch"] in (1, 2, 4)
     assert get_space("bert").fixed != SPACE["fixed"]  # the family's space would have searched these
+
+
+def test_a_submitted_study_resumed_locally_goes_on_over_its_inline_space(service_store: Store) -> None:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.models.spec import ModelSpec
+    from tuner import TuneOptions
+
+    request = StudyRequest.from_json({**BASE, "trials": 3, "name": "sent", "space": SPACE})
+    service_store.jobs.submit("sent", request.to_dict())
+    assert Worker(service_store, lease_s=5, poll_s=0.1).run(once=True) == 1
+    # `autoslapo tune bert --gpus 8 --study sent --resume --trials 6` on a machine with the same store
+    again = TuneOptions(model=ModelSpec.from_name("bert"), cluster=ClusterSpec(gpus=8), backend="sim",
+                        trials=6, study="sent", resume=True, sampler="tpe", baselines=False)
+    before = len(service_store.trials("sent"))
+    tune(again, service_store)
+    study = service_store.get_study("sent")
+    assert (study.space_name, study.space_version) == ("small", "7")
+    launched = [t for t in service_store.trials("sent") if t.status != "pruned"]
+    assert len(service_store.trials("sent")) > before
+    for t in launched:
+        assert (t.config["zero_stage"], t.config["attn_kernel"], t.config["pp"]) == (1, "sdpa", 1)
+        assert t.config["tp"] in (1, 2) and t.config["micro_batch"] in (1, 2, 4)

@@ -11,7 +11,7 @@ from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
-from search_spaces import space_for
+from search_spaces import space_for, space_from_dict
 from store import Store, open_store
 from tuner import SimEvaluator, StudyRunner, TuneOptions
 from tuner.mirror import NUMBER_ATTR, OptunaMirror, mirrored_numbers
@@ -88,3 +88,28 @@ def test_in_memory_store_runs_without_a_mirror() -> None:
         assert runner.mirror is not None and runner.mirror.disabled is not None
     finally:
         store.close()
+
+
+def test_a_study_resumed_over_another_space_is_still_mirrored(store: Store) -> None:
+    # A study searched over a small space, then resumed over the family's (a new space version,
+    # other pins): Optuna refuses other choices for a param it has, so the mirror keeps its first
+    # distributions and leaves out a value outside them; every trial is mirrored, the search ends.
+    small = space_from_dict({"name": "small", "version": "1", "knobs": {"tp": [1, 2], "micro_batch": [2, 4]},
+                             "fixed": {"pp": 1, "zero_stage": 1}})
+    first = TuneOptions(model=BERT, cluster=A100_64, trials=6, baselines=False, space=small, sampler="tpe",
+                        sweep=False, study="moved")
+    StudyRunner(first, store).run()
+    wide = TuneOptions(model=BERT, cluster=A100_64, trials=20, baselines=False, sampler="tpe", sweep=False,
+                       study="moved", resume=True)
+    runner = StudyRunner(wide, store)
+    runner.run()
+    rows = {t.number: t for t in store.trials("moved")}
+    trials = optuna.load_study(study_name="moved", storage=store.url).get_trials(deepcopy=False)
+    assert mirrored_numbers(trials) == sorted(rows) and len(rows) == 20
+    for ot in trials:
+        full = runner.bound.params_of(ScheduleConfig.from_dict(rows[ot.user_attrs[NUMBER_ATTR]].config))
+        assert ot.params.items() <= full.items()  # what it keeps is the trial's own
+        for knob, choices in (("tp", (1, 2)), ("micro_batch", (2, 4))):
+            if knob in ot.distributions:
+                assert ot.distributions[knob].choices == choices  # type: ignore[attr-defined]
+    assert any("micro_batch" not in ot.params or "tp" not in ot.params for ot in trials)  # left out
