@@ -47,13 +47,17 @@ def _domain(name: str, cluster: ClusterSpec, fixed: dict[str, Any]) -> list[Any]
 
 
 def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int | None = None,
-                      rejected: Counter[str] | None = None, **fixed: Any) -> Iterator[list[ScheduleConfig]]:
+                      rejected: Counter[str] | None = None, acting: bool = False,
+                      **fixed: Any) -> Iterator[list[ScheduleConfig]]:
     """Valid configs, grouped by everything but the micro-batch (each group in growing micro-batch).
 
     ``fixed`` pins knobs by ``ScheduleConfig`` field name; every knob of ``KNOBS`` can be pinned, and
     an unknown name raises ``ConfigError``. A pinned value is never dropped: a pin no valid
     configuration can have yields nothing (and ``best_config`` says which rule it breaks).
-    ``rejected``, when given, counts the rule each configuration left out broke.
+    ``rejected``, when given, counts the rule each configuration left out broke. ``acting``: leave
+    out the configurations where a knob pinned away from its default changes nothing (its
+    ``inert`` rule: selective recomputation with no layer checkpointed, ZeRO without data
+    parallelism, sequence parallelism without TP ...).
     """
     bad = sorted(set(fixed) - set(KNOB))
     if bad:
@@ -66,6 +70,8 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
             domains[n] = [KNOB[n].default]
     # Free knobs that may change nothing (their ``inert`` rule): swept only at their default there.
     inert = [(n, rule) for n in others if (rule := KNOB[n].inert) is not None and n not in fixed]
+    pinned_inert = [(n, rule) for n, v in fixed.items() if (rule := KNOB[n].inert) is not None
+                    and v != KNOB[n].default] if acting else []
     mbs = [fixed["micro_batch"]] if "micro_batch" in fixed else list(MICRO_BATCHES)
     for tp, pp, dp in layout.layouts(model, cluster, tp=fixed.get("tp"), pp=fixed.get("pp"), dp=fixed.get("dp")):
         for combo in itertools.product(*(domains[n] for n in others)):
@@ -75,6 +81,8 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
             where = {"tp": tp, "pp": pp, "dp": dp, **knobs}
             if any(knobs[n] != KNOB[n].default and rule(where, model.layers) for n, rule in inert):
                 continue  # the same configuration as the one with that knob at its default
+            if any(rule(where, model.layers) for _, rule in pinned_inert):
+                continue  # a pin asked for what this configuration would not do
             group = []
             for mb in mbs:
                 if global_batch is not None:
@@ -143,15 +151,32 @@ def best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, *, global_batch
                  **fixed: Any) -> list[Estimate]:
     """The ``n`` schedules with the highest predicted samples/s that fit, fastest first (a tie goes
     to the smaller memory, then to the one found first); the first carries ``breakdown["searched"]``,
-    how many configurations were estimated. Pins and errors as ``best_config``'s."""
+    how many configurations were estimated. Pins and errors as ``best_config``'s.
+
+    A knob pinned away from its default is searched where it acts (``candidate_configs(acting=True)``:
+    ``ckpt_granularity="selective"`` with ``ckpt_ratio`` free searches ratios above 0); only when no
+    such configuration fits does the search take those where it changes nothing.
+    """
     if n < 1:
         raise ConfigError(f"the number of schedules must be at least 1: got {n}")
     perf = perf or device_perf(cluster, profile)
+    if any(KNOB[k].inert is not None and v is not None and v != KNOB[k].default
+           for k, v in fixed.items() if k in KNOB):
+        try:
+            return _best_configs(model, cluster, n, global_batch, perf, fixed, acting=True)
+        except ConfigError:
+            pass  # nowhere does the pin act (or fit): the search below says why, or finds where it is inert
+    return _best_configs(model, cluster, n, global_batch, perf, fixed, acting=False)
+
+
+def _best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, global_batch: int | None, perf: DevicePerf,
+                  fixed: dict[str, Any], *, acting: bool) -> list[Estimate]:
     top: list[tuple[tuple[float, float, int], Estimate]] = []  # a min-heap of the n best so far
     smallest: Estimate | None = None
     seen = 0
     rejected: Counter[str] = Counter()
-    for group in candidate_configs(model, cluster, global_batch=global_batch, rejected=rejected, **fixed):
+    for group in candidate_configs(model, cluster, global_batch=global_batch, rejected=rejected, acting=acting,
+                                   **fixed):
         for cfg in group:
             est = estimate(model, cfg, cluster, perf=perf, validate=False)
             seen += 1

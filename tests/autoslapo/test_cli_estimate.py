@@ -185,3 +185,29 @@ def test_estimate_says_which_knobs_were_pinned_searched_or_left_at_defaults(
     assert line.strip().startswith("pinned: tp=2 compile;")
     assert "searched (fastest that fits): pp mb ckpt zero attn sp gran loss;" in line
     assert line.endswith("defaults: place fuse sched vs prec")
+
+
+def test_a_pinned_knob_is_searched_where_it_acts(capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    base = ["estimate", "gpt2-xl", "--gpus", "8", "--attn", "eager", "--json"]
+    lean = _json(capsys, [*base, "--ckpt-granularity", "selective", "--loss-kernel", "chunked"])
+    # selective recomputation acts only on checkpointed layers: the ratio the search picks is above 0
+    assert lean["config"]["ckpt_granularity"] == "selective" and lean["config"]["ckpt_ratio"] > 0
+    # the same schedule without the lean kernels (no recomputation, the eager loss) needs more memory
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.cost import estimate
+    from autoslapo.models.spec import ModelSpec
+
+    plain = ScheduleConfig.from_dict(lean["config"]).with_(ckpt_ratio=0.0, ckpt_granularity="full",
+                                                             loss_kernel="eager")
+    without = estimate(ModelSpec.from_name("gpt2-xl"), plain, ClusterSpec(gpus=8))
+    assert lean["memory_per_device_bytes"] < without.memory_per_device_bytes
+    sp = _json(capsys, ["estimate", "llama-7b", "--gpus", "8", "--sequence-parallel", "on", "--json"])
+    assert sp["config"]["tp"] > 1  # sequence parallelism splits over the TP group
+    # where nothing lets the pin act, the search still answers (ZeRO-1 without data parallelism)
+    inert = _json(capsys, ["estimate", "gpt2-xl", "--gpus", "8", "--tp", "1", "--pp", "8", "--zero-stage", "1",
+                           "--micro-batch", "1", "--json"])
+    assert inert["config"]["dp"] == 1 and inert["config"]["zero_stage"] == 1
