@@ -98,9 +98,10 @@ class ScheduleConfig:
         choices=PRECISIONS))
     ckpt_granularity: CkptGranularity = field(default="full", metadata=knob(
         "choice", "what a checkpointed layer recomputes: full (the whole layer, keeping its input) or "
-        "selective (only the attention core, keeping the linear layers' outputs; Korthikanti et al. 2022)",
+        "selective (only the attention core, keeping the linear layers' outputs; Korthikanti et al. 2022); "
+        "searched when free, but full when only --ckpt-ratio is pinned",
         "gran", choices=CKPT_GRANULARITIES, sweep=CKPT_GRANULARITIES, verify=True, since=2,
-        inert=lambda k, _: float(k.get("ckpt_ratio", 0.0)) == 0.0, transformer_only=True))
+        inert=lambda k, _: float(k.get("ckpt_ratio", 0.0)) == 0.0, transformer_only=True, refines="ckpt_ratio"))
     loss_kernel: LossKernel = field(default="eager", metadata=knob(
         "choice", "cross-entropy kernel: eager (whole tokens x vocabulary logits) or chunked (head matmul, "
         "log-softmax and loss chunk by chunk over tokens, logits recomputed in backward)", "loss",

@@ -95,10 +95,14 @@ class SearchSpace:
                 "fixed": dict(self.fixed), "rules": dict(self.rules)}
 
     def pin(self, knobs: Mapping[str, Any]) -> SearchSpace:
-        """This space with ``knobs`` fixed to the given values (searched no more), as ``name+pinned``.
+        """This space with ``knobs`` fixed to the given values (searched no more), as ``name+pinned``;
+        a knob that ``refines`` a pinned one and is not pinned itself is fixed at its default.
 
         Raises ConfigError for a knob a space cannot fix (unknown or derived) or a bad value.
         """
+        # a knob that refines a pinned one (ckpt_granularity, of ckpt_ratio) is pinned at its default too
+        knobs = {**{k.name: k.default for k in KNOBS if k.refines in knobs and k.name not in knobs
+                    and k.name not in self.fixed}, **knobs}
         fixed = {**self.fixed, **knobs}
         searched = {k: v for k, v in self.knobs.items() if k not in knobs}
         note = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()))

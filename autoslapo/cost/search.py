@@ -35,10 +35,13 @@ _LAYOUT = ("tp", "pp", "dp", "micro_batch", "grad_accum")
 
 
 def _domain(name: str, cluster: ClusterSpec, fixed: dict[str, Any]) -> list[Any]:
-    """The values the sweep tries for one non-layout knob: the pinned one, else its sweep, else its default."""
+    """The values the sweep tries for one non-layout knob: the pinned one, else its sweep, else its default
+    (also when the knob it ``refines`` is pinned)."""
     k = KNOB[name]
     if name in fixed:
         return [k.check(fixed[name], "the pinned knobs")]
+    if k.refines and k.refines in fixed:  # the refined knob pinned alone means this one at its default
+        return [k.default]
     if name == "precision":
         return [layout.default_precision(cluster.device.bf16)]
     if name == "attn_kernel":

@@ -211,3 +211,21 @@ def test_a_pinned_knob_is_searched_where_it_acts(capsys: pytest.CaptureFixture[s
     inert = _json(capsys, ["estimate", "gpt2-xl", "--gpus", "8", "--tp", "1", "--pp", "8", "--zero-stage", "1",
                            "--micro-batch", "1", "--json"])
     assert inert["config"]["dp"] == 1 and inert["config"]["zero_stage"] == 1
+
+
+def test_a_pinned_checkpoint_ratio_alone_means_whole_layers(capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from search_spaces import space_for
+
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    base = ["estimate", "llama-7b", "--gpus", "8", "--ckpt-ratio", "1", "--json"]
+    # ckpt_granularity refines ckpt_ratio: a command that pins the ratio alone (as one written before
+    # the granularity existed) gets whole layers recomputed, not the faster selective recomputation
+    assert _json(capsys, base)["config"]["ckpt_granularity"] == "full"
+    assert _json(capsys, [*base, "--ckpt-granularity", "selective"])["config"]["ckpt_granularity"] == "selective"
+    pinned = space_for("llama").pin({"ckpt_ratio": 1.0})
+    assert pinned.fixed["ckpt_granularity"] == "full" and "ckpt_granularity" not in pinned.knobs
+    both = space_for("llama").pin({"ckpt_ratio": 1.0, "ckpt_granularity": "selective"})
+    assert both.fixed["ckpt_granularity"] == "selective"
+    assert "ckpt_granularity" not in space_for("llama").pin({"tp": 2}).fixed  # searched while the ratio is
