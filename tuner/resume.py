@@ -2,7 +2,8 @@
 
 Resume itself lives in ``StudyRunner._load`` (the store is the study's memory); this module finds
 *other* studies worth starting from: same model shape and device type, with the same GPU count
-or a nearby one (half or double).
+or a nearby one (half or double); and, for a resumed study that was submitted to the service with
+its own space, that space (``submitted_space``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.errors import ConfigError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
-from search_spaces import Invalid
+from search_spaces import Invalid, SearchSpace, space_from_dict
 
 if TYPE_CHECKING:
     from store import Store
@@ -81,3 +82,12 @@ def warm_start(store: Store, study: str, proposer: Proposer, model: ModelSpec, c
             break
     proposer.enqueue(firsts, "warm")
     return used
+
+
+def submitted_space(store: Store, study: str) -> SearchSpace | None:
+    """The inline space ``study`` was submitted with to the service (its job's request, in this
+    store), so a study sent with its own space goes on over it when resumed here; None otherwise."""
+    job = store.jobs.get(study)
+    if job is None or not job.request.get("space"):
+        return None
+    return space_from_dict(job.request["space"], source=f"the space study {study!r} was submitted with")

@@ -38,13 +38,14 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.errors import ConfigError, StorageError, StorageLost, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
-from search_spaces import BoundSpace, SearchSpace, space_for, space_from_dict
+from search_spaces import BoundSpace, SearchSpace, space_for
 from tuner.baselines import BaselineContext
 from tuner.evaluators import Evaluator, SimEvaluator, make_evaluator
 from tuner.learning import PriorLearner, with_prediction
 from tuner.mirror import OptunaMirror
 from tuner.probe import MemoryProbe
 from tuner.proposer import SAMPLERS, Prediction, Proposal, Proposer
+from tuner.resume import submitted_space
 from tuner.sweep import Sweep, store_best, sweep_space
 
 if TYPE_CHECKING:
@@ -188,8 +189,9 @@ class StudyRunner:
         self.options = options
         self.store = store
         self.progress = progress
-        space = options.space or self._submitted_space() or space_for(options.model.family)
-        self.space = space
+        name = options.study or default_study_name(options.model, options.cluster, options.backend)
+        self.space = space = (options.space or (submitted_space(store, name) if options.resume else None)
+                              or space_for(options.model.family))
         self.evaluator = evaluator or make_evaluator(options.backend, options.model, options.cluster,
                                                      steps=options.steps, timeout_s=options.trial_timeout_s)
         # Real trials run only what the runtime trains in (no fp16: fp32 on a device without bf16).
@@ -204,7 +206,7 @@ class StudyRunner:
             raise UsageError(f"a sweep scores every configuration: it needs an estimating backend (sim), not "
                              f"{self.evaluator.name!r}; drop the sweep option to sample real trials")
         self.sweep: Sweep | None = None
-        self.name = self._open_study()
+        self.name = self._open_study(name)
         # Real trials teach the prior (the cluster's calibration, read from and saved to the store).
         learns = options.learn_prior if options.learn_prior is not None else not self.evaluator.instant
         self.learner = PriorLearner(store, options.model, options.cluster, enabled=learns,
@@ -232,17 +234,6 @@ class StudyRunner:
                                        retried_prefix=INTERRUPTED_PREFIX)
         self._load()
 
-    def _submitted_space(self) -> SearchSpace | None:
-        """On ``resume`` without a space: the inline space the study was submitted with to the service
-        (its job's request, in this store), so a study sent with its own space goes on over it here."""
-        o = self.options
-        if not o.resume:
-            return None
-        job = self.store.jobs.get(o.study or default_study_name(o.model, o.cluster, o.backend))
-        if job is None or not job.request.get("space"):
-            return None
-        return space_from_dict(job.request["space"], source=f"the space study {job.study!r} was submitted with")
-
     def baseline_context(self) -> BaselineContext:
         """What the baselines read from this study: bound space, prior, evaluator, measured results."""
         return BaselineContext(self.bound, self.proposer.predict, self.evaluator.evaluate, self.proposer.measured)
@@ -253,9 +244,8 @@ class StudyRunner:
         return "cpu" if self.options.cluster.gpu_type == "cpu" else "cuda"
 
     # --- study lifecycle -------------------------------------------------------------------
-    def _open_study(self) -> str:
+    def _open_study(self, name: str) -> str:
         o = self.options
-        name = o.study or default_study_name(o.model, o.cluster, o.backend)
         sig, fp = o.model.signature(), o.cluster.fingerprint()
         if o.resume:
             rec = self.store.get_study(name)  # StorageError listing known studies if absent
