@@ -73,17 +73,26 @@ def remeasure(runner: StudyRunner, outcome: TuneOutcome, picked: Sequence[Picked
     if repeats < 1 or runner.evaluator.instant:
         return list(picked)
     store, name = runner.store, runner.name
-    done = [t for t in store.trials(name, status="complete") if t.measured and t.samples_per_s]
-    top = sorted(done, key=lambda t: -(t.samples_per_s or 0.0))[:FINALISTS]
-    finalists = [(t, ScheduleConfig.from_dict(t.config)) for t in top]
+    done = sorted((t for t in store.trials(name, status="complete") if t.measured and t.samples_per_s),
+                  key=lambda t: -(t.samples_per_s or 0.0))
     bases = [config for _, config, result in picked if config is not None and result.status == "complete"]
-    runs = interleaved(runner.evaluator.evaluate, [c for _, c in finalists] + bases, repeats)
+    runs: dict[ScheduleConfig, list[TrialResult]] = {}
     best: tuple[ScheduleConfig, TrialResult] | None = None
-    for trial, config in finalists:
-        result = with_repeats(TrialResult.from_dict(trial.result), runs[config])
-        store.amend_trial(name, trial.number, result.to_dict())
-        if best is None or result.samples_per_s > best[1].samples_per_s:
-            best = (config, result)
+    finalists, rest = done[:FINALISTS], done[FINALISTS:]
+    while finalists:
+        configs = [ScheduleConfig.from_dict(t.config) for t in finalists]
+        runs.update(interleaved(runner.evaluator.evaluate, configs + bases, repeats))
+        bases = []  # the baselines' rounds are the first finalists'
+        for trial, config in zip(finalists, configs, strict=True):
+            result = with_repeats(TrialResult.from_dict(trial.result), runs[config])
+            store.amend_trial(name, trial.number, result.to_dict())
+            if best is None or result.samples_per_s > best[1].samples_per_s:
+                best = (config, result)
+        # A finalist's median falls below its one lucky measurement; a trial measured once that is
+        # still above the best median is measured again too, so the best stored is a median.
+        top = best[1].samples_per_s if best is not None else 0.0
+        finalists = [t for t in rest if (t.samples_per_s or 0.0) > top][:FINALISTS]
+        rest = [t for t in rest if t not in finalists]
     if best is not None:
         outcome.best_config, outcome.best_result = best
         runner.best_config, runner.best_result, runner.best = best[0], best[1], best[1].samples_per_s
