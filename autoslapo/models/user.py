@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.families import FamilyDescription
-from autoslapo.models.modcache import cache_root, ensure_entry, mark_used
+from autoslapo.models.modcache import cache_root, ensure_entry, mark_used, read_entry
 from autoslapo.models.spec import USER_ATTENTION_KEYS as ATTENTION_KEYS
 from autoslapo.models.spec import USER_FAMILY, ModelSpec
 
@@ -98,11 +98,6 @@ def model_cache_dir() -> Path:
     """Where model files are kept by digest: ``$AUTOSLAPO_MODEL_CACHE`` or ``~/.cache/autoslapo/models``
     (entries unused for a while are pruned: ``autoslapo.models.modcache``)."""
     return cache_root()
-
-
-def file_digest(path: Path) -> str:
-    """sha256 hex digest of the file's bytes."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 _LOADED: dict[str, UserModel] = {}  # "digest/module" -> the loaded file (each is executed once a process)
@@ -202,10 +197,7 @@ def load_user_model(spec: ModelSpec) -> UserModel:
     if key in _LOADED:
         return _LOADED[key]
     path = model_cache_dir() / str(digest) / f"{module}.py"
-    if not path.is_file():
-        raise ConfigError(f"the model file {module}.py with digest {str(digest)[:12]} is not in the model cache "
-                          f"{str(model_cache_dir())!r}; run the command with the .py path on this machine first")
-    if file_digest(path) != digest:
+    if hashlib.sha256(read_entry(str(digest), path.name)).hexdigest() != digest:
         raise ConfigError(f"the cached model file {str(path)!r} does not match its digest {str(digest)[:12]}; "
                           "delete it and run the command with the .py path again")
     _LOADED[key] = _read(path, str(digest))
