@@ -136,6 +136,15 @@ class ClusterSpec:
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    @classmethod
+    def described(cls, gpus: int, gpu_type: str | None = None, gpus_per_node: int | None = None, *,
+                  allow_cross_node_tp: bool = False) -> ClusterSpec:
+        """The cluster an estimate describes: ``gpu_type`` defaults to an A100-80GB, ``gpus_per_node``
+        to every device of a CPU machine, else to 8 (or ``gpus`` when fewer)."""
+        gpu_type = gpu_type or "a100-80gb"
+        per_node = gpus_per_node or (gpus if gpu_type == "cpu" else min(8, gpus))
+        return cls(gpus=gpus, gpu_type=gpu_type, gpus_per_node=per_node, allow_cross_node_tp=allow_cross_node_tp)
+
     def with_gpus(self, gpus: int) -> ClusterSpec:
         """The same cluster with another device count."""
         return replace(self, gpus=gpus)

@@ -90,9 +90,8 @@ def run(args: argparse.Namespace) -> int:
         args.gpu_type = args.gpu_type or "a100-80gb"
         if args.gpus is None:
             raise UsageError("estimate needs --gpus N (or --cluster-from STUDY to use a study's cluster)")
-        per_node = args.gpus_per_node or (args.gpus if args.gpu_type == "cpu" else min(8, args.gpus))
-        cluster = ClusterSpec(gpus=args.gpus, gpu_type=args.gpu_type, gpus_per_node=per_node,
-                              allow_cross_node_tp=args.allow_cross_node_tp)
+        cluster = ClusterSpec.described(args.gpus, args.gpu_type, args.gpus_per_node,
+                                        allow_cross_node_tp=args.allow_cross_node_tp)
     profile, source = _profile(args)
     if profile is not None:
         if profile.get("gpu_type") != args.gpu_type:

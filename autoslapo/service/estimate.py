@@ -103,13 +103,11 @@ class EstimateRequest:
         return request, spec
 
     def cluster_spec(self) -> ClusterSpec:
-        """The described cluster (``gpus_per_node`` defaults to 8, or to every device when fewer)."""
+        """The described cluster (``ClusterSpec.described``: the defaults ``autoslapo estimate`` uses)."""
         if self.gpus is None:
             raise UsageError("field 'gpus' is required unless 'cluster_from' names a study")
-        gpu_type = self.gpu_type or "a100-80gb"
-        per_node = self.gpus_per_node or (self.gpus if gpu_type == "cpu" else min(8, self.gpus))
-        return ClusterSpec(gpus=self.gpus, gpu_type=gpu_type, gpus_per_node=per_node,
-                           allow_cross_node_tp=self.allow_cross_node_tp)
+        return ClusterSpec.described(self.gpus, self.gpu_type, self.gpus_per_node,
+                                     allow_cross_node_tp=self.allow_cross_node_tp)
 
     def study_cluster(self, store: Store) -> tuple[ClusterSpec, dict[str, Any] | None]:
         """``cluster_from``'s cluster and its stored calibration (None when it has none yet).
