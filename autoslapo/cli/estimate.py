@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.server:
         return _show(_remote(args), args)
     from autoslapo.cluster import ClusterSpec
-    from autoslapo.cost.answer import calibrated_best, estimate_document
+    from autoslapo.cost.answer import calibrated_ranking, estimate_document
     from autoslapo.models.resolve import resolve_model
 
     model = resolve_model(args.model, **shape_overrides(args))
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{source}; pass a matching --profile"
             )
         cluster = cluster.with_profile(profile)
-    ranked = calibrated_best(model, cluster, calibration["params"] if calibration else None, top=args.top,
+    ranked = calibrated_ranking(model, cluster, calibration["params"] if calibration else None, top=args.top,
                              global_batch=args.global_batch, profile=profile, **_pins(args))
     return _show(estimate_document(model, cluster, ranked, profile=source, calibration=calibration,
                                    study=args.cluster_from, pinned=_pins(args)), args)

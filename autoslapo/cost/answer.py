@@ -1,4 +1,4 @@
-"""What ``autoslapo estimate`` and ``POST /v1/estimate`` answer: the best schedule on a cluster, with a
+"""What ``autoslapo estimate`` and ``POST /v1/estimate`` answer: the best schedules on a cluster, with a
 stored calibration applied when there is one, as one JSON document. Pure.
 
 Both the command (``--json``, and its summary) and the service build the document here, so a local
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 MAX_TOP = 100
 
 
-def calibrated_best(model: ModelSpec, cluster: ClusterSpec, correction: Correction | dict[str, Any] | None, *,
+def calibrated_ranking(model: ModelSpec, cluster: ClusterSpec, correction: Correction | dict[str, Any] | None, *,
                     top: int = 1, global_batch: int | None = None, profile: dict[str, Any] | None = None,
                     **fixed: Any) -> list[Estimate]:
     """The ``top`` best schedules (``best_configs``, fastest first) on ``cluster`` with a calibration (a

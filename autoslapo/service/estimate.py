@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import KNOB
-from autoslapo.cost.answer import calibrated_best, estimate_document
+from autoslapo.cost.answer import calibrated_ranking, estimate_document
 from autoslapo.errors import UsageError
 from autoslapo.models.hf import check_hf_spec
 from autoslapo.models.spec import ModelSpec
@@ -138,7 +138,7 @@ def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | N
     """What both endpoints answer: ``autoslapo estimate --json``'s document for the cost model's best
     schedule (``knobs`` pinned, ``calibration`` applied), with ``model`` the model's name,
     ``model_spec`` its shape, and the cluster's ``gpus`` and ``gpu_type``."""
-    ranked = calibrated_best(spec, cluster, calibration["params"] if calibration else None, top=top,
+    ranked = calibrated_ranking(spec, cluster, calibration["params"] if calibration else None, top=top,
                              global_batch=global_batch, **(knobs or {}))
     doc = estimate_document(spec, cluster, ranked, calibration=calibration, study=study, pinned=knobs or {})
     return {**doc, "model": spec.preset, "model_spec": doc["model"], "gpus": cluster.gpus,
