@@ -197,13 +197,41 @@ class JobQueue:
 
         return self._tx.write("extend a job's lease", beat)
 
-    def finish(self, job_id: int, worker: str, status: str, error: str = "") -> bool:
-        """Record how ``worker``'s run ended; False when the job was no longer its own."""
+    def finish(self, job_id: int, worker: str, status: str, error: str = "", *, budget: int | None = None) -> bool:
+        """Record how ``worker``'s run ended; False when the job was no longer its own.
+
+        ``budget``: the trials the run went to; the job is left running (False) when its budget was
+        raised past them meanwhile (``raise_budget``), so the worker goes on instead of ending it.
+        """
         if status not in JOB_STATUSES:
             raise StorageError(f"job status must be one of {', '.join(JOB_STATUSES)}: got {status!r}")
-        return bool(self._tx.write("finish a job", lambda s: s.execute(
-            update(JobRow).where(JobRow.id == job_id, JobRow.worker == worker, JobRow.status == "running")
-            .values(status=status, error=error[:2000], lease_until=None)).rowcount))  # type: ignore[attr-defined]
+
+        def end(session: Session) -> bool:
+            row = session.scalar(select(JobRow).where(JobRow.id == job_id).with_for_update())
+            if row is None or row.worker != worker or row.status != "running":
+                return False
+            if budget is not None and int(row.request.get("trials") or 0) > budget:
+                return False
+            row.status, row.error, row.lease_until = status, error[:2000], None
+            return True
+
+        return self._tx.write("finish a job", end)
+
+    def raise_budget(self, study: str, trials: int) -> JobRecord | None:
+        """Raise the ``trials`` of ``study``'s queued or running job to ``trials`` (never lowered);
+        None when it has no such job (it ended meanwhile: queue it again instead). The worker running
+        it sees the new budget when it would end (``finish(budget=...)``) and goes on to it."""
+
+        def lift(session: Session) -> JobRecord | None:
+            row = session.scalar(select(JobRow).where(JobRow.study == study).with_for_update())
+            if row is None or row.status in JOB_FINISHED:
+                return None
+            if int(row.request.get("trials") or 0) < trials:
+                row.request = {**row.request, "trials": trials}
+            session.flush()
+            return _record(row)
+
+        return self._tx.write(f"raise the budget of study {study!r}", lift)
 
     def cancel(self, study: str) -> JobRecord:
         """Ask the job of ``study`` to stop: a queued job is cancelled at once, a running one between trials."""

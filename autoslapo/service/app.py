@@ -178,8 +178,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         """Queue a study. Body: ``model``, ``gpus`` and optionally ``gpu_type``, ``gpus_per_node``,
         ``backend``, ``trials``, ``sampler``, ``seed``, ``global_batch``, ``timeout_s``, ``patience``,
         ``baselines``, ``name``, ``space``, ``resume`` (queue an ended study again) or ``join`` (submit
-        the named study, follow it while queued or running, continue it when it ended short of
-        ``trials``). Answers ``{name, url, status, budget, joined}``: 202, or 200 when a join found
+        the named study, follow it while queued or running, raising its budget to ``trials``, continue
+        it when it ended short of ``trials``). Answers ``{name, url, status, budget, joined}``: 202, or 200 when a join found
         the study ended at its budget."""
         who = await caller_on_loop(request, "submit")
         doc = await read_json(request, cfg.max_body_bytes)
@@ -198,7 +198,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             if plan.action != "follow":
                 answers.expire()
             ended = plan.action == "follow" and plan.status not in ("queued", "running")
-            return JSONResponse({"name": name, "url": url, "status": plan.status, "joined": plan.action == "follow",
+            return JSONResponse({"name": name, "url": url, "status": plan.status,
+                                 "joined": plan.action in ("follow", "raise"),
                                  "budget": plan.budget}, status_code=200 if ended else 202, headers={"Location": url})
         try:
             if study.resume:
@@ -446,6 +447,12 @@ def _join(store: Store, name: str, study: StudyRequest, who: Caller, max_unfinis
             plan = plan_join(store, name, study, who)
         except JoinRefused as err:
             raise ApiError(err.status, str(err)) from None
+        if plan.action == "raise":
+            if store.jobs.raise_budget(name, plan.budget) is not None:
+                return plan
+            if attempt == JOIN_TRIES - 1:
+                raise ApiError(409, f"study {name!r} kept ending while its budget was raised: join again")
+            continue  # the job ended meanwhile: look again (now it is queued again or followed)
         write = {"submit": store.jobs.submit, "requeue": store.jobs.requeue}.get(plan.action)
         if write is None:
             return plan

@@ -2,9 +2,10 @@
 
 The service's counterpart of ``autoslapo tune --study NAME --join``, under the job model (one job
 per study, one worker runs it, never past its budget): a new name is submitted; a queued or
-running study is followed (nothing written, the per-token limit not charged again); a study that
-ended short of the request's ``trials`` is queued again as ``resume`` does (its owner or an admin
-only); one that ended at or past them is only followed. ``plan_join`` reads and decides; the
+running study is followed (nothing written, the per-token limit not charged again), and its budget
+raised to the request's ``trials`` when they are more (its owner or an admin only: the worker goes
+on to them instead of ending); a study that ended short of the request's ``trials`` is queued again
+as ``resume`` does (its owner or an admin only); one that ended at or past them is only followed. ``plan_join`` reads and decides; the
 caller writes, and looks again when another request wrote first.
 """
 
@@ -18,7 +19,7 @@ from autoslapo.service.payload import model_label
 from autoslapo.service.views import LAUNCHED
 from store import Store
 
-JOIN_ACTIONS = ("submit", "requeue", "follow")
+JOIN_ACTIONS = ("submit", "requeue", "raise", "follow")
 
 
 class JoinRefused(Exception):
@@ -31,7 +32,8 @@ class JoinRefused(Exception):
 
 @dataclass(frozen=True)
 class JoinPlan:
-    """What a join does: ``submit`` a new job, ``requeue`` an ended one, or ``follow`` (write nothing);
+    """What a join does: ``submit`` a new job, ``requeue`` an ended one, ``raise`` a queued or running
+    one's budget, or ``follow`` (write nothing);
     ``status`` is the study's status as the caller will see it, ``budget`` the trials it runs to."""
 
     action: str
@@ -67,7 +69,14 @@ def plan_join(store: Store, name: str, request: StudyRequest, who: Caller) -> Jo
                                "send the same model, gpus, gpu_type and gpus_per_node, or another name")
     launched = sum(1 for t in store.trials(name) if t.status in LAUNCHED) if rec is not None else 0
     if job is not None and not job.finished:
-        return JoinPlan("follow", job.status, int(job.request.get("trials") or request.trials), launched)
+        budget = int(job.request.get("trials") or request.trials)
+        if request.trials <= budget:
+            return JoinPlan("follow", job.status, budget, launched)
+        if job.owner != who.name and not who.may("admin"):
+            raise JoinRefused(403, f"token {who.name!r} may raise only its own studies' budgets: {name!r} is "
+                                   f"{job.owner!r}'s and {job.status} to {budget} trials; join with trials <= "
+                                   f"{budget} to follow it, or ask an admin")
+        return JoinPlan("raise", job.status, request.trials, launched)
     if job is None and rec is not None and rec.status == "running":
         raise JoinRefused(409, f"study {name!r} is being tuned outside the service (autoslapo tune): join it there "
                                "with --join, or resume it here once it ended")

@@ -3,7 +3,9 @@
 A worker that dies (``kill -9``) stops heartbeating; once its lease lapses another worker claims
 the job and resumes the study from the store (``TuneOptions(resume=True)``), so the study still
 ends at exactly its budget. A cancel request is seen by the heartbeat and stops the study
-between two trials. A study of a model file (code) runs only on a worker started with
+between two trials. A join that raises a queued or running job's budget (``JobQueue.raise_budget``)
+is seen when the study reaches the budget it ran to: the worker resumes it to the new one instead
+of ending the job. A study of a model file (code) runs only on a worker started with
 ``--allow-module-files``: it writes the file into the model cache by digest and traces it in a
 child process (``autoslapo.service.modfile``), then tunes as ``autoslapo tune my_model.py`` does;
 a worker without the flag fails such a job with a line that names the flag.
@@ -119,10 +121,20 @@ class Worker:
             request = StudyRequest(**job.request)
             if is_module_file(request.model):
                 model_spec_of(request.model, timeout_s=self.module_timeout_s)  # written to the cache, traced apart
-            options = request.to_options(name=job.study, resume=self.store.has_study(job.study))
-            outcome = tune(options, self.store, progress=progress)
-            status = "complete" if outcome.stop_reason in ("budget", "exhausted", "swept") else "stopped"
-            return self._finish(job, status, "")
+            while True:
+                options = request.to_options(name=job.study, resume=self.store.has_study(job.study))
+                outcome = tune(options, self.store, progress=progress)
+                if outcome.stop_reason != "budget":
+                    status = "complete" if outcome.stop_reason in ("exhausted", "swept") else "stopped"
+                    return self._finish(job, status, "")
+                if self.store.jobs.finish(job.id, self.name, "complete", budget=request.trials):
+                    return self._finished(job, "complete")
+                # a join raised the budget meanwhile: go on to it, as the job's owner asked
+                now = self.store.jobs.get(job.study)
+                if (now is None or now.worker != self.name or now.status != "running"
+                        or int(now.request.get("trials") or 0) <= request.trials):
+                    return "lost"
+                request = StudyRequest(**now.request)
         except Cancelled:
             if lost.is_set() and not cancel.is_set():
                 return "lost"  # another worker holds the job now; leave it to them
@@ -143,6 +155,9 @@ class Worker:
             if study.status == "running":
                 self.store.set_study_status(job.study, "failed" if status == "failed" else "stopped")
         self.store.jobs.finish(job.id, self.name, status, error)
+        return self._finished(job, status)
+
+    def _finished(self, job: JobRecord, status: str) -> str:
         if self.allow_module_files:
             prune_model_cache()  # files no study has used for $AUTOSLAPO_MODEL_CACHE_DAYS
         return status

@@ -360,3 +360,19 @@ def test_queued_studies_per_token_are_limited(service_store: Store, tokens: dict
         assert again.status_code == 202, again.text
     with pytest.raises(UsageError, match="--max-queued-per-token must be at least 1"):
         ServiceSettings(max_queued_per_token=0)
+
+
+def test_a_join_raises_a_queued_studys_budget(client: TestClient, tokens: dict[str, str],
+                                             service_store: Store) -> None:
+    from autoslapo.service import create_token
+
+    submit, stranger = bearer(tokens["submit"]), bearer(create_token(service_store, "stranger", "submit"))
+    join = {**BODY, "name": "grow", "trials": 3, "join": True}
+    assert client.post("/v1/studies", json=join, headers=submit).status_code == 202
+    refused = client.post("/v1/studies", json={**join, "trials": 9}, headers=stranger)
+    assert refused.status_code == 403 and "may raise only its own" in refused.json()["error"]
+    raised = client.post("/v1/studies", json={**join, "trials": 5}, headers=submit)
+    assert raised.status_code == 202, raised.text
+    assert (raised.json()["joined"], raised.json()["budget"], raised.json()["status"]) == (True, 5, "queued")
+    assert client.get("/v1/studies/grow", headers=bearer(tokens["read"])).json()["budget"] == 5
+    assert [j.request["trials"] for j in service_store.jobs.list()] == [5]  # still one job

@@ -35,5 +35,19 @@ def test_a_study_tuned_by_the_cli_is_followed_continued_or_refused(service_store
 
 
 def test_a_plan_names_a_known_action() -> None:
-    with pytest.raises(ValueError, match="submit, requeue, follow"):
+    with pytest.raises(ValueError, match="submit, requeue, raise, follow"):
         JoinPlan("run", "queued", 1, 0)
+
+
+def test_a_join_asking_for_more_raises_a_queued_studys_budget_for_its_owner_only(service_store: Store) -> None:
+    owner, stranger, admin = Caller("t-owner", "submit"), Caller("t-other", "submit"), Caller("t-admin", "admin")
+    request = StudyRequest.from_json({**BASE, "name": "q", "trials": 3})
+    service_store.jobs.submit("q", request.to_dict(), owner=owner.name)
+    more = StudyRequest.from_json({**BASE, "name": "q", "trials": 5})
+    assert plan_join(service_store, "q", request, stranger) == JoinPlan("follow", "queued", 3, 0)
+    assert plan_join(service_store, "q", more, owner) == JoinPlan("raise", "queued", 5, 0)
+    assert plan_join(service_store, "q", more, admin) == JoinPlan("raise", "queued", 5, 0)
+    with pytest.raises(JoinRefused, match="may raise only its own") as err:
+        plan_join(service_store, "q", more, stranger)
+    assert err.value.status == 403 and "trials <= 3" in str(err.value)
+    assert service_store.jobs.get("q").request["trials"] == 3  # planning writes nothing

@@ -64,3 +64,29 @@ def test_two_workers_share_the_queue_and_run_each_job_once(service_store: Store,
     for name in names:
         launched = [t for t in service_store.trials(name) if t.status != "pruned"]
         assert len(launched) == 2 and len({t.config_hash for t in launched}) == 2
+
+
+def test_a_budget_raised_while_the_study_runs_is_run_to_by_the_same_worker(service_store: Store,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoslapo.service.worker as worker_module
+    from autoslapo.service.jobs import StudyRequest
+
+    real_tune, passes = worker_module.tune, []
+
+    def tune_then_join(options, store, **kwargs):  # type: ignore[no-untyped-def]
+        outcome = real_tune(options, store, **kwargs)
+        passes.append((options.trials, options.resume))
+        if len(passes) == 1:  # a join while the first pass ends at 2: its owner asks for 4
+            assert store.jobs.raise_budget("grow", 4) is not None
+        return outcome
+
+    monkeypatch.setattr(worker_module, "tune", tune_then_join)
+    body = {"model": "bert", "gpus": 8, "backend": "sim", "sampler": "tpe", "baselines": False, "trials": 2}
+    service_store.jobs.submit("grow", StudyRequest.from_json(body).to_dict(), owner="me")
+    assert Worker(service_store, poll_s=0.05).run(once=True) == 1
+    job = service_store.jobs.get("grow")
+    assert (job.status, job.attempts, job.request["trials"]) == ("complete", 1, 4)
+    assert passes == [(2, False), (4, True)]
+    launched = [t for t in service_store.trials("grow") if t.status != "pruned"]
+    assert len(launched) == 4 and len({t.config_hash for t in launched}) == 4
+    assert service_store.get_study("grow").status == "complete"

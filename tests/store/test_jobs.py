@@ -174,3 +174,21 @@ def test_requeue_resumes_a_finished_job_and_keeps_its_space(store_url: str) -> N
         with pytest.raises(JobLimitError):  # "me" has "cli" queued
             db.jobs.requeue("a", {}, owner="me", max_unfinished=1)
         assert db.jobs.get("a").status == "complete"
+
+
+def test_a_raised_budget_keeps_the_job_running_past_the_trials_it_ran_to(store_url: str) -> None:
+    with open_store(store_url) as db:
+        a = db.jobs.submit("a", {"model": "bert", "gpus": 8, "trials": 3})
+        assert db.jobs.raise_budget("a", 4) is not None  # queued: the claiming worker reads 4
+        assert db.jobs.raise_budget("a", 2) is not None and db.jobs.get("a").request["trials"] == 4  # never lowered
+        taken = db.jobs.claim("w1", 30)
+        assert taken is not None and taken.request["trials"] == 4
+        assert db.jobs.raise_budget("a", 6).request["trials"] == 6  # running
+        assert db.jobs.finish(a.id, "w1", "complete", budget=4) is False  # went to 4: 6 asked, goes on
+        assert db.jobs.get("a").status == "running"
+        assert db.jobs.finish(a.id, "w2", "complete", budget=6) is False  # not w2's
+        assert db.jobs.finish(a.id, "w1", "complete", budget=6) is True
+        assert db.jobs.get("a").status == "complete"
+        assert db.jobs.raise_budget("a", 9) is None  # ended: queue it again instead
+        assert db.jobs.raise_budget("never", 9) is None
+        assert db.jobs.get("a").request == {"model": "bert", "gpus": 8, "trials": 6}
