@@ -10,6 +10,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -57,6 +59,32 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec("cpu", 12 * GiB, 0.05, 0.05, 1.0, 1.0, False, True),
     ]
 }
+
+
+# A cluster's links, as its user may describe them when they are not the preset's (a node with
+# fewer NICs than a DGX, PCIe instead of NVLink): field -> what it is. GB/s a device, one direction.
+LINKS: dict[str, str] = {
+    "intra_node_gbps": "within a node (NVLink or PCIe)",
+    "inter_node_gbps": "across nodes (the node's network shared by its devices)",
+}
+MAX_LINK_GBPS = 10_000.0  # beyond any link built (NVLink 5: 900 GB/s a GPU one way)
+
+
+def link_overrides(given: Mapping[str, Any], name: Callable[[str], str]) -> dict[str, float]:
+    """The link bandwidths a user gave (None: the preset's), checked; ``name(field)`` is how that user
+    writes a field (``--inter-node-gbps`` on the command line, ``inter_node_gbps`` in a request)."""
+    out: dict[str, float] = {}
+    for key in LINKS:
+        value = given.get(key)
+        if value is None:
+            continue
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or not 0 < value <= MAX_LINK_GBPS:
+            raise UsageError(f"{name(key)} is GB/s a device, one direction, {LINKS[key]}: it must be above 0 and "
+                             f"at most {MAX_LINK_GBPS:,.0f}, got {value!r}; e.g. 6.25 for a node's 4x 100 Gb/s "
+                             "NICs shared by 8 GPUs, or leave it out for the preset's")
+        out[key] = float(value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -138,12 +166,19 @@ class ClusterSpec:
 
     @classmethod
     def described(cls, gpus: int, gpu_type: str | None = None, gpus_per_node: int | None = None, *,
-                  allow_cross_node_tp: bool = False) -> ClusterSpec:
+                  allow_cross_node_tp: bool = False, links: Mapping[str, float] | None = None) -> ClusterSpec:
         """The cluster an estimate describes: ``gpu_type`` defaults to an A100-80GB, ``gpus_per_node``
-        to every device of a CPU machine, else to 8 (or ``gpus`` when fewer)."""
+        to every device of a CPU machine, else to 8 (or ``gpus`` when fewer); ``links``: bandwidths
+        that replace the preset's (``link_overrides``)."""
         gpu_type = gpu_type or "a100-80gb"
         per_node = gpus_per_node or (gpus if gpu_type == "cpu" else min(8, gpus))
-        return cls(gpus=gpus, gpu_type=gpu_type, gpus_per_node=per_node, allow_cross_node_tp=allow_cross_node_tp)
+        return cls(gpus=gpus, gpu_type=gpu_type, gpus_per_node=per_node,
+                   allow_cross_node_tp=allow_cross_node_tp).with_links(links or {})
+
+    def with_links(self, links: Mapping[str, float]) -> ClusterSpec:
+        """The same cluster with the link bandwidths ``links`` gives (``link_overrides``); others kept."""
+        return replace(self, intra_node_gbps=links.get("intra_node_gbps", self.intra_node_gbps),
+                       inter_node_gbps=links.get("inter_node_gbps", self.inter_node_gbps))
 
     def with_gpus(self, gpus: int) -> ClusterSpec:
         """The same cluster with another device count."""

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from autoslapo.cli._knobs import knob_values
+from autoslapo.cli._links import link_args
 from autoslapo.cli._shape import shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import AutoslapoError, UsageError
@@ -41,6 +42,7 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
     body: dict[str, Any] = {"model": model_field(args.model), "gpus": args.gpus, "backend": args.backend or "sim",
                             "trials": args.trials, "sampler": args.sampler, "seed": args.seed,
                             "baselines": not args.no_baselines}
+    body.update(link_args(args))
     for key, value in (("gpu_type", args.gpu_type), ("gpus_per_node", args.gpus_per_node),
                        ("global_batch", args.global_batch), ("timeout_s", args.timeout),
                        ("patience", args.patience), ("name", args.study)):

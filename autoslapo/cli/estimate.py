@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import KNOBS
 from autoslapo.errors import UsageError
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-type", default=None, help="device preset (default a100-80gb; with --cluster-from the study's)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
     parser.add_argument("--allow-cross-node-tp", action="store_true", help="let TP span nodes")
+    add_link_arguments(parser)
     parser.add_argument("--global-batch", type=int, help="sequences an optimizer step (fixes grad accumulation)")
     add_knob_arguments(parser, "estimate")
     add_shape_arguments(parser)
@@ -68,7 +70,7 @@ def _study_cluster(args: argparse.Namespace) -> tuple[ClusterSpec, dict[str, Any
     from autoslapo.storage import require_store, study_cluster
 
     given = {"gpus": args.gpus, "gpu_type": args.gpu_type, "gpus_per_node": args.gpus_per_node,
-             "allow_cross_node_tp": args.allow_cross_node_tp or None}
+             "allow_cross_node_tp": args.allow_cross_node_tp or None, **link_args(args)}
     with require_store(args.storage) as store:
         return study_cluster(store, args.cluster_from, given, lambda key: "--" + key.replace("_", "-"))
 
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         if args.gpus is None:
             raise UsageError("estimate needs --gpus N (or --cluster-from STUDY to use a study's cluster)")
         cluster = ClusterSpec.described(args.gpus, args.gpu_type, args.gpus_per_node,
-                                        allow_cross_node_tp=args.allow_cross_node_tp)
+                                        allow_cross_node_tp=args.allow_cross_node_tp, links=link_args(args))
     profile, source = _profile(args)
     if profile is not None:
         if profile.get("gpu_type") != args.gpu_type:
@@ -130,12 +132,22 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
     body = {"model": model_field(args.model), "gpus": args.gpus, "gpu_type": args.gpu_type,
             "gpus_per_node": args.gpus_per_node, "global_batch": args.global_batch, "knobs": _pins(args) or None,
             "shape": overrides or None, "cluster_from": args.cluster_from,
-            "allow_cross_node_tp": args.allow_cross_node_tp or None, "top": args.top if args.top != 1 else None}
+            "allow_cross_node_tp": args.allow_cross_node_tp or None, "top": args.top if args.top != 1 else None,
+            **link_args(args)}
     doc = Client(args.server).post("/v1/estimate", {k: v for k, v in body.items() if v is not None})
     spec = doc.pop("model_spec")
     for key in ("gpus", "gpu_type"):  # the cluster's, also under "cluster"
         doc.pop(key, None)
     return {**doc, "model": spec}
+
+
+def _links_shown(cluster: dict[str, Any]) -> str:
+    """" with links: ..." naming the link bandwidths that are not the device preset's ("" when none)."""
+    from autoslapo.cluster import DEVICES, LINKS
+
+    preset = DEVICES[cluster["gpu_type"]]
+    own = [f"{k.split('_')[0]}-node {cluster[k]:g} GB/s" for k in LINKS if cluster[k] != getattr(preset, k)]
+    return f" with links {', '.join(own)} a device" if own else ""
 
 
 def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
@@ -150,7 +162,7 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
         keys = [*overrides, *(["ffn"] if "hidden" in overrides else []), *(["kv_heads"] if "heads" in overrides else [])]
         shape = " with " + " ".join(f"{k}={model[k]}" for k in dict.fromkeys(keys))
     where = f" (profile {d['profile']})" if d.get("profile") else f" (server {args.server})" if args.server else ""
-    print(f"{model['preset']}{shape} on {cluster['gpus']} x {cluster['gpu_type']}{where}")
+    print(f"{model['preset']}{shape} on {cluster['gpus']} x {cluster['gpu_type']}{_links_shown(cluster)}{where}")
     if args.cluster_from is not None:
         print(f"  calibration of {args.cluster_from}'s cluster: " + (
             ", ".join(f"{k} x{v:.2f}" for k, v in calibration["params"].items()) + f" ({calibration['n_trials']} trials)"

@@ -19,6 +19,7 @@ import time
 from typing import Any, TextIO
 
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import UsageError
@@ -33,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-type", default=None,
                         help="device preset (default a100-80gb; cpu for --backend local without CUDA)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
+    add_link_arguments(parser)
     parser.add_argument("--backend", choices=["sim", "local", "ray"], default=None,
                         help="sim: cost model; local: real trials on this machine's ranks; ray: real trials "
                              "placed by Ray (default: local if this machine has --gpus CUDA devices, else sim)")
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{_cuda_devices()}; use --gpu-type cpu, fewer --gpus, or --backend sim")
     per_node = args.gpus_per_node or (args.gpus if gpu_type == "cpu" else 8)
     model = resolve_model(args.model, **shape_overrides(args))
-    cluster = ClusterSpec(gpus=args.gpus, gpu_type=gpu_type, gpus_per_node=per_node)
+    cluster = ClusterSpec(gpus=args.gpus, gpu_type=gpu_type, gpus_per_node=per_node).with_links(link_args(args))
     from search_spaces import load_space, space_for
 
     pins = knob_values(args, "tune")

@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from autoslapo.cluster import ClusterSpec
+from autoslapo.cluster import ClusterSpec, link_overrides
 from autoslapo.config import KNOB
 from autoslapo.cost.answer import calibrated_ranking, estimate_document
 from autoslapo.errors import UsageError
@@ -40,7 +40,8 @@ SIGNATURE = re.compile(r"[0-9a-f]{16}")  # ModelSpec.signature()
 ESTIMATE_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, dict), "gpus": (int,), "gpu_type": (str,),
                                                 "gpus_per_node": (int,), "global_batch": (int,),
                                                 "knobs": (dict,), "shape": (dict,), "cluster_from": (str,),
-                                                "allow_cross_node_tp": (bool,), "top": (int,)}
+                                                "allow_cross_node_tp": (bool,), "top": (int,),
+                                                "intra_node_gbps": (int, float), "inter_node_gbps": (int, float)}
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class EstimateRequest:
     cluster_from: str | None = None
     allow_cross_node_tp: bool = False
     top: int = 1
+    intra_node_gbps: float | None = None  # None: the device preset's links (``autoslapo.cluster.LINKS``)
+    inter_node_gbps: float | None = None
 
     @classmethod
     def from_json(cls, doc: Any, *, allow_module_files: bool = False,
@@ -107,18 +110,22 @@ class EstimateRequest:
         if self.gpus is None:
             raise UsageError("field 'gpus' is required unless 'cluster_from' names a study")
         return ClusterSpec.described(self.gpus, self.gpu_type, self.gpus_per_node,
-                                     allow_cross_node_tp=self.allow_cross_node_tp)
+                                     allow_cross_node_tp=self.allow_cross_node_tp, links=self._links())
+
+    def _links(self) -> dict[str, float]:
+        return link_overrides({"intra_node_gbps": self.intra_node_gbps, "inter_node_gbps": self.inter_node_gbps},
+                              lambda key: key)
 
     def study_cluster(self, store: Store) -> tuple[ClusterSpec, dict[str, Any] | None]:
         """``cluster_from``'s cluster and its stored calibration (None when it has none yet).
 
         Raises: UsageError when the study is missing, or when ``gpus``/``gpu_type``/``gpus_per_node``/
-        ``allow_cross_node_tp`` are given and differ from the study's."""
+        ``allow_cross_node_tp`` or a link's bandwidth are given and differ from the study's."""
         if not store.has_study(str(self.cluster_from)):
             raise UsageError(f"cluster_from: no study named {self.cluster_from!r} in this server's store; "
                              "GET /v1/studies lists them")
         given = {"gpus": self.gpus, "gpu_type": self.gpu_type, "gpus_per_node": self.gpus_per_node,
-                 "allow_cross_node_tp": self.allow_cross_node_tp or None}
+                 "allow_cross_node_tp": self.allow_cross_node_tp or None, **self._links()}
         return study_cluster(store, str(self.cluster_from), given, lambda key: key)
 
     def answer(self, spec: ModelSpec, store: Store) -> dict[str, Any]:
@@ -178,7 +185,7 @@ def estimate_router(store: Store, caller: Callable[[Request, str], Any], *, allo
     @router.post("/v1/estimate")
     async def estimate_of(request: Request) -> dict[str, Any]:
         """Body ``{model, gpus, gpu_type, gpus_per_node, global_batch, knobs, shape, cluster_from,
-        allow_cross_node_tp, top}``; ``model`` as in ``POST /v1/studies``."""
+        allow_cross_node_tp, top, intra_node_gbps, inter_node_gbps}``; ``model`` as in ``POST /v1/studies``."""
         await run_in_threadpool(caller, request, "read")
         doc = await read_json(request, max_body_bytes)
         if allow_module_files and isinstance(doc, dict) and is_module_file(doc.get("model")):

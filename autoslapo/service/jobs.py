@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from autoslapo.cluster import ClusterSpec
+from autoslapo.cluster import ClusterSpec, link_overrides
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
@@ -44,6 +44,8 @@ class StudyRequest:
     gpus: int
     gpu_type: str = "a100-80gb"
     gpus_per_node: int | None = None
+    intra_node_gbps: float | None = None  # None: the device preset's links (``autoslapo.cluster.LINKS``)
+    inter_node_gbps: float | None = None
     backend: str = "sim"
     trials: int = 100
     sampler: str | None = None  # None: a sim study scores every configuration, real trials use tpe
@@ -74,7 +76,8 @@ class StudyRequest:
                 raise UsageError(f"field {key!r} is required: e.g. {{\"model\": \"bert\", \"gpus\": 8}}")
         kinds: dict[str, tuple[type, ...]] = {
             "model": (str, dict), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
-            "gpus": (int,), "gpus_per_node": (int,), "trials": (int,), "seed": (int,), "global_batch": (int,),
+            "gpus": (int,), "gpus_per_node": (int,), "intra_node_gbps": (int, float), "inter_node_gbps": (int, float),
+            "trials": (int,), "seed": (int,), "global_batch": (int,),
             "patience": (int,), "timeout_s": (int, float), "baselines": (bool,), "space": (dict, str),
             "resume": (bool,), "join": (bool,),
         }
@@ -125,8 +128,10 @@ class StudyRequest:
         return model_spec_of(self.model)
 
     def cluster_spec(self) -> ClusterSpec:
-        """The described cluster (8 devices a node unless ``gpus_per_node``)."""
-        return ClusterSpec(gpus=self.gpus, gpu_type=self.gpu_type, gpus_per_node=self.gpus_per_node or 8)
+        """The described cluster (8 devices a node unless ``gpus_per_node``; the preset's links unless given)."""
+        links = link_overrides({"intra_node_gbps": self.intra_node_gbps, "inter_node_gbps": self.inter_node_gbps},
+                               lambda key: key)
+        return ClusterSpec(gpus=self.gpus, gpu_type=self.gpu_type, gpus_per_node=self.gpus_per_node or 8).with_links(links)
 
     def default_name(self) -> str:
         """``<model>-<gpus>x<gpu-type>-<backend>``, the name ``autoslapo tune`` would give."""

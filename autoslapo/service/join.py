@@ -66,7 +66,7 @@ def plan_join(store: Store, name: str, request: StudyRequest, who: Caller) -> Jo
         shown = f"{model_label(queued.model)} on {queued.gpus}x {queued.gpu_type}"
     if found != wanted:
         raise JoinRefused(400, f"join needs the study's model and cluster: {name!r} tunes {shown}; "
-                               "send the same model, gpus, gpu_type and gpus_per_node, or another name")
+                               "send the same model, gpus, gpu_type, gpus_per_node and links, or another name")
     launched = sum(1 for t in store.trials(name) if t.status in LAUNCHED) if rec is not None else 0
     if job is not None and not job.finished:
         budget = int(job.request.get("trials") or request.trials)

@@ -229,3 +229,23 @@ def test_a_pinned_checkpoint_ratio_alone_means_whole_layers(capsys: pytest.Captu
     both = space_for("llama").pin({"ckpt_ratio": 1.0, "ckpt_granularity": "selective"})
     assert both.fixed["ckpt_granularity"] == "selective"
     assert "ckpt_granularity" not in space_for("llama").pin({"tp": 2}).fixed  # searched while the ratio is
+
+
+def test_a_described_network_slows_what_crosses_nodes(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    across = ["estimate", "gpt2-xl", "--gpus", "64", "--tp", "1", "--pp", "1", "--zero-stage", "0", "--json"]
+    within = ["estimate", "gpt2-xl", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero-stage", "0", "--json"]
+    dgx, slow = _json(capsys, across), _json(capsys, [*across, "--inter-node-gbps", "6.25"])
+    assert slow["cluster"]["inter_node_gbps"] == 6.25 and dgx["cluster"]["inter_node_gbps"] == 25.0
+    assert slow["time"]["dp_comm"] > 3 * dgx["time"]["dp_comm"] and slow["samples_per_s"] < dgx["samples_per_s"]
+    one_node = _json(capsys, within)
+    assert _json(capsys, [*within, "--inter-node-gbps", "6.25"])["samples_per_s"] == one_node["samples_per_s"]
+    pcie = _json(capsys, [*within, "--intra-node-gbps", "32"])  # PCIe 4.0 x16 between the devices
+    assert pcie["samples_per_s"] < one_node["samples_per_s"]
+    assert main([*across[:-1], "--inter-node-gbps", "6.25"]) == 0
+    assert "on 64 x a100-80gb with links inter-node 6.25 GB/s a device" in capsys.readouterr().out
+    assert main([*across, "--inter-node-gbps", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--inter-node-gbps is GB/s a device" in err[0] and "got 0.0" in err[0]

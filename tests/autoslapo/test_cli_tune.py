@@ -147,3 +147,22 @@ def test_a_local_study_prints_speedups_with_intervals_and_best_carries_them(tmp_
     assert len(doc["repeats_samples_per_s"]) == 4
     assert doc["samples_per_s"] == pytest.approx(statistics.median(doc["repeats_samples_per_s"]))
     assert doc["speedup_ci95"] and all(c["low"] <= c["speedup"] <= c["high"] for c in doc["speedup_ci95"].values())
+
+
+def test_a_study_on_a_described_network_keeps_its_links(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from store import open_store
+
+    url = f"sqlite:///{tmp_path / 'links.db'}"
+    assert main(["tune", "gpt2-xl", "--gpus", "64", "--trials", "5", "--inter-node-gbps", "6.25", "--storage", url,
+                 "--study", "slow", "--no-baselines"]) == 0
+    assert main(["tune", "gpt2-xl", "--gpus", "64", "--trials", "5", "--storage", url, "--study", "dgx",
+                 "--no-baselines"]) == 0
+    capsys.readouterr()
+    with open_store(url) as store:
+        slow, dgx = store.get_study("slow"), store.get_study("dgx")
+        assert slow.cluster["inter_node_gbps"] == 6.25 and dgx.cluster["inter_node_gbps"] == 25.0
+        assert slow.cluster_fingerprint != dgx.cluster_fingerprint
+        best = {name: max(t.samples_per_s or 0 for t in store.trials(name)) for name in ("slow", "dgx")}
+    assert best["slow"] < best["dgx"]
+    assert main(["tune", "gpt2-xl", "--gpus", "64", "--inter-node-gbps", "-2", "--storage", url]) == 2
+    assert "--inter-node-gbps is GB/s a device" in capsys.readouterr().err

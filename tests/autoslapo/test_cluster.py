@@ -23,3 +23,25 @@ def test_the_largest_allowed_cluster_is_accepted() -> None:
 def test_absurd_counts_are_refused(gpus: int, per_node: int, match: str) -> None:
     with pytest.raises(UsageError, match=match):
         ClusterSpec(gpus=gpus, gpus_per_node=per_node)
+
+
+def test_a_clusters_links_may_be_described_and_enter_its_fingerprint() -> None:
+    from autoslapo.cluster import link_overrides
+
+    preset = ClusterSpec(gpus=64)
+    slow = ClusterSpec.described(64, links=link_overrides({"inter_node_gbps": 6.25}, lambda k: k))
+    assert (slow.inter_node_gbps, slow.intra_node_gbps) == (6.25, preset.intra_node_gbps)
+    assert slow.fingerprint() != preset.fingerprint()
+    assert ClusterSpec(gpus=64, inter_node_gbps=25.0).fingerprint() == preset.fingerprint()  # the preset's own value
+    assert link_overrides({"inter_node_gbps": None, "intra_node_gbps": 64}, lambda k: k) == {"intra_node_gbps": 64.0}
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), 1e5, True, "6.25"])
+def test_a_bad_link_bandwidth_names_the_rule_the_value_and_a_fix(value: object) -> None:
+    from autoslapo.cluster import link_overrides
+
+    with pytest.raises(UsageError) as err:
+        link_overrides({"inter_node_gbps": value}, lambda k: "--" + k.replace("_", "-"))
+    text = str(err.value)
+    assert text.startswith("--inter-node-gbps is GB/s a device") and "above 0 and at most 10,000" in text
+    assert f"got {value!r}" in text and "e.g. 6.25" in text and "\n" not in text

@@ -184,3 +184,43 @@ def test_top_lists_the_fastest_schedules_by_get_and_post(client: TestClient, tok
     top = posted.json()["top"]
     assert [r["rank"] for r in top] == [1, 2, 3, 4] and top[0]["config"] == posted.json()["config"]
     assert top[0]["samples_per_s"] >= top[-1]["samples_per_s"] and top[0]["schedule"].startswith("tp=")
+
+
+def test_a_described_network_is_estimated_as_the_cli_does(client: TestClient, tokens: dict[str, str],
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from autoslapo.cli import main
+
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent-autoslapo-home")
+    argv = ["estimate", "gpt2-xl", "--gpus", "64", "--inter-node-gbps", "6.25", "--intra-node-gbps", "150", "--json"]
+    assert main(argv) == 0
+    local = json.loads(capsys.readouterr().out)
+    _routed_to(client, monkeypatch)
+    monkeypatch.setenv("AUTOSLAPO_TOKEN", tokens["read"])
+    assert main([*argv, "--server", "http://autoslapo.test"]) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert remote == local and remote["cluster"]["inter_node_gbps"] == 6.25
+    bad = client.post("/v1/estimate", json={"model": "bert", "gpus": 8, "inter_node_gbps": -1},
+                      headers=bearer(tokens["read"]))
+    assert bad.status_code == 400 and "inter_node_gbps is GB/s a device" in bad.json()["error"]
+    request = StudyRequest.from_json({"model": "bert", "gpus": 64, "inter_node_gbps": 6.25})
+    assert request.cluster_spec().inter_node_gbps == 6.25
+    assert request.cluster_spec().fingerprint() != StudyRequest.from_json({"model": "bert", "gpus": 64}).cluster_spec().fingerprint()
+    with pytest.raises(Exception, match="inter_node_gbps is GB/s a device"):
+        StudyRequest.from_json({"model": "bert", "gpus": 64, "inter_node_gbps": 0})
+
+
+def test_remote_tune_sends_the_described_network(client: TestClient, tokens: dict[str, str], worker: object,
+                                                 service_store: Store, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from autoslapo.cli import main
+
+    _routed_to(client, monkeypatch)
+    monkeypatch.setenv("AUTOSLAPO_TOKEN", tokens["submit"])
+    assert main(["tune", "bert", "--gpus", "64", "--trials", "3", "--sampler", "tpe", "--no-baselines",
+                 "--inter-node-gbps", "6.25", "--study", "net", "--server", "http://autoslapo.test"]) == 0, \
+        capsys.readouterr().err
+    job = service_store.jobs.get("net")
+    assert job is not None and job.request["inter_node_gbps"] == 6.25
+    assert service_store.get_study("net").cluster["inter_node_gbps"] == 6.25
