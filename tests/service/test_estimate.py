@@ -87,6 +87,21 @@ def _routed_to(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(httpx, "request", request)
 
 
+def _here_and_remote(argv: list[str], client: TestClient, token: str, monkeypatch: pytest.MonkeyPatch,
+                     capsys: pytest.CaptureFixture[str]) -> tuple[dict, dict]:
+    """``argv`` (an ``estimate ... --json``) run here, then with ``--server`` against ``client``'s app."""
+    from autoslapo.cli import main
+
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent-autoslapo-home")  # no default profile here
+    assert main(argv) == 0
+    local = json.loads(capsys.readouterr().out)
+    _routed_to(client, monkeypatch)
+    monkeypatch.setenv("AUTOSLAPO_TOKEN", token)
+    assert main([*argv, "--server", "http://autoslapo.test"]) == 0
+    return local, json.loads(capsys.readouterr().out)
+
+
 PINNED = ["--tp", "2", "--zero-stage", "1", "--ckpt-granularity", "selective", "--loss-kernel", "chunked",
           "--sequence-parallel", "on", "--global-batch", "64"]
 
@@ -97,16 +112,9 @@ def test_estimate_server_answers_what_a_local_estimate_prints(client: TestClient
                                                               capsys: pytest.CaptureFixture[str], model: str) -> None:
     from autoslapo.cli import main
 
-    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
-    monkeypatch.setenv("HOME", "/nonexistent-autoslapo-home")  # no default profile here
     argv = ["estimate", model, "--gpus", "8", "--gpu-type", "h100-80gb", "--layers", "4", "--seq-len", "128",
             *PINNED, "--top", "3", "--json"]
-    assert main(argv) == 0
-    local = json.loads(capsys.readouterr().out)
-    _routed_to(client, monkeypatch)
-    monkeypatch.setenv("AUTOSLAPO_TOKEN", tokens["read"])
-    assert main([*argv, "--server", "http://autoslapo.test"]) == 0
-    remote = json.loads(capsys.readouterr().out)
+    local, remote = _here_and_remote(argv, client, tokens["read"], monkeypatch, capsys)
     assert remote == local
     c = remote["config"]
     assert (c["tp"], c["zero_stage"], c["ckpt_granularity"], c["loss_kernel"], c["sequence_parallel"]) == (
@@ -189,17 +197,8 @@ def test_top_lists_the_fastest_schedules_by_get_and_post(client: TestClient, tok
 def test_a_described_network_is_estimated_as_the_cli_does(client: TestClient, tokens: dict[str, str],
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from autoslapo.cli import main
-
-    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
-    monkeypatch.setenv("HOME", "/nonexistent-autoslapo-home")
     argv = ["estimate", "gpt2-xl", "--gpus", "64", "--inter-node-gbps", "6.25", "--intra-node-gbps", "150", "--json"]
-    assert main(argv) == 0
-    local = json.loads(capsys.readouterr().out)
-    _routed_to(client, monkeypatch)
-    monkeypatch.setenv("AUTOSLAPO_TOKEN", tokens["read"])
-    assert main([*argv, "--server", "http://autoslapo.test"]) == 0
-    remote = json.loads(capsys.readouterr().out)
+    local, remote = _here_and_remote(argv, client, tokens["read"], monkeypatch, capsys)
     assert remote == local and remote["cluster"]["inter_node_gbps"] == 6.25
     bad = client.post("/v1/estimate", json={"model": "bert", "gpus": 8, "inter_node_gbps": -1},
                       headers=bearer(tokens["read"]))
