@@ -13,10 +13,12 @@ what trains is what was measured.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cluster import link_overrides
 from autoslapo.errors import UsageError
 from autoslapo.storage import require_store
 
@@ -58,12 +60,14 @@ def best_trial(
     measured_only: bool = False,
     min_headroom_bytes: int | None = None,
     min_headroom_fraction: float | None = None,
+    links: Mapping[str, float] | None = None,
 ) -> TrialRecord:
     """The best recorded complete trial for ``model`` on ``gpus`` devices (of ``gpu_type``, or any).
 
     Takes: a preset name (``"bert"``, matched by the preset's shape) or a ``ModelSpec``; the filters
-    of ``Store.best``; ``storage`` a URL (default $AUTOSLAPO_STORAGE, else ``sqlite:///autoslapo.db``)
-    or an open ``Store``.
+    of ``Store.best`` (``links``: only studies of a cluster with those link bandwidths, e.g.
+    ``{"inter_node_gbps": 6.25}``); ``storage`` a URL (default $AUTOSLAPO_STORAGE, else
+    ``sqlite:///autoslapo.db``) or an open ``Store``.
     Returns: the trial record (``.config``, ``.samples_per_s``, ``.study``, ``.measured`` ...).
     Raises: UsageError when nothing matches (saying which filters to relax or what to tune),
     StorageError for a bad or missing store.
@@ -71,18 +75,20 @@ def best_trial(
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise UsageError(f"gpus must be a positive integer: got {gpus!r}")
     key, label = _model_key(model)
+    links = link_overrides(links or {}, lambda k: k)
     store, owned = _store(storage)
     try:
         found = store.best_trials(key, gpus, gpu_type, metric=metric, measured_only=measured_only,
-                           min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction)
+                           min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction,
+                           links=links)
         if found:
             return found[0]
-        any_found = store.best_trials(key, gpus, gpu_type, metric=metric)
+        any_found = store.best_trials(key, gpus, gpu_type, metric=metric, links=links)
         where = store.url
     finally:
         if owned:
             store.close()
-    cluster = f"{gpus} x {gpu_type or 'any device'}"
+    cluster = f"{gpus} x {gpu_type or 'any device'}" + "".join(f" with {k} {v:g}" for k, v in links.items())
     if any_found:
         raise UsageError(
             f"no recorded schedule for {label} on {cluster} passes the filters (measured_only="
@@ -106,6 +112,7 @@ def best(
     min_headroom_bytes: int | None = None,
     min_headroom_fraction: float | None = None,
     server: str | None = None,
+    links: Mapping[str, float] | None = None,
 ) -> ScheduleConfig:
     """The best recorded schedule for ``model`` on ``gpus`` devices, as a ``ScheduleConfig``.
 
@@ -115,28 +122,28 @@ def best(
     """
     if server is not None:
         return _remote_best(model, gpus=gpus, gpu_type=gpu_type, metric=metric, measured_only=measured_only,
-                            server=server)
+                            server=server, links=links)
     trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, metric=metric,
                        measured_only=measured_only, min_headroom_bytes=min_headroom_bytes,
-                       min_headroom_fraction=min_headroom_fraction)
+                       min_headroom_fraction=min_headroom_fraction, links=links)
     return _config(trial)
 
 
 def _remote_best(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str, measured_only: bool,
-                 server: str) -> ScheduleConfig:
+                 server: str, links: Mapping[str, float] | None = None) -> ScheduleConfig:
     return _config(_remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric=metric,
-                                      measured_only=measured_only, server=server))
+                                      measured_only=measured_only, server=server, links=links))
 
 
 def _remote_best_trial(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str,
-                       measured_only: bool, server: str) -> TrialRecord:
+                       measured_only: bool, server: str, links: Mapping[str, float] | None = None) -> TrialRecord:
     """The best trial as the server at ``server`` answers ``GET /v1/best`` (what it sends of the record)."""
     from autoslapo.config import config_hash
     from autoslapo.remote import Client, model_query
     from store import TrialRecord
 
     doc = Client(server).get("/v1/best", model=model_query(model), gpus=gpus, gpu_type=gpu_type, metric=metric,
-                             measured_only=measured_only or None)
+                             measured_only=measured_only or None, **link_overrides(links or {}, lambda k: k))
     config = dict(doc["config"])
     return TrialRecord(study=str(doc["study"]), number=int(doc["trial"]), config=config,
                        config_hash=config_hash(config), status=str(doc["status"]),

@@ -6,10 +6,10 @@ one read transaction. ``study`` is the study's name (records carry it), ``study_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, literal, or_, select
 from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
@@ -55,6 +55,7 @@ def best_trials(
     min_headroom_bytes: int | None,
     min_headroom_fraction: float | None,
     limit: int,
+    links: Mapping[str, float] | None = None,
 ) -> list[TrialRecord]:
     """``Store.best``: the best complete trials across matching studies, best first.
 
@@ -66,7 +67,9 @@ def best_trials(
     if min_headroom_fraction is not None and not 0 <= min_headroom_fraction < 1:
         raise StorageError(f"min_headroom_fraction must be in [0, 1): got {min_headroom_fraction}")
     value = getattr(TrialRow, metric)
-    studies = select(StudyRow.id, StudyRow.name, StudyRow.gpu_memory_bytes).where(
+    # the cluster's JSON is read only when links are asked for (the hot path reads three columns)
+    cluster_column = StudyRow.cluster if links else literal(None)
+    studies = select(StudyRow.id, StudyRow.name, StudyRow.gpu_memory_bytes, cluster_column).where(
         or_(StudyRow.model_signature == model, StudyRow.model_name == model), StudyRow.gpus == int(gpus)
     )
     if gpu_type is not None:
@@ -77,9 +80,11 @@ def best_trials(
         # One small indexed top-k query per matching study, merged here: each walks the
         # (study_id, status, metric) index from the top instead of sorting every trial.
         found: list[tuple[float, int, int, TrialRecord]] = []
-        for study_id, name, memory in session.execute(studies.order_by(StudyRow.id)):
+        for study_id, name, memory, cluster in session.execute(studies.order_by(StudyRow.id)):
             if headroom and memory is None:
                 continue  # unknown device memory: no headroom can be shown
+            if links and any(float((cluster or {}).get(k) or 0.0) != float(v) for k, v in links.items()):
+                continue  # a cluster with other links (another network)
             top = TRIALS.where(
                 TrialRow.study_id == study_id, TrialRow.status == "complete", value.is_not(None)
             )

@@ -6,7 +6,7 @@ dropped-connection errors) and returns frozen records, never ORM objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -418,13 +418,16 @@ class Store:
         min_headroom_bytes: int | None = None,
         min_headroom_fraction: float | None = None,
         limit: int = 1,
+        links: Mapping[str, float] | None = None,
     ) -> list[TrialRecord]:
         """The best complete trials for a model on ``gpus`` devices, across studies, best first.
 
         ``model`` matches a study's model signature or its model name (preset); ``gpu_type``
         None matches any device type. ``measured_only`` drops estimates. A headroom filter keeps
         trials whose peak memory leaves at least that many bytes (or that fraction) of the
-        device's memory free, and drops trials with unknown memory. Empty list when none match.
+        device's memory free, and drops trials with unknown memory. ``links`` (e.g.
+        ``{"inter_node_gbps": 6.25}``) keeps studies whose cluster has those link bandwidths.
+        Empty list when none match.
         """
         return _queries.best_trials(
             self._tx,
@@ -436,6 +439,7 @@ class Store:
             min_headroom_bytes=min_headroom_bytes,
             min_headroom_fraction=min_headroom_fraction,
             limit=limit,
+            links=links,
         )
 
     def history(self, study: str, *, metric: str | None = None) -> list[HistoryPoint]:

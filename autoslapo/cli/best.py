@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from autoslapo.cli._links import add_link_arguments, link_args
+from autoslapo.cli._links import flag as _flag
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import AutoslapoError, UsageError
 
@@ -16,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices")
     parser.add_argument("--gpu-type", default=None, help="device preset (default: any)")
+    add_link_arguments(parser)
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
     parser.add_argument("--metric", default="samples_per_s",
                         choices=["samples_per_s", "tokens_per_s", "tflops_per_device", "hw_tflops_per_device"])
@@ -77,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
         if args.gpu_type not in DEVICES:
             raise UsageError(f"--gpu-type must be one of {', '.join(DEVICES)}: got {args.gpu_type!r}")
+    links = link_args(args)  # (None: a study of any links)
     if args.server:
         return _remote(args)
     model = resolve_model(args.model, **shape_overrides(args))
@@ -84,12 +88,13 @@ def run(args: argparse.Namespace) -> int:
     headroom_bytes, headroom_fraction = parse_headroom(args.headroom)
     found = store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric,
                        measured_only=args.measured, min_headroom_bytes=headroom_bytes,
-                       min_headroom_fraction=headroom_fraction)
+                       min_headroom_fraction=headroom_fraction, links=links)
     if not found:
         where = f"{args.gpus}x {args.gpu_type}" if args.gpu_type else f"{args.gpus} devices"
+        given = "".join(f" {_flag(k)} {v:g}" for k, v in links.items())
         raise AutoslapoError(
-            f"no complete trial of {model.preset} on {where} in {store.url}; "
-            f"run `autoslapo tune {args.model} --gpus {args.gpus}` first"
+            f"no complete trial of {model.preset} on {where}{' with' + given if given else ''} in {store.url}; "
+            f"run `autoslapo tune {args.model} --gpus {args.gpus}{given}` first"
         )
     t = found[0]
     study = store.get_study(t.study)
@@ -123,7 +128,7 @@ def _remote(args: argparse.Namespace) -> int:
         raise UsageError("--server asks the service by preset, config.json or model file: --headroom, --storage and "
                          "shape flags are not sent; drop them or ask the store directly")
     doc = Client(args.server).get("/v1/best", model=model_query(args.model), gpus=args.gpus, gpu_type=args.gpu_type,
-                                  metric=args.metric, measured_only=args.measured or None)
+                                  metric=args.metric, measured_only=args.measured or None, **link_args(args))
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0

@@ -292,13 +292,15 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
 
     @app.get("/v1/best")
     async def best(request: Request, model: str, gpus: int, gpu_type: str | None = None,
-                   metric: str = "samples_per_s", measured_only: bool = False) -> Response:
+                   metric: str = "samples_per_s", measured_only: bool = False,
+                   intra_node_gbps: float | None = None, inter_node_gbps: float | None = None) -> Response:
         await caller_on_loop(request, "read")
+        links = {"intra_node_gbps": intra_node_gbps, "inter_node_gbps": inter_node_gbps}
 
         def answer() -> bytes:
             try:
                 t = api.best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=store, metric=metric,
-                                   measured_only=measured_only)
+                                   measured_only=measured_only, links={k: v for k, v in links.items() if v is not None})
             except UsageError as err:
                 raise ApiError(404 if "no recorded schedule" in str(err) else 400, one_line(err)) from None
             study = store.get_study(t.study)
@@ -306,7 +308,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                                 "study": t.study, "trial": t.number, "backend": study.backend, **trial_view(t),
                                 "apply_best": apply_snippet(study.model_name, study.gpus, study.gpu_type)})
 
-        body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only), answer)
+        body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only, intra_node_gbps,
+                                  inter_node_gbps), answer)
         return Response(body, media_type="application/json")
 
     app.include_router(estimate_router(store, caller, allow_module_files=cfg.allow_module_files,

@@ -12,6 +12,7 @@ import pytest
 
 from autoslapo.cli import main
 from autoslapo.cluster import ClusterSpec
+from autoslapo.errors import UsageError
 from autoslapo.models.spec import ModelSpec
 from search_spaces import load_space
 
@@ -166,3 +167,16 @@ def test_a_study_on_a_described_network_keeps_its_links(tmp_path: Path, capsys: 
     assert best["slow"] < best["dgx"]
     assert main(["tune", "gpt2-xl", "--gpus", "64", "--inter-node-gbps", "-2", "--storage", url]) == 2
     assert "--inter-node-gbps is GB/s a device" in capsys.readouterr().err
+    # best: any network unless links are given, then only studies of a cluster with those links
+    for extra, study in (([], "dgx"), (["--inter-node-gbps", "6.25"], "slow"), (["--inter-node-gbps", "25"], "dgx")):
+        assert main(["best", "gpt2-xl", "--gpus", "64", "--storage", url, "--json", *extra]) == 0
+        assert json.loads(capsys.readouterr().out)["study"] == study
+    assert main(["best", "gpt2-xl", "--gpus", "64", "--storage", url, "--inter-node-gbps", "12.5"]) == 1
+    err = capsys.readouterr().err
+    assert "on 64 devices with --inter-node-gbps 12.5" in err
+    assert "run `autoslapo tune gpt2-xl --gpus 64 --inter-node-gbps 12.5` first" in err
+    from autoslapo import api
+
+    assert api.best_trial("gpt2-xl", gpus=64, storage=url, links={"inter_node_gbps": 6.25}).study == "slow"
+    with pytest.raises(UsageError, match=r"with inter_node_gbps 12\.5"):
+        api.best_trial("gpt2-xl", gpus=64, storage=url, links={"inter_node_gbps": 12.5})

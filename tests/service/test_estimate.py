@@ -223,3 +223,26 @@ def test_remote_tune_sends_the_described_network(client: TestClient, tokens: dic
     job = service_store.jobs.get("net")
     assert job is not None and job.request["inter_node_gbps"] == 6.25
     assert service_store.get_study("net").cluster["inter_node_gbps"] == 6.25
+
+
+def test_best_over_http_keeps_to_a_described_network(client: TestClient, tokens: dict[str, str],
+                                                     service_store: Store, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from autoslapo.cli import main
+
+    for name, links in (("dgx", {}), ("slow", {"inter_node_gbps": 6.25})):
+        request = StudyRequest.from_json({"model": "gpt2-xl", "gpus": 64, "trials": 3, "baselines": False, **links})
+        tune(request.to_options(name=name), service_store)
+    read = bearer(tokens["read"])
+    query = {"model": "gpt2-xl", "gpus": 64}
+    assert client.get("/v1/best", params=query, headers=read).json()["study"] == "dgx"
+    assert client.get("/v1/best", params={**query, "inter_node_gbps": 6.25}, headers=read).json()["study"] == "slow"
+    none = client.get("/v1/best", params={**query, "inter_node_gbps": 12.5}, headers=read)
+    assert none.status_code == 404 and "with inter_node_gbps 12.5" in none.json()["error"]
+    bad = client.get("/v1/best", params={**query, "intra_node_gbps": -3}, headers=read)
+    assert bad.status_code == 400 and "intra_node_gbps is GB/s a device" in bad.json()["error"]
+    _routed_to(client, monkeypatch)
+    monkeypatch.setenv("AUTOSLAPO_TOKEN", tokens["read"])
+    assert main(["best", "gpt2-xl", "--gpus", "64", "--inter-node-gbps", "6.25", "--json",
+                 "--server", "http://autoslapo.test"]) == 0
+    assert json.loads(capsys.readouterr().out)["study"] == "slow"
