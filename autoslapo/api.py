@@ -271,10 +271,11 @@ def apply_best(
     seed: int = 0,
     dropout: float | None = None,
     server: str | None = None,
+    links: Mapping[str, float] | None = None,
 ) -> TrainingJob:
     """Build ``model`` with its best recorded schedule on this rank of a launched distributed job.
 
-    Takes: a preset name or ``ModelSpec``; the look-up filters of ``best``; the learning rate,
+    Takes: a preset name or ``ModelSpec``; the look-up filters of ``best`` (``links`` too); the learning rate,
     the weight seed and dropout (None: the model's own). Call it on every rank of a job of
     ``gpus`` ranks (``torchrun --nproc-per-node``, ``autoslapo.dist.spawn``, a Slurm launch),
     after the default process group is initialized (nccl on GPUs, gloo on CPU).
@@ -289,10 +290,11 @@ def apply_best(
 
     if server is not None:
         trial = _remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric="samples_per_s",
-                                   measured_only=measured_only, server=server)
+                                   measured_only=measured_only, server=server, links=links)
     else:
         trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, measured_only=measured_only,
-                           min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction)
+                           min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction,
+                           links=links)
     spec = _spec(model)
     config = _config(trial)
     if not dist.is_initialized():

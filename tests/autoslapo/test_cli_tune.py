@@ -180,3 +180,5 @@ def test_a_study_on_a_described_network_keeps_its_links(tmp_path: Path, capsys: 
     assert api.best_trial("gpt2-xl", gpus=64, storage=url, links={"inter_node_gbps": 6.25}).study == "slow"
     with pytest.raises(UsageError, match=r"with inter_node_gbps 12\.5"):
         api.best_trial("gpt2-xl", gpus=64, storage=url, links={"inter_node_gbps": 12.5})
+    with pytest.raises(UsageError, match=r"with inter_node_gbps 12\.5"):  # looked up before any rank is needed
+        api.apply_best("gpt2-xl", gpus=64, storage=url, links={"inter_node_gbps": 12.5})
