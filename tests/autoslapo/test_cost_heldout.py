@@ -1,5 +1,6 @@
-"""Tests of the held-out checks (``autoslapo.cost.heldout``): published Llama 3 405B runs on H100 and
-Megatron-LM GPT runs on A100 (Korthikanti et al. 2022), never fitted, estimated with their pinned schedule."""
+"""Tests of the held-out checks (``autoslapo.cost.heldout``): published Llama 3 405B runs on H100,
+Megatron-LM GPT runs on A100 (Korthikanti et al. 2022) and on V100 (Megatron-LM 1.0, NVIDIA ADLR 2020),
+never fitted, estimated with their pinned schedule."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import pytest
 from autoslapo.cluster import ClusterSpec
 from autoslapo.cost import estimate
 from autoslapo.cost.device import PERF
-from autoslapo.cost.heldout import MEGATRON_DATA, HeldOutCheck, check_all, check_row, load_rows, row_model
+from autoslapo.cost.heldout import (
+    MEGATRON_DATA,
+    V100_DATA,
+    HeldOutCheck,
+    check_all,
+    check_row,
+    load_rows,
+    row_model,
+)
 from autoslapo.errors import ConfigError
 
 
@@ -112,3 +121,17 @@ def test_a_bad_pinned_column_is_refused_with_the_rule(pinned: str, match: str) -
     row = {**load_rows(MEGATRON_DATA)[0], "pinned": pinned}
     with pytest.raises(ConfigError, match=match):
         check_row(row)
+
+
+def test_the_v100_rows_are_the_named_sizes_and_land_within_fifteen_percent(all_checks: list[HeldOutCheck]) -> None:
+    rows = load_rows(V100_DATA)
+    assert [(r["model"], r["tp"], r["value"]) for r in rows] == [("gpt-1.2b", "1", "1.288"), ("gpt-4.2b", "4", "1.357")]
+    for r in rows:  # the shapes of Shoeybi et al. 2019, table 1, carry the sizes the post names
+        assert row_model(r).num_params() / 1e9 == pytest.approx(float(r["model"][4:-1]), abs=0.05)
+    v100 = [c for c in all_checks if c.row["source"] == "adlr2020_megatron_v1"]
+    assert len(v100) == 2
+    for c in v100:
+        cfg = c.estimate.config
+        assert not c.refused and (cfg.micro_batch, cfg.grad_accum, cfg.ckpt_ratio) == (8, 1, 1.0)
+        assert cfg.tp == int(c.row["tp"]) and cfg.compile_layers and not cfg.sequence_parallel
+        assert abs(c.error) < 0.15, (c.row["model"], c.error)
