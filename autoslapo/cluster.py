@@ -175,6 +175,16 @@ class ClusterSpec:
         return cls(gpus=gpus, gpu_type=gpu_type, gpus_per_node=per_node,
                    allow_cross_node_tp=allow_cross_node_tp).with_links(links or {})
 
+    def own_links(self) -> str:
+        """The links that are not the device preset's, for a person: "inter-node 6.25 GB/s" ("" if none)."""
+        return ", ".join(f"{key.split('_')[0]}-node {getattr(self, key):g} GB/s" for key in LINKS
+                         if getattr(self, key) != getattr(self.device, key))
+
+    def described_as(self) -> str:
+        """"64 x a100-80gb", with the links that are not the preset's: "64 x a100-80gb (inter-node 6.25 GB/s)"."""
+        own = self.own_links()
+        return f"{self.gpus} x {self.gpu_type}" + (f" ({own})" if own else "")
+
     def with_links(self, links: Mapping[str, float]) -> ClusterSpec:
         """The same cluster with the link bandwidths ``links`` gives (``link_overrides``); others kept."""
         return replace(self, intra_node_gbps=links.get("intra_node_gbps", self.intra_node_gbps),

@@ -250,10 +250,9 @@ class StudyRunner:
         if o.resume:
             rec = self.store.get_study(name)  # StorageError listing known studies if absent
             if (rec.model_signature, rec.cluster_fingerprint) != (sig, fp):
-                raise UsageError(
-                    f"--resume needs the same model and cluster as the study: {name!r} tuned {rec.model_name} "
-                    f"on {rec.gpus}x {rec.gpu_type}; pass the same MODEL, --gpus and --gpu-type"
-                )
+                raise UsageError(f"--resume needs the same model and cluster as the study: {name!r} tuned "
+                                 f"{rec.model_name} on {ClusterSpec.from_dict(rec.cluster).described_as()}; pass "
+                                 "the same MODEL, --gpus, --gpu-type, --gpus-per-node and link flags")
             return name
         if o.study is None and self.store.has_study(name):
             i = 2

@@ -141,15 +141,6 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
     return {**doc, "model": spec}
 
 
-def _links_shown(cluster: dict[str, Any]) -> str:
-    """" with links: ..." naming the link bandwidths that are not the device preset's ("" when none)."""
-    from autoslapo.cluster import DEVICES, LINKS
-
-    preset = DEVICES[cluster["gpu_type"]]
-    own = [f"{k.split('_')[0]}-node {cluster[k]:g} GB/s" for k in LINKS if cluster[k] != getattr(preset, k)]
-    return f" with links {', '.join(own)} a device" if own else ""
-
-
 def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     """Print an estimate's document (``autoslapo.cost.answer``): JSON, or a summary. Returns 0."""
     if args.json:
@@ -162,7 +153,9 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
         keys = [*overrides, *(["ffn"] if "hidden" in overrides else []), *(["kv_heads"] if "heads" in overrides else [])]
         shape = " with " + " ".join(f"{k}={model[k]}" for k in dict.fromkeys(keys))
     where = f" (profile {d['profile']})" if d.get("profile") else f" (server {args.server})" if args.server else ""
-    print(f"{model['preset']}{shape} on {cluster['gpus']} x {cluster['gpu_type']}{_links_shown(cluster)}{where}")
+    from autoslapo.cluster import ClusterSpec
+
+    print(f"{model['preset']}{shape} on {ClusterSpec.from_dict(cluster).described_as()}{where}")
     if args.cluster_from is not None:
         print(f"  calibration of {args.cluster_from}'s cluster: " + (
             ", ".join(f"{k} x{v:.2f}" for k, v in calibration["params"].items()) + f" ({calibration['n_trials']} trials)"

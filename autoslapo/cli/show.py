@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cli.best import measurement_noise
 from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, study_row
+from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
 from autoslapo.storage import require_store
 
@@ -112,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     fixed = {k: trials[0].config.get(k) for k in keys if len({json.dumps(t.config.get(k)) for t in trials}) == 1} \
         if trials else {}
     varying = [k for k in keys if k not in fixed]
-    print(f"study {study.name}: {study.model_name} on {study.gpus} x {study.gpu_type}, backend {study.backend}, "
+    print(f"study {study.name}: {study.model_name} on {ClusterSpec.from_dict(study.cluster).described_as()}, "
+          f"backend {study.backend}, "
           f"{summary['trials']} trials, status {study.status}")
     if fixed and len(trials) > 1:
         print("same in every trial shown: " + " ".join(f"{k}={_short(v)}" for k, v in fixed.items()))

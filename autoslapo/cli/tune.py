@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     out = sys.stdout
-    where = f"{model.preset} on {cluster.gpus}x {cluster.gpu_type}, backend {backend}"
+    where = f"{model.preset} on {cluster.described_as()}, backend {backend}"
     if outcome.sweep is not None:
         out.write(sweep_line(outcome.study, outcome.sweep, time.monotonic() - t0, where) + "\n")
     else:

@@ -245,7 +245,7 @@ def test_a_described_network_slows_what_crosses_nodes(capsys: pytest.CaptureFixt
     pcie = _json(capsys, [*within, "--intra-node-gbps", "32"])  # PCIe 4.0 x16 between the devices
     assert pcie["samples_per_s"] < one_node["samples_per_s"]
     assert main([*across[:-1], "--inter-node-gbps", "6.25"]) == 0
-    assert "on 64 x a100-80gb with links inter-node 6.25 GB/s a device" in capsys.readouterr().out
+    assert "on 64 x a100-80gb (inter-node 6.25 GB/s)" in capsys.readouterr().out
     assert main([*across, "--inter-node-gbps", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--inter-node-gbps is GB/s a device" in err[0] and "got 0.0" in err[0]

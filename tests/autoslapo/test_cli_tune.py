@@ -156,9 +156,14 @@ def test_a_study_on_a_described_network_keeps_its_links(tmp_path: Path, capsys: 
     url = f"sqlite:///{tmp_path / 'links.db'}"
     assert main(["tune", "gpt2-xl", "--gpus", "64", "--trials", "5", "--inter-node-gbps", "6.25", "--storage", url,
                  "--study", "slow", "--no-baselines"]) == 0
+    assert "(gpt2-xl on 64 x a100-80gb (inter-node 6.25 GB/s), backend sim)" in capsys.readouterr().out
     assert main(["tune", "gpt2-xl", "--gpus", "64", "--trials", "5", "--storage", url, "--study", "dgx",
                  "--no-baselines"]) == 0
-    capsys.readouterr()
+    assert "(gpt2-xl on 64 x a100-80gb, backend sim)" in capsys.readouterr().out
+    assert main(["show", "slow", "--storage", url]) == 0
+    assert "study slow: gpt2-xl on 64 x a100-80gb (inter-node 6.25 GB/s), backend sim" in capsys.readouterr().out
+    assert main(["tune", "gpt2-xl", "--gpus", "64", "--storage", url, "--study", "slow", "--resume"]) == 2
+    assert "tuned gpt2-xl on 64 x a100-80gb (inter-node 6.25 GB/s); pass the same" in capsys.readouterr().err
     with open_store(url) as store:
         slow, dgx = store.get_study("slow"), store.get_study("dgx")
         assert slow.cluster["inter_node_gbps"] == 6.25 and dgx.cluster["inter_node_gbps"] == 25.0
