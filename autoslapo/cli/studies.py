@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
 from autoslapo.storage import open_existing_store
 
@@ -64,6 +65,7 @@ def study_row(store: Store, study: StudyRecord) -> dict[str, Any]:
         "family": study.model_family,
         "gpus": study.gpus,
         "gpu_type": study.gpu_type,
+        "links": ClusterSpec.from_dict(study.cluster).own_links(),  # "" on the device preset's links
         "backend": study.backend,
         "objective": study.objective,
         "status": study.status,
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         [
             r["name"],
             r["model"],
-            f"{r['gpus']} x {r['gpu_type']}",
+            f"{r['gpus']} x {r['gpu_type']}" + (f" ({r['links']})" if r["links"] else ""),
             r["backend"],
             str(r["trials"]),
             fmt(r["best_samples_per_s"]) + ("" if r["best_measured"] is None else (" (M)" if r["best_measured"] else " (E)")),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
 from autoslapo.report.plots import KNOB_PREFIX, Baseline, GiB
 
@@ -73,7 +74,7 @@ def _summary(study: StudyRecord, frame: pd.DataFrame) -> dict[str, Any]:
     return {
         "model": study.model_name + (f" ({params / 1e6:,.0f}M parameters)" if params else ""),
         "family": study.model_family,
-        "cluster": f"{study.gpus} x {study.gpu_type} ({memory} each)",
+        "cluster": f"{ClusterSpec.from_dict(study.cluster).described_as()}, {memory} each",
         "backend": study.backend,
         "objective": study.objective,
         "search space": f"{study.space_name} v{study.space_version}",
@@ -111,7 +112,7 @@ def render_report(study: StudyRecord, frame: pd.DataFrame, out_dir: str | Path, 
     from autoslapo.report import plots
 
     out = _out_dir(out_dir)
-    label = f"{study.model_name} on {study.gpus} x {study.gpu_type}"
+    label = f"{study.model_name} on {ClusterSpec.from_dict(study.cluster).described_as()}"
     done = plots.complete(frame)
     best_row = done.loc[done["samples_per_s"].idxmax()] if not done.empty else None
     best_value = None if best_row is None else float(best_row["samples_per_s"])

@@ -162,6 +162,9 @@ def test_a_study_on_a_described_network_keeps_its_links(tmp_path: Path, capsys: 
     assert "(gpt2-xl on 64 x a100-80gb, backend sim)" in capsys.readouterr().out
     assert main(["show", "slow", "--storage", url]) == 0
     assert "study slow: gpt2-xl on 64 x a100-80gb (inter-node 6.25 GB/s), backend sim" in capsys.readouterr().out
+    assert main(["studies", "--storage", url]) == 0
+    listed = capsys.readouterr().out
+    assert "64 x a100-80gb (inter-node 6.25 GB/s)" in listed and "64 x a100-80gb  " in listed
     assert main(["tune", "gpt2-xl", "--gpus", "64", "--storage", url, "--study", "slow", "--resume"]) == 2
     assert "tuned gpt2-xl on 64 x a100-80gb (inter-node 6.25 GB/s); pass the same" in capsys.readouterr().err
     with open_store(url) as store:
