@@ -77,12 +77,14 @@ def _options(values: list[str], chosen: str) -> str:
 
 
 def submit_form() -> str:
-    """The form for a new study (model, cluster, backend, budget, name), posted by ``SUBMIT_SCRIPT``."""
+    """The form for a new study (model, cluster and its network, backend, budget, name), posted by ``SUBMIT_SCRIPT``."""
     gpu_types = [name for name in DEVICES if name != "cpu"]
     return ("<h2>Submit a study</h2><form id=submit>"
             f"<label>model <select name=model>{_options(list_presets(), 'bert-large')}</select></label>"
             "<label>gpus <input name=gpus type=number min=1 value=8 required></label>"
             f"<label>gpu type <select name=gpu_type>{_options(gpu_types, 'a100-80gb')}</select></label>"
+            "<label>network GB/s a device <input name=inter_node_gbps type=number min=0.01 max=10000 step=any "
+            "placeholder='(the preset\'s)'></label>"
             "<label>backend <select name=backend><option selected>sim</option><option>ray</option></select></label>"
             "<label>trials <input name=trials type=number min=1 max=100000 value=20 required></label>"
             "<label>name <input name=name pattern='[A-Za-z0-9._-]{1,100}' placeholder='(default)'></label>"
@@ -97,6 +99,7 @@ document.getElementById('submit').addEventListener('submit', function (ev) {
   var body = {model: f.model.value, gpus: parseInt(f.gpus.value, 10), gpu_type: f.gpu_type.value,
               backend: f.backend.value, trials: parseInt(f.trials.value, 10)};
   if (f['name'].value.trim()) { body.name = f['name'].value.trim(); }
+  if (f.inter_node_gbps.value.trim()) { body.inter_node_gbps = parseFloat(f.inter_node_gbps.value); }
   out.textContent = 'submitting...';
   fetch('/v1/studies', {method: 'POST', credentials: 'same-origin',
                         headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body)})

@@ -87,6 +87,7 @@ def test_sign_in_submit_a_study_and_watch_it_finish_in_chromium(server: Server, 
             page.select_option("#submit select[name=backend]", "sim")
             page.fill("#submit input[name=trials]", "5")
             page.fill("#submit input[name=name]", "browser-svc")
+            page.fill("#submit input[name=inter_node_gbps]", "6.25")  # the cluster's own network
             page.click("#submit button")
             page.wait_for_url(f"{server.base}/studies/browser-svc", timeout=30_000)
             page.wait_for_function("document.getElementById('status') && "
@@ -103,6 +104,8 @@ def test_sign_in_submit_a_study_and_watch_it_finish_in_chromium(server: Server, 
             page.goto(f"{server.base}/")
             page.wait_for_selector("table#studies")
             assert "browser-svc" in page.inner_text("table#studies")
+            with open_store(server.url) as store:
+                assert store.get_study("browser-svc").cluster["inter_node_gbps"] == 6.25
             page.goto(f"{server.base}/studies/browser-svc")
             shot = tmp_path / "service_screenshot.png"
             page.screenshot(path=str(shot), full_page=False)

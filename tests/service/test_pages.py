@@ -20,6 +20,7 @@ def test_the_submit_form_is_shown_only_to_tokens_that_may_submit(client: TestCli
     submit = client.get("/", headers=bearer(tokens["submit"]))
     assert submit.status_code == 200 and "<form id=submit>" in submit.text
     assert "fetch('/v1/studies'" in submit.text and "<option selected>a100-80gb</option>" in submit.text
+    assert "<input name=inter_node_gbps type=number" in submit.text and "body.inter_node_gbps = " in submit.text
 
 
 def test_signing_in_sets_a_cookie_that_the_form_post_uses(client: TestClient, tokens: dict[str, str]) -> None:
