@@ -124,9 +124,8 @@ class Worker:
             while True:
                 options = request.to_options(name=job.study, resume=self.store.has_study(job.study))
                 outcome = tune(options, self.store, progress=progress)
-                if outcome.stop_reason != "budget":
-                    status = "complete" if outcome.stop_reason in ("exhausted", "swept") else "stopped"
-                    return self._finish(job, status, "")
+                if outcome.stop_reason not in ("budget", "swept"):  # a sweep's budget: the best it stores
+                    return self._finish(job, "complete" if outcome.stop_reason == "exhausted" else "stopped", "")
                 if self.store.jobs.finish(job.id, self.name, "complete", budget=request.trials):
                     return self._finished(job, "complete")
                 # a join raised the budget meanwhile: go on to it, as the job's owner asked

@@ -90,3 +90,27 @@ def test_a_budget_raised_while_the_study_runs_is_run_to_by_the_same_worker(servi
     launched = [t for t in service_store.trials("grow") if t.status != "pruned"]
     assert len(launched) == 4 and len({t.config_hash for t in launched}) == 4
     assert service_store.get_study("grow").status == "complete"
+
+
+def test_a_sweep_whose_budget_was_raised_stores_the_best_of_the_new_budget(service_store: Store,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoslapo.service.worker as worker_module
+    from autoslapo.service.jobs import StudyRequest
+
+    real_tune, passes = worker_module.tune, []
+
+    def tune_then_join(options, store, **kwargs):  # type: ignore[no-untyped-def]
+        outcome = real_tune(options, store, **kwargs)
+        passes.append((options.trials, outcome.stop_reason))
+        if len(passes) == 1:
+            assert store.jobs.raise_budget("sweep", 6) is not None
+        return outcome
+
+    monkeypatch.setattr(worker_module, "tune", tune_then_join)
+    body = {"model": "bert", "gpus": 8, "backend": "sim", "baselines": False, "trials": 3}  # sim: a sweep
+    service_store.jobs.submit("sweep", StudyRequest.from_json(body).to_dict(), owner="me")
+    assert Worker(service_store, poll_s=0.05).run(once=True) == 1
+    assert passes == [(3, "swept"), (6, "swept")]
+    job = service_store.jobs.get("sweep")
+    assert (job.status, job.attempts) == ("complete", 1)
+    assert len([t for t in service_store.trials("sweep") if t.status == "complete"]) >= 6
