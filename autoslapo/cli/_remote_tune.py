@@ -55,7 +55,7 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
     if args.join:
         if not args.study:
             raise UsageError("--join with --server shares a study on the server: name it with --study")
-        body["join"] = True  # the server submits it, follows it while it runs, or continues it when it ended short
+        body["join"] = True  # the server submits it, follows it while it runs (raising its budget), or continues it
     space = _space(args)
     if space is not None:
         body["space"] = space.to_dict()  # sent as data: the server checks it with the same code

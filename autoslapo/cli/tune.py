@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--join", action="store_true",
                         help="create the study named by --study, or join it: tuners started with the same "
                              "--study and --join share its budget (e.g. on one PostgreSQL store; with --server, the "
-                             "server submits it, follows it while it runs or continues it when it ended short)")
+                             "server submits it, follows it while it runs, raising its budget to --trials, or "
+                             "continues it when it ended short)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--global-batch", type=int, default=None, help="sequences an optimizer step (default per space)")
     parser.add_argument("--sampler", choices=SAMPLER_NAMES, default=None,
