@@ -1,8 +1,10 @@
-"""The cluster-link flags (``--intra-node-gbps --inter-node-gbps``), declared once for ``tune`` and ``estimate``.
+"""The cluster-link flags (``--intra-node-gbps --inter-node-gbps``), declared once for ``tune``,
+``estimate`` and ``best``.
 
 A device preset carries a DGX-like node's links (NVLink, one InfiniBand NIC a GPU); a cluster
 whose nodes have fewer NICs, or PCIe between their devices, is described with these flags, and
-the cost model prices its collectives and pipeline sends on them.
+the cost model prices its collectives and pipeline sends on them (``best`` keeps to the studies of
+a cluster with those links).
 """
 
 from __future__ import annotations

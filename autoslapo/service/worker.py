@@ -8,7 +8,7 @@ is seen when the study reaches the budget it ran to: the worker resumes it to th
 of ending the job. A study of a model file (code) runs only on a worker started with
 ``--allow-module-files``: it writes the file into the model cache by digest and traces it in a
 child process (``autoslapo.service.modfile``), then tunes as ``autoslapo tune my_model.py`` does;
-a worker without the flag fails such a job with a line that names the flag.
+a worker without the flag gives such a job back to the queue, noting the flag it waits for.
 """
 
 from __future__ import annotations
