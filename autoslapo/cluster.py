@@ -87,6 +87,11 @@ def link_overrides(given: Mapping[str, Any], name: Callable[[str], str]) -> dict
     return out
 
 
+def links_text(values: Mapping[str, float]) -> str:
+    """Link bandwidths for a person: ``{"inter_node_gbps": 6.25}`` -> "inter-node 6.25 GB/s"."""
+    return ", ".join(f"{key.split('_')[0]}-node {float(v):g} GB/s" for key, v in values.items() if key in LINKS)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """``gpus`` devices of ``gpu_type``, ``gpus_per_node`` to a node.
@@ -175,10 +180,13 @@ class ClusterSpec:
         return cls(gpus=gpus, gpu_type=gpu_type, gpus_per_node=per_node,
                    allow_cross_node_tp=allow_cross_node_tp).with_links(links or {})
 
+    def link_values(self) -> dict[str, float]:
+        """The link bandwidths that are not the device preset's (``{"inter_node_gbps": 6.25}``; {} if none)."""
+        return {key: getattr(self, key) for key in LINKS if getattr(self, key) != getattr(self.device, key)}
+
     def own_links(self) -> str:
         """The links that are not the device preset's, for a person: "inter-node 6.25 GB/s" ("" if none)."""
-        return ", ".join(f"{key.split('_')[0]}-node {getattr(self, key):g} GB/s" for key in LINKS
-                         if getattr(self, key) != getattr(self.device, key))
+        return links_text(self.link_values())
 
     def described_as(self) -> str:
         """"64 x a100-80gb", with the links that are not the preset's: "64 x a100-80gb (inter-node 6.25 GB/s)"."""

@@ -306,7 +306,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             study = store.get_study(t.study)
             return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
                                 "study": t.study, "trial": t.number, "backend": study.backend, **trial_view(t),
-                                "apply_best": apply_snippet(study.model_name, study.gpus, study.gpu_type)})
+                                "apply_best": apply_snippet(study)})
 
         body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only, intra_node_gbps,
                                   inter_node_gbps), answer)

@@ -16,7 +16,7 @@ import json
 from html import escape
 from typing import Any
 
-from autoslapo.cluster import DEVICES
+from autoslapo.cluster import DEVICES, links_text
 from autoslapo.models.spec import list_presets
 from autoslapo.service.auth import Caller
 from autoslapo.service.views import LAUNCHED
@@ -54,11 +54,17 @@ def _best(doc: dict[str, Any]) -> str:
     return "-" if not best else f"{best['samples_per_s']:,.1f} samples/s"
 
 
+def _links(doc: dict[str, Any]) -> str:
+    """" (inter-node 6.25 GB/s)" for a study whose cluster has its own links, else ""."""
+    text = links_text(doc.get("links") or {})
+    return f" ({escape(text)})" if text else ""
+
+
 def studies_page(studies: list[dict[str, Any]], who: Caller) -> str:
     """The list of studies: model, cluster, backend, progress, best, status."""
     rows = "".join(
         f"<tr><td><a href='/studies/{escape(s['name'])}'>{escape(s['name'])}</a></td>"
-        f"<td>{escape(str(s['model']))}</td><td>{s['gpus']}x {escape(str(s['gpu_type']))}</td>"
+        f"<td>{escape(str(s['model']))}</td><td>{s['gpus']}x {escape(str(s['gpu_type']))}{_links(s)}</td>"
         f"<td>{escape(str(s['backend']))}</td><td>{_bar(s['launched'], s['budget'])}</td>"
         f"<td>{_best(s)}</td><td class=status>{escape(s['status'])}</td></tr>"
         for s in reversed(studies))
@@ -135,7 +141,7 @@ def study_page(doc: dict[str, Any], trials: list[dict[str, Any]]) -> str:
         report = (f"<h2>Report</h2><p><a href='/v1/studies/{name}/report'>open the report</a></p>"
                   f"<iframe id=report title='the study report' loading=lazy src='/v1/studies/{name}/report'></iframe>")
     body = (f"<p><a href='/'>all studies</a></p><h1>{name}</h1>"
-            f"<p>{escape(str(doc['model']))} on {doc['gpus']}x {escape(str(doc['gpu_type']))}, backend "
+            f"<p>{escape(str(doc['model']))} on {doc['gpus']}x {escape(str(doc['gpu_type']))}{_links(doc)}, backend "
             f"{escape(str(doc['backend']))} · status <b id=status>{escape(doc['status'])}</b> · "
             f"<span id=progress data-launched={int(doc['launched'])} data-budget={int(doc['budget'] or 0)}>"
             f"{_bar(doc['launched'], doc['budget'])}</span></p>"

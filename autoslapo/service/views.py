@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from autoslapo.cluster import LINKS, ClusterSpec
 from autoslapo.config import describe
 from autoslapo.service.payload import model_label
 from store import JobRecord, Store, StudyRecord, TrialRecord
@@ -23,9 +25,12 @@ def trial_view(t: TrialRecord) -> dict[str, Any]:
             "measured": t.measured, "reason": t.reason, "ended_at": _time(t.ended_at)}
 
 
-def apply_snippet(model: str, gpus: int, gpu_type: str) -> str:
-    """The line a training script runs to train with the best recorded schedule."""
-    return f'job = autoslapo.apply_best("{model}", gpus={gpus}, gpu_type="{gpu_type}")'
+def apply_snippet(study: StudyRecord) -> str:
+    """The line a training script runs to train with the best recorded schedule of ``study``'s model
+    and cluster (its links too, when they are not the device preset's)."""
+    links = ClusterSpec.from_dict(study.cluster).link_values()
+    given = f", links={json.dumps(links)}" if links else ""
+    return f'job = autoslapo.apply_best("{study.model_name}", gpus={study.gpus}, gpu_type="{study.gpu_type}"{given})'
 
 
 def baselines_view(store: Store, study: str) -> list[dict[str, Any]]:
@@ -72,6 +77,8 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
         "model": study.model_name if study is not None else model_label(request.get("model")),
         "gpus": study.gpus if study is not None else request.get("gpus"),
         "gpu_type": study.gpu_type if study is not None else request.get("gpu_type"),
+        "links": ClusterSpec.from_dict(study.cluster).link_values() if study is not None else
+        {k: request[k] for k in LINKS if request.get(k) is not None},
         "backend": study.backend if study is not None else request.get("backend"),
         "budget": request.get("trials"),
         "launched": sum(counts.get(s, 0) for s in LAUNCHED),
@@ -88,7 +95,7 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
         if best is not None:
             doc["best"]["speedup_ci95"] = (best.result.get("extra") or {}).get("speedup_ci95")
     if best is not None and study is not None:
-        doc["apply_best"] = apply_snippet(study.model_name, study.gpus, study.gpu_type)
+        doc["apply_best"] = apply_snippet(study)
     return doc
 
 

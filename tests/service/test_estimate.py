@@ -236,7 +236,13 @@ def test_best_over_http_keeps_to_a_described_network(client: TestClient, tokens:
     read = bearer(tokens["read"])
     query = {"model": "gpt2-xl", "gpus": 64}
     assert client.get("/v1/best", params=query, headers=read).json()["study"] == "dgx"
-    assert client.get("/v1/best", params={**query, "inter_node_gbps": 6.25}, headers=read).json()["study"] == "slow"
+    slow = client.get("/v1/best", params={**query, "inter_node_gbps": 6.25}, headers=read).json()
+    assert slow["study"] == "slow" and slow["apply_best"] == (
+        'job = autoslapo.apply_best("gpt2-xl", gpus=64, gpu_type="a100-80gb", links={"inter_node_gbps": 6.25})')
+    view = client.get("/v1/studies/slow", headers=read).json()
+    assert view["links"] == {"inter_node_gbps": 6.25} and view["apply_best"] == slow["apply_best"]
+    assert client.get("/v1/studies/dgx", headers=read).json()["links"] == {}
+    assert "gpt2-xl on 64x a100-80gb (inter-node 6.25 GB/s), backend" in client.get("/studies/slow", headers=read).text
     none = client.get("/v1/best", params={**query, "inter_node_gbps": 12.5}, headers=read)
     assert none.status_code == 404 and "with inter_node_gbps 12.5" in none.json()["error"]
     bad = client.get("/v1/best", params={**query, "intra_node_gbps": -3}, headers=read)
