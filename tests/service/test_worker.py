@@ -66,8 +66,11 @@ def test_two_workers_share_the_queue_and_run_each_job_once(service_store: Store,
         assert len(launched) == 2 and len({t.config_hash for t in launched}) == 2
 
 
-def test_a_budget_raised_while_the_study_runs_is_run_to_by_the_same_worker(service_store: Store,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def _run_with_a_join_after_the_first_pass(store: Store, monkeypatch: pytest.MonkeyPatch, name: str,
+                                         body: dict, raised_to: int) -> list[tuple[int, bool, str]]:
+    """Submit ``body`` as study ``name`` and run it with one worker; when the first pass of ``tune``
+    ends, its owner's join raises the budget to ``raised_to``. Returns each pass's (trials, resume,
+    stop reason)."""
     import autoslapo.service.worker as worker_module
     from autoslapo.service.jobs import StudyRequest
 
@@ -75,18 +78,24 @@ def test_a_budget_raised_while_the_study_runs_is_run_to_by_the_same_worker(servi
 
     def tune_then_join(options, store, **kwargs):  # type: ignore[no-untyped-def]
         outcome = real_tune(options, store, **kwargs)
-        passes.append((options.trials, options.resume))
-        if len(passes) == 1:  # a join while the first pass ends at 2: its owner asks for 4
-            assert store.jobs.raise_budget("grow", 4) is not None
+        passes.append((options.trials, options.resume, outcome.stop_reason))
+        if len(passes) == 1:
+            assert store.jobs.raise_budget(name, raised_to) is not None
         return outcome
 
     monkeypatch.setattr(worker_module, "tune", tune_then_join)
+    store.jobs.submit(name, StudyRequest.from_json(body).to_dict(), owner="me")
+    assert Worker(store, poll_s=0.05).run(once=True) == 1
+    job = store.jobs.get(name)
+    assert (job.status, job.attempts, job.request["trials"]) == ("complete", 1, raised_to)
+    return passes
+
+
+def test_a_budget_raised_while_the_study_runs_is_run_to_by_the_same_worker(service_store: Store,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     body = {"model": "bert", "gpus": 8, "backend": "sim", "sampler": "tpe", "baselines": False, "trials": 2}
-    service_store.jobs.submit("grow", StudyRequest.from_json(body).to_dict(), owner="me")
-    assert Worker(service_store, poll_s=0.05).run(once=True) == 1
-    job = service_store.jobs.get("grow")
-    assert (job.status, job.attempts, job.request["trials"]) == ("complete", 1, 4)
-    assert passes == [(2, False), (4, True)]
+    passes = _run_with_a_join_after_the_first_pass(service_store, monkeypatch, "grow", body, 4)
+    assert passes == [(2, False, "budget"), (4, True, "budget")]
     launched = [t for t in service_store.trials("grow") if t.status != "pruned"]
     assert len(launched) == 4 and len({t.config_hash for t in launched}) == 4
     assert service_store.get_study("grow").status == "complete"
@@ -94,23 +103,7 @@ def test_a_budget_raised_while_the_study_runs_is_run_to_by_the_same_worker(servi
 
 def test_a_sweep_whose_budget_was_raised_stores_the_best_of_the_new_budget(service_store: Store,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import autoslapo.service.worker as worker_module
-    from autoslapo.service.jobs import StudyRequest
-
-    real_tune, passes = worker_module.tune, []
-
-    def tune_then_join(options, store, **kwargs):  # type: ignore[no-untyped-def]
-        outcome = real_tune(options, store, **kwargs)
-        passes.append((options.trials, outcome.stop_reason))
-        if len(passes) == 1:
-            assert store.jobs.raise_budget("sweep", 6) is not None
-        return outcome
-
-    monkeypatch.setattr(worker_module, "tune", tune_then_join)
     body = {"model": "bert", "gpus": 8, "backend": "sim", "baselines": False, "trials": 3}  # sim: a sweep
-    service_store.jobs.submit("sweep", StudyRequest.from_json(body).to_dict(), owner="me")
-    assert Worker(service_store, poll_s=0.05).run(once=True) == 1
-    assert passes == [(3, "swept"), (6, "swept")]
-    job = service_store.jobs.get("sweep")
-    assert (job.status, job.attempts) == ("complete", 1)
+    passes = _run_with_a_join_after_the_first_pass(service_store, monkeypatch, "sweep", body, 6)
+    assert passes == [(3, False, "swept"), (6, True, "swept")]
     assert len([t for t in service_store.trials("sweep") if t.status == "complete"]) >= 6
