@@ -44,6 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoslapo import api
+from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import AutoslapoError, StorageError, UsageError
 from autoslapo.models.modcache import max_age_days
 from autoslapo.models.modcache import prune as prune_model_cache
@@ -179,8 +180,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         ``backend``, ``trials``, ``sampler``, ``seed``, ``global_batch``, ``timeout_s``, ``patience``,
         ``baselines``, ``name``, ``space``, ``resume`` (queue an ended study again) or ``join`` (submit
         the named study, follow it while queued or running, raising its budget to ``trials``, continue
-        it when it ended short of ``trials``). Answers ``{name, url, status, budget, joined}``: 202, or 200 when a join found
-        the study ended at its budget."""
+        it when it ended short of ``trials``). Answers ``{name, url, status, budget, joined}``: 202,
+        or 200 when a join found the study ended at its budget."""
         who = await caller_on_loop(request, "submit")
         doc = await read_json(request, cfg.max_body_bytes)
         try:
@@ -438,7 +439,8 @@ def _check_resume(store: Store, name: str, study: StudyRequest, who: Caller) -> 
         if (rec.model_signature, rec.cluster_fingerprint) != (study.model_spec().signature(),
                                                               study.cluster_spec().fingerprint()):
             raise ApiError(400, f"resume needs the study's model and cluster: {name!r} tuned {rec.model_name} on "
-                                f"{rec.gpus}x {rec.gpu_type}; send the same model, gpus and gpu_type")
+                                f"{ClusterSpec.from_dict(rec.cluster).described_as()}; send the same model, gpus, "
+                                "gpu_type, gpus_per_node and links")
 
 
 def _join(store: Store, name: str, study: StudyRequest, who: Caller, max_unfinished: int | None) -> JoinPlan:

@@ -5,14 +5,15 @@ per study, one worker runs it, never past its budget): a new name is submitted; 
 running study is followed (nothing written, the per-token limit not charged again), and its budget
 raised to the request's ``trials`` when they are more (its owner or an admin only: the worker goes
 on to them instead of ending); a study that ended short of the request's ``trials`` is queued again
-as ``resume`` does (its owner or an admin only); one that ended at or past them is only followed. ``plan_join`` reads and decides; the
-caller writes, and looks again when another request wrote first.
+as ``resume`` does (its owner or an admin only); one that ended at or past them is only followed.
+``plan_join`` reads and decides; the caller writes, and looks again when another request wrote first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoslapo.cluster import ClusterSpec
 from autoslapo.service.auth import Caller
 from autoslapo.service.jobs import StudyRequest
 from autoslapo.service.payload import model_label
@@ -58,12 +59,13 @@ def plan_join(store: Store, name: str, request: StudyRequest, who: Caller) -> Jo
         return JoinPlan("submit", "queued", request.trials, 0)
     wanted = (request.model_spec().signature(), request.cluster_spec().fingerprint())
     if rec is not None:
-        found, shown = (rec.model_signature, rec.cluster_fingerprint), f"{rec.model_name} on {rec.gpus}x {rec.gpu_type}"
+        found = (rec.model_signature, rec.cluster_fingerprint)
+        shown = f"{rec.model_name} on {ClusterSpec.from_dict(rec.cluster).described_as()}"
     else:
         assert job is not None  # one of the two exists (checked above)
         queued = StudyRequest(**job.request)
         found = (queued.model_spec().signature(), queued.cluster_spec().fingerprint())
-        shown = f"{model_label(queued.model)} on {queued.gpus}x {queued.gpu_type}"
+        shown = f"{model_label(queued.model)} on {queued.cluster_spec().described_as()}"
     if found != wanted:
         raise JoinRefused(400, f"join needs the study's model and cluster: {name!r} tunes {shown}; "
                                "send the same model, gpus, gpu_type, gpus_per_node and links, or another name")

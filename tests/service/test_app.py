@@ -167,7 +167,7 @@ def test_resume_continues_a_study_in_its_space(client: TestClient, tokens: dict[
     assert wait_status(client, "again", tokens["read"])["launched"] == 4
     resume = {**BODY, "name": "again", "trials": 7, "resume": True}  # no space: the one it began with
     other = client.post("/v1/studies", json={**resume, "gpus": 16}, headers=submit)
-    assert other.status_code == 400 and "same model, gpus and gpu_type" in other.json()["error"]
+    assert other.status_code == 400 and "same model, gpus, gpu_type, gpus_per_node and links" in other.json()["error"]
     from autoslapo.service import create_token
 
     stranger = client.post("/v1/studies", json=resume, headers=bearer(create_token(service_store, "x", "submit")))
