@@ -176,10 +176,13 @@ def estimate_router(store: Store, caller: Callable[[Request, str], Any], *, allo
 
     @router.get("/v1/estimate")
     def estimate(request: Request, model: str, gpus: int, gpu_type: str = "a100-80gb",
-                 gpus_per_node: int | None = None, global_batch: int | None = None, top: int = 1) -> dict[str, Any]:
-        """The cost model's best schedule (or ``top`` best) for a preset (or a stored study's model signature)."""
+                 gpus_per_node: int | None = None, global_batch: int | None = None, top: int = 1,
+                 intra_node_gbps: float | None = None, inter_node_gbps: float | None = None) -> dict[str, Any]:
+        """The cost model's best schedule (or ``top`` best) for a preset (or a stored study's model signature),
+        on the preset's links unless ``intra_node_gbps`` / ``inter_node_gbps`` are given."""
         caller(request, "read")
-        asked = EstimateRequest(model=model, gpus=gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node)
+        asked = EstimateRequest(model=model, gpus=gpus, gpu_type=gpu_type, gpus_per_node=gpus_per_node,
+                                intra_node_gbps=intra_node_gbps, inter_node_gbps=inter_node_gbps)
         return estimate_answer(spec_by_name(store, model), asked.cluster_spec(), global_batch, top=top)
 
     @router.post("/v1/estimate")

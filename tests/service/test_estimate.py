@@ -200,6 +200,12 @@ def test_a_described_network_is_estimated_as_the_cli_does(client: TestClient, to
     argv = ["estimate", "gpt2-xl", "--gpus", "64", "--inter-node-gbps", "6.25", "--intra-node-gbps", "150", "--json"]
     local, remote = _here_and_remote(argv, client, tokens["read"], monkeypatch, capsys)
     assert remote == local and remote["cluster"]["inter_node_gbps"] == 6.25
+    got = client.get("/v1/estimate", params={"model": "gpt2-xl", "gpus": 64, "inter_node_gbps": 6.25,
+                                              "intra_node_gbps": 150}, headers=bearer(tokens["read"]))
+    assert got.status_code == 200 and got.json()["samples_per_s"] == local["samples_per_s"]
+    bad_get = client.get("/v1/estimate", params={"model": "bert", "gpus": 8, "inter_node_gbps": 0},
+                         headers=bearer(tokens["read"]))
+    assert bad_get.status_code == 400 and "inter_node_gbps is GB/s a device" in bad_get.json()["error"]
     bad = client.post("/v1/estimate", json={"model": "bert", "gpus": 8, "inter_node_gbps": -1},
                       headers=bearer(tokens["read"]))
     assert bad.status_code == 400 and "inter_node_gbps is GB/s a device" in bad.json()["error"]
