@@ -38,7 +38,7 @@ from autoslapo.cost.field import DATA as FIELD_DATA
 from autoslapo.cost.field import SOURCE as FIELD_SOURCE
 from autoslapo.cost.field import check_all as field_check_all
 from autoslapo.cost.heldout import DATA as HELDOUT_DATA
-from autoslapo.cost.heldout import MEGATRON_DATA, V100_DATA, VIRTUAL_STAGES, row_model
+from autoslapo.cost.heldout import DEEPSPEED_DATA, MEGATRON_DATA, V100_DATA, VIRTUAL_STAGES, row_model
 from autoslapo.cost.heldout import check_all as heldout_check_all
 from autoslapo.cost.published import check_all
 from autoslapo.models.spec import ModelSpec
@@ -115,11 +115,13 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 HELDOUT_SOURCE = "dubey2024_llama3_table4"
 MEGATRON_SOURCE = "korthikanti2022_table5"
 V100_SOURCE = "adlr2020_megatron_v1"
+DEEPSPEED_SOURCE = "smith2022_mtnlg_table"
 FITTED = {"narayanan2021_table1": True, "nvidia_dle_bert_pretrain": True, FIELD_SOURCE: False, HELDOUT_SOURCE: False,
-          MEGATRON_SOURCE: False, V100_SOURCE: False}
+          MEGATRON_SOURCE: False, V100_SOURCE: False, DEEPSPEED_SOURCE: False}
 METRIC = {"narayanan2021_table1": "TFLOP/s a GPU (incl. recompute)", "nvidia_dle_bert_pretrain": "sequences/s",
           FIELD_SOURCE: "tokens/s a GPU", HELDOUT_SOURCE: "model TFLOP/s a GPU",
-          MEGATRON_SOURCE: "sequences/s (batch / iteration time)", V100_SOURCE: "sequences/s (batch / iteration time)"}
+          MEGATRON_SOURCE: "sequences/s (batch / iteration time)", V100_SOURCE: "sequences/s (batch / iteration time)",
+          DEEPSPEED_SOURCE: "sequences/s (batch / iteration time)"}
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,7 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
     checks = heldout_check_all()
     lines.append("")
     lines.append(f"## Published runs held out (autoslapo/cost/data/{HELDOUT_DATA.name}, {MEGATRON_DATA.name}, "
-                 f"{V100_DATA.name}; never fitted)")
+                 f"{V100_DATA.name}, {DEEPSPEED_DATA.name}; never fitted)")
     lines.append("Llama 3 405B pre-training on H100 (Dubey et al. 2024, table 4): tp, pp, dp, global batch, bf16 and "
                  "the interleaved schedule pinned; micro-batch, virtual stages, checkpointing and kernels the model's "
                  "fastest that fits; 126 layers estimated as 128 (pp 16 splits layers evenly); compared: model "
@@ -247,6 +249,10 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
     lines.append("GPT 1.2B and 4.2B on V100 32GB (DGX-2H) with Megatron-LM 1.0 (NVIDIA ADLR 2020, table 1; shapes of "
                  "Shoeybi et al. 2019): tp 1 / 4, batch 8, fp16, every layer recomputed, Megatron's fused kernels "
                  "(assumed: the post names no kernels), eager attention and loss; compared: sequences/s.")
+    lines.append("MT-NLG 530B on A100 80GB with DeepSpeed's pipeline engine and Megatron's TP (Smith et al. 2022): tp 8, "
+                 "pp 35, batch 1,920, fp16, micro-batch 1, every layer recomputed, Megatron's fused kernels, ZeRO-1, "
+                 "1F1B; a stack ~40 % slower than Megatron-LM's own run of the same layout (korthikanti2022_table5, "
+                 "530B), which no knob expresses; compared: sequences/s.")
     lines.append(f"{'source':24} {'model':11} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} "
                  f"{'recompute':>9} {'sp':>2} {'pred GiB':>8} {'published':>9} {'predicted':>9} {'error':>7}  "
                  "error at v=" + "/".join(str(v) for v in VIRTUAL_STAGES) + " (interleaved rows)")

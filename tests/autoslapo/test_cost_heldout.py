@@ -12,6 +12,7 @@ from autoslapo.cluster import ClusterSpec
 from autoslapo.cost import estimate
 from autoslapo.cost.device import PERF
 from autoslapo.cost.heldout import (
+    DEEPSPEED_DATA,
     MEGATRON_DATA,
     V100_DATA,
     HeldOutCheck,
@@ -135,3 +136,19 @@ def test_the_v100_rows_are_the_named_sizes_and_land_within_fifteen_percent(all_c
         assert not c.refused and (cfg.micro_batch, cfg.grad_accum, cfg.ckpt_ratio) == (8, 1, 1.0)
         assert cfg.tp == int(c.row["tp"]) and cfg.compile_layers and not cfg.sequence_parallel
         assert abs(c.error) < 0.15, (c.row["model"], c.error)
+
+
+def test_the_mt_nlg_rows_reproduce_the_published_tflops_and_fit(all_checks: list[HeldOutCheck]) -> None:
+    """Smith et al. 2022 give 126 / 121 / 113 TFLOP/s a GPU for the three iteration times (Megatron's
+    formula with recomputation: 96 B s n h^2 (1 + s / 6h + V / 16nh)), so the rows were transcribed right."""
+    rows = load_rows(DEEPSPEED_DATA)
+    flops = []
+    for r in rows:
+        b, s, n, h, v = (int(r[k]) for k in ("global_batch", "seq_len", "layers", "hidden", "vocab"))
+        flops.append(96 * b * s * n * h * h * (1 + s / (6 * h) + v / (16 * n * h)) / float(r["value"]) / int(r["gpus"]))
+    assert [f / 1e12 for f in flops] == pytest.approx([126, 121, 113], rel=0.01)
+    mtnlg = [c for c in all_checks if c.row["source"] == "smith2022_mtnlg_table"]
+    assert len(mtnlg) == 3
+    for c in mtnlg:
+        cfg = c.estimate.config
+        assert not c.refused and (cfg.tp, cfg.pp, cfg.micro_batch, cfg.zero_stage) == (8, 35, 1, 1)
