@@ -39,9 +39,10 @@ have a 2.1 PFLOP/s server peak, 131 TFLOP/s a GPU, above the preset's 125 (the S
 device difference the rows carry, not corrected.
 
 ``data/a100_heldout_deepspeed.csv``, ``smith2022_mtnlg_table``: "Using DeepSpeed and Megatron to
-Train Megatron-Turing NLG 530B" (Smith et al., arXiv 2201.11990, 2022), the system-throughput
-table: MT-NLG 530B (105 layers, hidden 20,480, 128 heads, sequence 2,048) with TP 8 and PP 35 on
-2,240 / 2,800 / 3,360 A100 80GB of Selene (DGX A100, 8 HDR InfiniBand a node), a batch of 1,920,
+Train Megatron-Turing NLG 530B" (Smith et al., arXiv 2201.11990, 2022), section 2.4's system
+throughput: MT-NLG 530B (105 layers, hidden 20,480, 128 heads, sequence 2,048) with TP 8 and PP 35
+on 2,240 / 2,800 / 3,360 A100 of Selene (DGX A100, 8 HDR InfiniBand a node; 80GB per Microsoft's
+announcement, which some write-ups give as 40GB: the README reports both), a batch of 1,920,
 60.1 / 50.2 / 44.4 s an iteration (126 / 121 / 113 TFLOP/s a GPU, which the times reproduce),
 fp16 with activation checkpointing, on DeepSpeed's pipeline engine with Megatron's tensor
 parallelism: pinned as micro-batch 1, full recomputation, Megatron's fused kernels, eager attention
