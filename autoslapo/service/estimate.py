@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from autoslapo.cluster import ClusterSpec, link_overrides
+from autoslapo.cluster import LINKS, ClusterSpec, link_overrides
 from autoslapo.config import KNOB
 from autoslapo.cost.answer import calibrated_ranking, estimate_document
 from autoslapo.errors import UsageError
@@ -113,8 +113,7 @@ class EstimateRequest:
                                      allow_cross_node_tp=self.allow_cross_node_tp, links=self._links())
 
     def _links(self) -> dict[str, float]:
-        return link_overrides({"intra_node_gbps": self.intra_node_gbps, "inter_node_gbps": self.inter_node_gbps},
-                              lambda key: key)
+        return link_overrides({key: getattr(self, key) for key in LINKS}, lambda key: key)
 
     def study_cluster(self, store: Store) -> tuple[ClusterSpec, dict[str, Any] | None]:
         """``cluster_from``'s cluster and its stored calibration (None when it has none yet).

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from autoslapo.cluster import ClusterSpec, link_overrides
+from autoslapo.cluster import LINKS, ClusterSpec, link_overrides
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
@@ -129,8 +129,7 @@ class StudyRequest:
 
     def cluster_spec(self) -> ClusterSpec:
         """The described cluster (8 devices a node unless ``gpus_per_node``; the preset's links unless given)."""
-        links = link_overrides({"intra_node_gbps": self.intra_node_gbps, "inter_node_gbps": self.inter_node_gbps},
-                               lambda key: key)
+        links = link_overrides({key: getattr(self, key) for key in LINKS}, lambda key: key)
         return ClusterSpec(gpus=self.gpus, gpu_type=self.gpu_type, gpus_per_node=self.gpus_per_node or 8).with_links(links)
 
     def default_name(self) -> str:
