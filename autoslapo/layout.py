@@ -3,7 +3,8 @@
 One module states the rules (torchtitan's ``ParallelDims`` idea; ``ScheduleConfig`` holds the degrees
 and derives ``world_size`` and ``global_batch``): tp x pp x dp = the devices; tp
 divides the attention heads, the key/value heads and the MLP width, and stays within a node; the
-pipeline's chunks (pp x virtual stages) split the layers evenly; micro-batch x dp x gradient
+pipeline's chunks (pp x virtual stages) split the layers as evenly as they can, each holding at least one
+(evenly for an encoder-decoder, a convolutional family and a model file); micro-batch x dp x gradient
 accumulation = the global batch; sequence parallelism splits the sequence over tp. The config's
 validation, the search spaces, the cost model's sweep, the tuner, the baselines and the CLI all ask
 here. One rule, too, for the default precision.
@@ -81,6 +82,56 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
     return ""
 
 
+#: The searches (sweeps and automatic pp domains) propose an uneven pipeline split only when its busiest
+#: rank holds at most this much more than the mean: a rank with one layer more than the others sets
+#: every pipeline slot, so the others wait that long (a pinned pp is taken whatever its balance).
+SEARCHED_STAGE_IMBALANCE = 1.10
+
+
+def uneven_stages_ok(model: ModelSpec) -> bool:
+    """Whether ``model``'s pipeline chunks may hold different numbers of layers: a stack of one kind of
+    layer (not an encoder-decoder's two stacks, a convolutional family's stages or a model file)."""
+    return not (model.encoder_decoder or is_convolutional(model.family) or model.family == "user")
+
+
+def chunk_sizes(layers: int, chunks: int) -> list[int]:
+    """Layers in each of ``chunks`` pipeline chunks (chunk ``c`` on pipeline rank ``c % pp``).
+
+    Equal when ``chunks`` divides ``layers``; else as even as they can be (sizes differ by one) with
+    the smaller chunks at the pipeline's ends, outermost first: the first chunk also runs the
+    embedding and the last the head and the loss (Llama 3 405B puts one layer fewer on its first
+    and last stage for that reason; Dubey et al. 2024, section 3.3.2). Needs ``1 <= chunks <= layers``.
+    """
+    base, extra = divmod(layers, chunks)
+    if not extra:
+        return [base] * chunks
+    outside_in = dict.fromkeys(c for pair in zip(range(chunks), reversed(range(chunks)), strict=True) for c in pair)
+    smaller = set(list(outside_in)[:chunks - extra])
+    return [base if c in smaller else base + 1 for c in range(chunks)]
+
+
+def chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each pipeline chunk's layers (``chunk_sizes``)."""
+    out, start = [], 0
+    for n in chunk_sizes(layers, chunks):
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+def rank_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[list[int]]:
+    """The layers each pipeline rank runs, by rank: its chunks' (chunk ``c`` on rank ``c % pp``), in order."""
+    ranks: list[list[int]] = [[] for _ in range(pp)]
+    for c, (a, b) in enumerate(chunk_bounds(layers, pp * virtual_stages)):
+        ranks[c % pp].extend(range(a, b))
+    return ranks
+
+
+def stage_imbalance(layers: int, pp: int, virtual_stages: int = 1) -> float:
+    """The busiest pipeline rank's layers over the mean (1.0 for an even split)."""
+    return max(len(r) for r in rank_layers(layers, pp, virtual_stages)) * pp / layers
+
+
 def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, virtual_stages: int = 1) -> str:
     """Why ``pp`` (x ``virtual_stages`` chunks) cannot split ``model`` (on ``cluster``), or ""."""
     chunks = pp * virtual_stages
@@ -95,9 +146,12 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if model.layers % chunks and is_convolutional(model.family):
         return (f"pipeline stages must split the blocks evenly: got {model.layers} blocks for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
-    if not model.encoder_decoder and model.layers % chunks:
-        return (f"pipeline stages must split the layers evenly: got {model.layers} layers for pp={pp} x "
+    if model.family == "user" and model.layers % chunks:
+        return (f"pipeline stages must split a model file's layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
+    if not model.encoder_decoder and chunks > model.layers:
+        return (f"pipeline chunks must each hold a layer: got {model.layers} layers for pp={pp} x "
+                f"virtual_stages={virtual_stages} ({chunks} chunks); use pp x virtual_stages <= {model.layers}")
     if cluster is not None and cluster.gpus % pp:
         return f"pp must divide --gpus: got pp={pp} for --gpus {cluster.gpus}"
     return ""
@@ -152,8 +206,10 @@ def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
 
 
 def pp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
-    """Every pp that can split ``model`` on ``cluster``, ascending."""
-    return [p for p in divisors(cluster.gpus) if not pp_problem(p, model, cluster)]
+    """Every pp that can split ``model`` on ``cluster`` and that the searches propose, ascending: an
+    uneven split only within ``SEARCHED_STAGE_IMBALANCE``."""
+    return [p for p in divisors(cluster.gpus) if not pp_problem(p, model, cluster)
+            and (not uneven_stages_ok(model) or model.layers % p == 0 or stage_imbalance(model.layers, p) <= SEARCHED_STAGE_IMBALANCE)]
 
 
 def layouts(model: ModelSpec, cluster: ClusterSpec, *, tp: int | None = None, pp: int | None = None,
@@ -162,8 +218,9 @@ def layouts(model: ModelSpec, cluster: ClusterSpec, *, tp: int | None = None, pp
     for t in tp_degrees(model, cluster):
         if tp is not None and t != tp:
             continue
-        for p in pp_degrees(model, cluster):
-            if (pp is not None and p != pp) or cluster.gpus % (t * p):
+        # a pinned pp is taken as given (however uneven its split), if it can split the model at all
+        for p in pp_degrees(model, cluster) if pp is None else [pp] if not pp_problem(pp, model, cluster) else []:
+            if cluster.gpus % (t * p):
                 continue
             d = cluster.gpus // (t * p)
             if dp is None or d == dp:

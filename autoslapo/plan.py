@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from autoslapo import layout
 from autoslapo.conv_plan import apply_conv_schedule
 from autoslapo.errors import ScheduleError
 from autoslapo.models.families import FamilyDescription, family_description
@@ -52,17 +53,17 @@ __all__ = ["apply_schedule", "checkpointed_layers", "chunk_bounds", "cut_points"
 
 
 def chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each of ``chunks`` equal pipeline chunks of ``layers`` layers.
+    """``[start, stop)`` of each of ``chunks`` pipeline chunks of ``layers`` layers: equal when ``chunks``
+    divides ``layers``, else the smaller ones at the pipeline's ends (``autoslapo.layout.chunk_sizes``).
 
-    Raises: ScheduleError if ``chunks`` does not divide ``layers``.
+    Raises: ScheduleError unless ``1 <= chunks <= layers``.
     """
-    if chunks < 1 or layers % chunks:
+    if chunks < 1 or chunks > layers:
         raise ScheduleError(
-            f"pipeline chunks must split the layers evenly: got {layers} layers into {chunks} chunks; "
-            f"use pp * virtual_stages dividing {layers}"
+            f"pipeline chunks must each hold a layer: got {layers} layers into {chunks} chunks; "
+            f"use pp * virtual_stages <= {layers}"
         )
-    n = layers // chunks
-    return [(c * n, (c + 1) * n) for c in range(chunks)]
+    return layout.chunk_bounds(layers, chunks)
 
 
 def cut_points(layers: int, chunks: int) -> list[int]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from autoslapo import layout
 from autoslapo.config import LOSS_CHUNK_TOKENS
 from autoslapo.cost.encdec import encdec_activation_bytes, encdec_stage_params
 from autoslapo.models.spec import is_convolutional
@@ -81,7 +82,9 @@ def state_bytes_per_param(config: ScheduleConfig, runtime: str = "megatron") -> 
 
 
 def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float]:
-    """Parameters on one device of (the first, the last) pipeline stage, after TP sharding.
+    """Parameters on one device of (the first, the last) pipeline stage, after TP sharding; where an
+    uneven split gives a middle stage more (its extra layers outweigh the embeddings), that stage's
+    stand for the first's.
 
     Embeddings are vocab-parallel over TP (Megatron); with pp > 1 the last stage keeps its own copy
     of tied word embeddings for the logits; LLaMA's untied head is always on the last stage. A
@@ -96,14 +99,15 @@ def stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float
         return ranks[0], ranks[(chunks - 1) % config.pp]
     # a shared layer (ALBERT) is stored once however often it runs, and whole on every pipeline
     # stage (each runs some of its calls; ``estimate_time`` sums its gradients over the stages)
-    layers = model.stored_layers if model.shared_layers else model.layers / config.pp
-    body = layers * model.layer_params() / config.tp
+    per_rank = ([model.stored_layers] * config.pp if model.shared_layers
+                else [len(r) for r in layout.rank_layers(model.layers, config.pp, config.virtual_stages)])
+    body = [n * model.layer_params() / config.tp for n in per_rank]
     emb = model.embedding_params() / config.tp
     word = model.vocab * model.embedding_size / config.tp
     head = word if (not model.tied_head or config.pp > 1) else 0.0
     if config.pp == 1:
-        return body + emb + head, body + emb + head
-    return body + emb, body + head
+        return body[0] + emb + head, body[0] + emb + head
+    return max([body[0] + emb, *body[1:-1]]), body[-1] + head
 
 
 def estimate_state_bytes(model: ModelSpec, config: ScheduleConfig,
@@ -261,23 +265,26 @@ def checkpointed_layer_ids(model: ModelSpec, config: ScheduleConfig) -> list[int
     """Layers the schedule checkpoints: the ratio applies within each pipeline chunk, as
     ``autoslapo.plan.checkpointed_layers`` does (so every stage holds about the same)."""
     chunks = config.pp * config.virtual_stages
-    if model.layers % chunks:
+    if chunks > model.layers:  # no such pipeline (``layout.pp_problem``): the ratio over the whole model
         return list(config.checkpointed_layers(model.layers))
-    n = model.layers // chunks
-    ids = config.checkpointed_layers(n)
-    return [c * n + i for c in range(chunks) for i in ids]
+    return [a + i for a, b in layout.chunk_bounds(model.layers, chunks) for i in config.checkpointed_layers(b - a)]
 
 
-def in_flight_microbatches(config: ScheduleConfig) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at its peak."""
-    m, p = config.grad_accum, config.pp
+def in_flight_microbatches(config: ScheduleConfig, rank: int = 0) -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` (the first by default) holds at its peak.
+
+    1F1B: rank r runs ``pp - r`` forwards before its first backward. Interleaved (Megatron's warm-up):
+    ``2 (pp - r - 1) + (v - 1) pp`` chunk forwards and the one in flight, each a ``1/v`` of the rank's
+    layers. GPipe: every micro-batch.
+    """
+    m, p, v = config.grad_accum, config.pp, config.virtual_stages
     if p == 1:
         return 1.0
     if config.pipeline_schedule == "gpipe":
         return float(m)
     if config.pipeline_schedule == "interleaved":
-        return min(float(m), p * (1 + (p - 1) / (p * config.virtual_stages)))
-    return float(min(m, p))
+        return min(float(m), p + (p - 2 * rank - 1) / v)
+    return float(min(m, p - rank))
 
 
 def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
@@ -296,15 +303,14 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     tokens = config.micro_batch * model.seq_len
     full = layer_activation_bytes_per_token(model, config, dropout, runtime) * tokens
     kept = checkpointed_layer_bytes_per_token(model, config, dropout, runtime) * tokens
-    per_stage = model.layers // config.pp
+    ranks = layout.rank_layers(model.layers, config.pp, config.virtual_stages)
     ckpt = set(checkpointed_layer_ids(model, config))
     e = element_bytes(config)
     grads = full if transients else 0.0
 
-    def stage(first_layer: int, microbatches: float) -> tuple[float, float]:
-        """(end of forward, peak in backward) of one stage with ``microbatches`` in flight."""
-        is_ckpt = [i in ckpt for i in range(first_layer, first_layer + per_stage)]
-        stored = [kept if c else full for c in is_ckpt]
+    def stage(layers: list[int], microbatches: float) -> tuple[float, float]:
+        """(end of forward, peak in backward) of a rank running ``layers`` with ``microbatches`` in flight."""
+        stored = [kept if i in ckpt else full for i in layers]
         total = sum(stored)
         # Backward runs the layers in reverse, freeing each once done; at layer j the layers before
         # it still hold theirs, j holds its full activations (rebuilt if it was checkpointed) and
@@ -319,11 +325,14 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     # (16-bit, plus the fp32 softmax the cross-entropy keeps), freed once the loss's backward ran.
     emb = tokens * model.hidden * (e + (1 if has_dropout(model, dropout) else 0))
     logits = loss_tensor_bytes(model, config, tokens, transients, heap)
-    fwd_first, bwd_first = stage(0, in_flight_microbatches(config))
+    fwd_first, bwd_first = stage(ranks[0], in_flight_microbatches(config))
     if config.pp == 1:
         return int(max(fwd_first + logits, bwd_first) + emb)
-    fwd_last, bwd_last = stage(model.layers - per_stage, 1.0)
-    return int(max(max(fwd_first, bwd_first) + emb, fwd_last + logits, bwd_last))
+    fwd_last, bwd_last = stage(ranks[-1], 1.0)
+    # a middle rank holds fewer micro-batches than the first and neither embedding nor logits: it
+    # peaks higher only where an uneven split gives it more layers
+    middle = (max(stage(ranks[r], in_flight_microbatches(config, r))) for r in range(1, config.pp - 1))
+    return int(max(max(fwd_first, bwd_first) + emb, fwd_last + logits, bwd_last, *middle))
 
 
 # DeepSpeed's default ``reduce_bucket_size`` (elements), ``deepspeed/runtime/zero/config.py``.

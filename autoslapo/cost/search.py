@@ -3,7 +3,7 @@
 
 Pure. Every knob left free is enumerated over its valid values for the model and cluster: TP
 degrees that divide the heads and the MLP width and stay within a node, pipeline degrees that
-divide the layers, micro-batches in powers of two, checkpoint ratios in quarters, ZeRO stages
+split the layers evenly or nearly so (``layout.pp_degrees``), micro-batches in powers of two, checkpoint ratios in quarters, ZeRO stages
 (0-1 with pipelines), attention kernels the device has, sequence parallelism when TP > 1. The
 batch: ``global_batch`` fixes the micro-batches per step; without it a step runs one micro-batch
 per replica (``4 pp`` with pipelines, so the bubble stays small). For a fixed layout, a larger

@@ -37,7 +37,14 @@ from autoslapo.cost.kernels import (
     host_floor_s,
     interp_rate,
 )
-from autoslapo.cost.memory import TANH_GELU_FAMILIES, element_bytes, has_dropout, stage_params
+from autoslapo.cost.memory import (
+    TANH_GELU_FAMILIES,
+    checkpointed_layer_ids,
+    element_bytes,
+    has_dropout,
+    stage_params,
+)
+from autoslapo.layout import rank_layers
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -320,13 +327,14 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
                   perf: DevicePerf, dropout: bool | None = None) -> TimeBreakdown:
     """Seconds of one optimizer step of ``config`` on ``cluster``, split by cause."""
-    if model.family == "user":
+    if model.family == "user":  # a model file's traced shape (imported here: that module builds on this one)
+        from autoslapo.cost.user_time import estimate_user_time
+
         return estimate_user_time(model, config, cluster, perf)
     r = _Rates(perf, cluster, config)
     t, pp, dp, m = config.tp, config.pp, config.dp, config.grad_accum
     b, s, h, e = config.micro_batch, model.seq_len, model.hidden, r.e
     T = b * s
-    per_stage = model.layers // pp
     fwd_l, bwd_l, core_l, kernels_l = _layer_times(model, config, r, dropout)
 
     # tensor-parallel collectives per layer: 2 in forward, 2 in backward (same volume with SP)
@@ -345,17 +353,28 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         head_b += r.gemm(T, model.vocab / t, h)  # backward recomputes each chunk's logits
     emb = r.mem(T * h * (2 * e + 1), 3)
 
-    ckpt = set(config.checkpointed_layers(model.layers))
-    last = range(model.layers - per_stage, model.layers)
-    n_ckpt = sum(1 for i in last if i in ckpt)
-    fwd_mb = per_stage * fwd_l + head_f + (emb if pp == 1 else 0.0)
-    bwd_mb = per_stage * bwd_l + head_b + (2 * emb if pp == 1 else 0.0)
     # full recomputation runs a layer's forward again (with its two collectives); selective only
     # its attention core (Korthikanti et al. 2022), the projections' outputs being kept
-    rec_mb = n_ckpt * (core_l if config.ckpt_granularity == "selective" else fwd_l + 2 * tp_one)
-    tp_mb = per_stage * 4 * tp_one
+    again = core_l if config.ckpt_granularity == "selective" else fwd_l + 2 * tp_one
+    ckpt = set(checkpointed_layer_ids(model, config))
+
+    def rank_slot(layers: list[int], last: bool) -> tuple[float, float, float, int, int]:
+        # (forward, backward, recomputation) of one micro-batch on a rank, its layers and recomputed ones
+        n, n_rec = len(layers), sum(1 for i in layers if i in ckpt)
+        fwd = n * fwd_l + (head_f if last else 0.0) + (emb if pp == 1 else 0.0)
+        bwd = n * bwd_l + (head_b if last else 0.0) + (2 * emb if pp == 1 else 0.0)
+        return fwd, bwd, n_rec * again + n * 4 * tp_one, n, n_rec
+
+    # the busiest rank sets every pipeline slot: the last (it runs the head) unless an uneven split
+    # gives a middle rank a layer more
     if model.encoder_decoder:  # T5: two stacks of unequal blocks over source and target tokens
         fwd_mb, bwd_mb, rec_mb, tp_mb = _encdec_microbatch_times(model, config, r, dropout, tp_bw)
+        per_stage, n_ckpt = model.layers // pp, 0
+    else:
+        ranks = rank_layers(model.layers, pp, config.virtual_stages)
+        fwd_mb, bwd_mb, _, per_stage, n_ckpt = max(
+            (rank_slot(layers, i == pp - 1) for i, layers in enumerate(ranks)), key=lambda x: x[0] + x[1] + x[2])
+        rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
 
     # autograd accumulates each micro-batch's weight gradients into .grad (read + write)
     n_params = max(stage_params(model, config))
@@ -437,61 +456,4 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         dp_comm=dp_comm,
         optimizer=optimizer,
         overhead=overhead,
-    )
-
-
-def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
-                       perf: DevicePerf) -> TimeBreakdown:
-    """Seconds of one optimizer step of a user's own module (family ``user``), from its trace: the
-    traced FLOPs at the achievable rate, a memory pass over each block's saved activations and a
-    latency per traced op (backward twice forward); TP divides the blocks' FLOPs and adds four
-    all-reduces of a block's input per block; DP/ZeRO as for the families; checkpointed blocks (or
-    their attention cores) run again. Pipeline stages split the blocks; the last (the slot) runs all
-    outside them; a block's input passes between stages; outside gradients are summed over pp."""
-    r = _Rates(perf, cluster, config)
-    x = model.extra
-    t, dp, m, b, z, pp, v = (config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage,
-                             config.pp, config.virtual_stages)
-    scale = r.e / 4
-    blocks = model.layers if x.get("layers") else 0
-    per_stage = blocks // pp
-    layer_f = r.mem(float(x["layer_act_bytes"]) * scale * b / t, int(x["layer_ops"]))
-    layer_f += float(x["layer_fwd_flops"]) * b / t / r.flops_s
-    rest_flops = float(x["fwd_flops"]) - blocks * float(x["layer_fwd_flops"])
-    rest_ops = int(x["ops"]) - blocks * int(x["layer_ops"])
-    rest_f = rest_flops * b / r.flops_s + r.mem(float(x["act_bytes"]) * scale * b, max(rest_ops, 1))
-    hidden_bytes = float(x["layer_input_bytes"]) * scale * b
-    tp_one = _ring("allreduce", hidden_bytes, t, group_bandwidth(cluster, 1, t), perf)
-    n_ckpt = v * len(config.checkpointed_layers(blocks // (pp * v))) if blocks else 0  # each chunk's
-    n_params = per_stage * model.layer_params() / t + model.embedding_params()
-    grad_e = 4 if config.precision == "fp32" else 2
-    accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
-    fwd_mb = per_stage * layer_f + rest_f
-    bwd_mb = 2 * fwd_mb + accum
-    dp_bw, pp_bw = group_bandwidth(cluster, t, dp), group_bandwidth(cluster, t * dp, pp)
-    g_bytes, w_bytes = n_params * grad_e, n_params * (4 if config.precision == "fp32" else 2)
-    if z <= 1:
-        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
-    elif z == 2:
-        dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
-    else:
-        dp_comm = m * (2 * _ring("all_gather", w_bytes, dp, dp_bw, perf) + _ring("reduce_scatter", g_bytes, dp, dp_bw, perf))
-    # recomputed: a block and its collectives, or (selective) its attention core's traced ops and FLOPs
-    core = max(float(x["attn_act_bytes"]) - float(x["attn_kept_bytes"]), 0.0) * scale * b / t
-    again = (r.mem(core, int(x["attn_core_ops"])) + float(x["attn_core_flops"]) * b / t / r.flops_s
-             if config.ckpt_granularity == "selective" else layer_f + 2 * tp_one)
-    rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
-    bubble_slots = 0.0 if pp == 1 else (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
-    p2p = 2 * (hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
-    tied = _ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf) if pp > 1 else 0.0
-    opt_params = n_params / (dp if z >= 1 else 1)
-    return TimeBreakdown(
-        compute=m * (fwd_mb + bwd_mb),
-        recompute=m * rec_mb,
-        tp_comm=m * tp_mb,
-        pp_comm=(m + bubble_slots) * p2p * v + tied,
-        bubble=bubble_slots * (fwd_mb + bwd_mb + rec_mb + tp_mb),
-        dp_comm=dp_comm,
-        optimizer=r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4),
-        overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,
     )

@@ -17,7 +17,7 @@ from autoslapo.cli import main
         (["verify", "bret"], "unknown model 'bret'"),
         (["verify", "bert-tiny", "--tp", "3"], "tp must divide the attention heads"),
         (["verify", "llama-tiny", "--tp", "4"], "2 key/value heads"),
-        (["verify", "gpt2-tiny", "--pp", "3"], "pipeline stages must split the layers evenly"),
+        (["verify", "gpt2-tiny", "--pp", "3"], "pipeline chunks must each hold a layer: got 2 layers for pp=3"),
         (["verify", "gpt2-tiny", "--pp", "2", "--batch", "3"], "--batch must split into --grad-accum"),
         (["verify", "gpt2-tiny", "--ckpt-ratio", "2"], "ckpt_ratio must be between 0 and 1"),
         (["verify", "wideresnet-tiny", "--pp", "3"], "pipeline stages must split the blocks evenly"),

@@ -80,8 +80,9 @@ def test_family_shape_keys_are_checked(family: str, extra: dict, match: str) -> 
 def test_albert_takes_a_pipeline_and_refuses_sequence_parallelism() -> None:
     spec = ModelSpec.from_name("albert-tiny")
     ScheduleConfig(pp=2, grad_accum=2).validate(spec)  # stages run calls of the shared layer
-    with pytest.raises(ConfigError, match="pipeline stages must split the layers evenly: got 4 layers for pp=3"):
-        ScheduleConfig(pp=3, grad_accum=3).validate(spec)
+    ScheduleConfig(pp=3, grad_accum=3).validate(spec)  # calls 1, 2, 1: the shorter stages at the ends
+    with pytest.raises(ConfigError, match="pipeline chunks must each hold a layer: got 4 layers for pp=5"):
+        ScheduleConfig(pp=5, grad_accum=5).validate(spec)
     with pytest.raises(ConfigError, match="sequence_parallel cannot split albert"):
         ScheduleConfig(tp=2, sequence_parallel=True).validate(spec)
 

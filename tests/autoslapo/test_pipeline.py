@@ -384,6 +384,56 @@ def test_albert_pp2_gradients_equal_the_model(schedule: str, virtual: int) -> No
     assert max(spawn(_albert_pp_worker, 2, schedule, virtual, timeout=180)) < 1e-6
 
 
+# -- uneven stages: a layer count the chunks do not divide -------------------------------------------
+
+
+def _uneven_pp_worker(schedule: str, virtual: int) -> tuple[list[list[int]], float, float]:
+    """On each of 2 ranks: a 5-layer LLaMA over pp x virtual chunks of unequal size; the chunks, the
+    loss difference and the worst gradient difference against the unpipelined model."""
+    import torch.distributed as dist
+
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.models.build import build_model
+    from autoslapo.models.spec import ModelSpec
+    from autoslapo.pipeline import build_pipeline
+    from autoslapo.plan import apply_schedule
+    from autoslapo.runtime.train import loss_function, step_batch
+
+    spec = ModelSpec.from_name("llama-tiny", seq_len=16).with_overrides(layers=5)
+    model = build_model(spec, dropout=0.0)
+    ref = copy.deepcopy(model)
+    config = ScheduleConfig(pp=2, grad_accum=2, pipeline_schedule=schedule, virtual_stages=virtual, ckpt_ratio=0.5)
+    sch = apply_schedule(model, spec, config)
+    batch = step_batch(spec, 4, 0, 0)
+    loss_fn = loss_function(spec)
+    ref_loss = 0.0
+    for i in range(2):
+        part = loss_fn(ref(input_ids=batch["input_ids"][i * 2:i * 2 + 2]).logits, batch["labels"][i * 2:i * 2 + 2]) / 2
+        part.backward()
+        ref_loss += part.item()
+    rt = build_pipeline(sch, pp_group=dist.group.WORLD, grad_accum=2, schedule=schedule, virtual_stages=virtual,
+                        loss_fn=loss_fn)
+    loss = rt.step(batch["input_ids"], target=batch["labels"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    refs = dict(ref.named_parameters())
+    loss_diff = abs(loss.item() - ref_loss) if loss is not None else 0.0
+    grad_diff = max((p.grad - refs[names[id(p)]].grad).abs().max().item() for p in rt.parameters())
+    return sch.meta["plan"]["stages"], loss_diff, grad_diff
+
+
+@pytest.mark.parametrize(("schedule", "virtual", "stages"), [
+    ("1f1b", 1, [[0, 2], [2, 5]]),
+    ("interleaved", 2, [[0, 1], [1, 2], [2, 4], [4, 5]]),
+])
+def test_uneven_stages_give_the_models_loss_and_gradients(schedule: str, virtual: int, stages: list) -> None:
+    # 5 layers in 2 or 4 chunks: sizes differ by one, the smaller chunks at the pipeline's ends
+    from autoslapo.dist import spawn
+
+    for got, loss_diff, grad_diff in spawn(_uneven_pp_worker, 2, schedule, virtual, timeout=180):
+        assert got == stages
+        assert loss_diff < 1e-5 and grad_diff < 1e-5, (loss_diff, grad_diff)
+
+
 # -- a convolutional net's blocks (WideResNet): feature maps between stages ------------------------
 
 

@@ -156,8 +156,14 @@ def test_chunks_cuts_and_checkpoint_per_stage() -> None:
     cfg = ScheduleConfig(pp=4, ckpt_ratio=0.5, ckpt_placement="back")
     assert checkpointed_layers(spec, cfg) == [3, 4, 5, 9, 10, 11, 15, 16, 17, 21, 22, 23]
     assert checkpointed_layers(spec, ScheduleConfig(ckpt_ratio=0.25)) == list(range(6))
-    with pytest.raises(ScheduleError, match="evenly"):
-        chunk_bounds(10, 4)
+    # uneven: sizes differ by one, the smaller chunks at the ends (they also run the embedding and the head)
+    assert chunk_bounds(10, 4) == [(0, 2), (2, 5), (5, 8), (8, 10)]
+    assert [b - a for a, b in chunk_bounds(70, 12)] == [5] + [6] * 10 + [5]  # BLOOM-176B's 70 layers, pp 12
+    assert [b - a for a, b in chunk_bounds(11, 4)] == [2, 3, 3, 3]
+    assert cut_points(10, 4) == [1, 4, 7]
+    assert checkpointed_layers(spec.with_overrides(layers=10), ScheduleConfig(pp=4, ckpt_ratio=0.5)) == [0, 2, 3, 5, 6, 8]
+    with pytest.raises(ScheduleError, match="pipeline chunks must each hold a layer: got 3 layers into 4 chunks"):
+        chunk_bounds(3, 4)
 
 
 def test_rejects_bad_input_before_touching_the_model() -> None:

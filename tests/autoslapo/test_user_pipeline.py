@@ -145,5 +145,5 @@ def test_pipeline_stages_need_layers_and_an_even_split(tmp_path: Path) -> None:
     bare.write_text(ODD.replace('layers = "body.blocks"', ""))
     with pytest.raises(ConfigError, match="pipeline stages need the model file to declare layers"):
         ScheduleConfig(pp=2, grad_accum=2).validate(user_spec(bare))
-    with pytest.raises(ConfigError, match="split the layers evenly"):
+    with pytest.raises(ConfigError, match="split a model file's layers evenly: got 4 layers for pp=3"):
         ScheduleConfig(pp=3, grad_accum=3).validate(user_spec(EXAMPLE))

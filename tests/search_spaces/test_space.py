@@ -53,7 +53,7 @@ def test_every_sampled_point_is_a_valid_config_or_named_invalid(case: tuple[Boun
     assert cfg.micro_batch * cfg.dp * cfg.grad_accum == b.global_batch
     assert b.model.heads % cfg.tp == 0 and b.model.kv_heads % cfg.tp == 0
     assert cfg.tp <= b.cluster.devices_per_node
-    assert b.model.layers % (cfg.pp * cfg.virtual_stages) == 0
+    assert cfg.pp * cfg.virtual_stages <= b.model.layers  # uneven splits: each chunk holds a layer
     # the canonical config is reachable from the space again
     assert b.params_of(cfg) is not None
 

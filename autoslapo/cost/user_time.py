@@ -1,0 +1,74 @@
+"""The step time of a user's own module (family ``user``) from its traced shape: ``estimate_user_time``.
+
+Split from ``autoslapo.cost.time`` (whose rates, collectives and breakdown it uses);
+``autoslapo.cost.time.estimate_time`` calls it for a model file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, group_bandwidth
+
+if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.cost.device import DevicePerf
+    from autoslapo.models.spec import ModelSpec
+
+
+def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
+                       perf: DevicePerf) -> TimeBreakdown:
+    """Seconds of one optimizer step of a user's own module (family ``user``), from its trace: the
+    traced FLOPs at the achievable rate, a memory pass over each block's saved activations and a
+    latency per traced op (backward twice forward); TP divides the blocks' FLOPs and adds four
+    all-reduces of a block's input per block; DP/ZeRO as for the families; checkpointed blocks (or
+    their attention cores) run again. Pipeline stages split the blocks; the last (the slot) runs all
+    outside them; a block's input passes between stages; outside gradients are summed over pp."""
+    r = _Rates(perf, cluster, config)
+    x = model.extra
+    t, dp, m, b, z, pp, v = (config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage,
+                             config.pp, config.virtual_stages)
+    scale = r.e / 4
+    blocks = model.layers if x.get("layers") else 0
+    per_stage = blocks // pp
+    layer_f = r.mem(float(x["layer_act_bytes"]) * scale * b / t, int(x["layer_ops"]))
+    layer_f += float(x["layer_fwd_flops"]) * b / t / r.flops_s
+    rest_flops = float(x["fwd_flops"]) - blocks * float(x["layer_fwd_flops"])
+    rest_ops = int(x["ops"]) - blocks * int(x["layer_ops"])
+    rest_f = rest_flops * b / r.flops_s + r.mem(float(x["act_bytes"]) * scale * b, max(rest_ops, 1))
+    hidden_bytes = float(x["layer_input_bytes"]) * scale * b
+    tp_one = _ring("allreduce", hidden_bytes, t, group_bandwidth(cluster, 1, t), perf)
+    n_ckpt = v * len(config.checkpointed_layers(blocks // (pp * v))) if blocks else 0  # each chunk's
+    n_params = per_stage * model.layer_params() / t + model.embedding_params()
+    grad_e = 4 if config.precision == "fp32" else 2
+    accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
+    fwd_mb = per_stage * layer_f + rest_f
+    bwd_mb = 2 * fwd_mb + accum
+    dp_bw, pp_bw = group_bandwidth(cluster, t, dp), group_bandwidth(cluster, t * dp, pp)
+    g_bytes, w_bytes = n_params * grad_e, n_params * (4 if config.precision == "fp32" else 2)
+    if z <= 1:
+        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
+    elif z == 2:
+        dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
+    else:
+        dp_comm = m * (2 * _ring("all_gather", w_bytes, dp, dp_bw, perf) + _ring("reduce_scatter", g_bytes, dp, dp_bw, perf))
+    # recomputed: a block and its collectives, or (selective) its attention core's traced ops and FLOPs
+    core = max(float(x["attn_act_bytes"]) - float(x["attn_kept_bytes"]), 0.0) * scale * b / t
+    again = (r.mem(core, int(x["attn_core_ops"])) + float(x["attn_core_flops"]) * b / t / r.flops_s
+             if config.ckpt_granularity == "selective" else layer_f + 2 * tp_one)
+    rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
+    bubble_slots = 0.0 if pp == 1 else (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
+    p2p = 2 * (hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
+    tied = _ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf) if pp > 1 else 0.0
+    opt_params = n_params / (dp if z >= 1 else 1)
+    return TimeBreakdown(
+        compute=m * (fwd_mb + bwd_mb),
+        recompute=m * rec_mb,
+        tp_comm=m * tp_mb,
+        pp_comm=(m + bubble_slots) * p2p * v + tied,
+        bubble=bubble_slots * (fwd_mb + bwd_mb + rec_mb + tp_mb),
+        dp_comm=dp_comm,
+        optimizer=r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4),
+        overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,
+    )
