@@ -44,7 +44,7 @@ from autoslapo.cost.memory import (
     has_dropout,
     stage_params,
 )
-from autoslapo.layout import rank_layers
+from autoslapo.layout import chunk_sizes, rank_layers
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -391,6 +391,9 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     v = config.virtual_stages
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
     bubble_slots = (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
+    if v > 1 and not model.encoder_decoder and model.layers % (pp * v):
+        # uneven chunks: the fill and drain wait on the largest chunk, not on a v-th of the rank
+        bubble_slots *= max(chunk_sizes(model.layers, pp * v)) * v / per_stage
     pp_comm = (m + bubble_slots) * p2p * v
     if pp > 1 and model.shared_layers:
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline

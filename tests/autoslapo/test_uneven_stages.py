@@ -100,3 +100,14 @@ def test_time_and_memory_recompute_the_layers_the_plan_checkpoints() -> None:
         front = estimate(spec, cfg, cluster).time.recompute
         back = estimate(spec, replace(cfg, ckpt_placement="back"), cluster).time.recompute
         assert front > 0 and front == pytest.approx(back)
+
+
+def test_uneven_interleaved_chunks_lengthen_the_bubble() -> None:
+    # 40 layers in 16 chunks of 2 and 3: every rank of pp 8 runs 5 layers, but the pipeline fills and
+    # drains at the pace of a 3-layer chunk, not 2.5
+    cluster = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    cfg = ScheduleConfig(pp=8, grad_accum=16, pipeline_schedule="interleaved", virtual_stages=2, ckpt_ratio=1.0)
+    base = ModelSpec.from_name("gpt2-xl")
+    uneven = estimate(base.with_overrides(layers=40), cfg, cluster).time
+    even = estimate(base.with_overrides(layers=48), cfg, cluster).time  # 3 layers a chunk, 6 a rank
+    assert uneven.bubble / uneven.compute == pytest.approx(1.2 * even.bubble / even.compute, rel=0.05)
