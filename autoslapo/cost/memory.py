@@ -136,16 +136,19 @@ def has_dropout(model: ModelSpec, dropout: bool | None) -> bool:
 TANH_GELU_FAMILIES = ("gpt2", "gpt_neo", "albert")
 
 
-def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig) -> int:
+def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig, runtime: str = "megatron") -> int:
     """Elements of width ``ffn`` (before TP) the MLP keeps for backward, per token.
 
-    Gated (SwiGLU): gate and up outputs, the activation and the product (4). GELU (BERT/RoBERTa,
+    Gated (SwiGLU): gate and up outputs, the activation and the product (4); with Megatron's fused
+    kernels (``compile_layers`` on the GPU stacks) its SwiGLU function saves only its input, gate and
+    up, and recomputes the activation in backward (``megatron/core/fusions/fused_bias_swiglu.py``),
+    so the product, the down projection's input, is the third (3). GELU (BERT/RoBERTa,
     ``F.gelu``): its input and fc2's input (2). ReLU (OPT): its output is fc2's input (1). GPT-2's
     tanh-GELU is written in transformers as a chain of elementwise ops, and autograd keeps three
     more intermediates of that width unless the layer is fused (``fuse_bias_gelu``/compiled) (5).
     """
     if model.gated_mlp:
-        return 4
+        return 3 if config.compile_layers and runtime != "autoslapo" else 4
     if model.family == "opt":
         return 1
     if model.family in TANH_GELU_FAMILIES and not (config.fuse_bias_gelu or config.compile_layers):
@@ -175,7 +178,7 @@ def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
     norms = 2 * h * (4 + e) if ours else 4 * h * e
     replicated: float = norms + (2 * h if dropout else 0)
     # Sharded over TP: q, k, v, the attention output (out-proj input), the MLP's inner tensors.
-    mlp = mlp_saved_elements(model, config) * f * e
+    mlp = mlp_saved_elements(model, config, runtime) * f * e
     sharded = (h + 2 * kvd + h) * e + mlp
     if config.attn_kernel == "eager":
         # softmax output, dropout mask (1 byte) and dropout output per score: 5 a s in 16-bit

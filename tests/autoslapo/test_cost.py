@@ -234,6 +234,9 @@ def test_activation_function_storage_by_family() -> None:
     assert mlp_saved_elements(ModelSpec.from_name("bert"), cfg) == 2
     assert mlp_saved_elements(ModelSpec.from_name("opt"), cfg) == 1
     assert mlp_saved_elements(ModelSpec.from_name("llama"), cfg) == 4
+    # Megatron's fused SwiGLU keeps gate and up, not the activation; the CPU runtime's compiled layer keeps all
+    assert mlp_saved_elements(ModelSpec.from_name("llama"), cfg.with_(compile_layers=True)) == 3
+    assert mlp_saved_elements(ModelSpec.from_name("llama"), cfg.with_(compile_layers=True), "autoslapo") == 4
     m = ModelSpec.from_name("gpt2-medium")
     assert estimate_activation_bytes(m, cfg.with_(fuse_bias_gelu=True)) < estimate_activation_bytes(m, cfg)
     assert estimate_activation_bytes(m, cfg, dropout=False) < estimate_activation_bytes(m, cfg, dropout=True)
