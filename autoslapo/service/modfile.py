@@ -7,7 +7,8 @@ text, writes it into the model cache by its digest (``$AUTOSLAPO_MODEL_CACHE``, 
 (``autoslapo.models.user.user_spec``) in a child process under a timeout. A file that fails there
 (syntax error, no ``build``/``batch``, an exception, the timeout, or one of the child's limits: 4 GiB of
 memory by default, CPU seconds as the timeout, 64 MiB a written file) is one UsageError line, before
-anything is stored. The job keeps the source as sent, so the worker that runs the study, and any
+anything is stored. Memory and CPU hold both in each process (rlimits) and summed over the child's
+process group, which the server polls: a file that starts processes cannot multiply the limits. The job keeps the source as sent, so the worker that runs the study, and any
 worker that takes it over after a crash, writes the same bytes, traces the same digest and builds
 the same spec; the trial processes then load the file from the cache by digest, as they do for
 ``autoslapo tune my_model.py``.
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +43,8 @@ ALLOW_FLAG = "--allow-module-files"
 TRACE_TIMEOUT_S = 120.0
 NAME_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\.py")
 MEMO_SIZE = 64
+#: How often the server sums the trace's process group's memory and CPU time against the limits.
+GROUP_POLL_S = 0.05
 
 #: The trace child's limits: its heap and other private memory (``RLIMIT_DATA``; ``$AUTOSLAPO_TRACE_MEMORY_MIB``
 #: overrides the default 4 GiB: the trace of experiments/my_model.py peaks at ~220 MiB, torch's import
@@ -186,11 +190,7 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  start_new_session=True)  # its own group: a timeout ends what it started too
         try:
-            code = child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(child)
-            raise UsageError(f"the model file {mf.name} did not finish its trace within {timeout_s:g} s; build() and "
-                             "one forward on the meta device must be quick (no downloads, no loops on data)") from None
+            code = _wait_within_limits(mf, child, timeout_s, memory)
         finally:
             _kill_group(child)  # whatever the file left running in its group
         try:
@@ -205,6 +205,51 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
         text = str(doc["error"]).replace(str(path), mf.name).replace(str(path.parent), "<model cache>")
         raise UsageError(f"the model file {mf.name} cannot be used: {text}")
     return ModelSpec.from_dict(doc["spec"])
+
+
+def _wait_within_limits(mf: ModuleFile, child: subprocess.Popen[bytes], timeout_s: float, memory: int) -> int:
+    """The trace child's exit code, once it ends within the timeout and the limits summed over its
+    process group (what a file that starts processes uses in all of them; polled every
+    ``GROUP_POLL_S``). Raises: UsageError (one line) for the timeout or a group limit."""
+    deadline, cpu_s = time.monotonic() + timeout_s, max(1, math.ceil(timeout_s))
+    while (code := child.poll()) is None:
+        if time.monotonic() > deadline:
+            raise UsageError(f"the model file {mf.name} did not finish its trace within {timeout_s:g} s; build() and "
+                             "one forward on the meta device must be quick (no downloads, no loops on data)")
+        used = group_usage(child.pid)
+        if used is not None and used[0] > memory:
+            raise UsageError(_memory_message(mf, memory) + " (its processes together)")
+        if used is not None and used[1] > cpu_s:
+            raise UsageError(f"the model file {mf.name} used more than {cpu_s} s of CPU in its trace, its processes "
+                             "together (the server's limit); build() and one forward on the meta device must be quick")
+        time.sleep(GROUP_POLL_S)
+    return code
+
+
+def group_usage(pgid: int) -> tuple[int, float] | None:
+    """(resident bytes, CPU seconds) of process group ``pgid``: its live processes' resident memory, and
+    their CPU time with that of the children they reaped (Linux ``/proc/<pid>/stat``); None without ``/proc``."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    page, tick = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
+    rss, cpu = 0, 0.0
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        # after "pid (comm) ": state ppid pgrp ... utime stime cutime cstime (fields 14-17) ... rss (24)
+        fields = data[data.rfind(b")") + 2:].split()
+        if len(fields) < 22 or int(fields[2]) != pgid:
+            continue
+        cpu += sum(int(x) for x in fields[11:15]) / tick
+        rss += int(fields[21]) * page
+    return rss, cpu
 
 
 def _memory_message(mf: ModuleFile, memory: int) -> str:

@@ -108,6 +108,37 @@ def test_a_file_over_the_trace_limits_is_stopped_and_one_line(monkeypatch: pytes
     module_spec(ModuleFile("tiny.py", TINY))  # the same limit leaves a real trace room (~220 MiB)
 
 
+def test_a_file_that_starts_processes_is_held_to_the_limit_they_sum_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    # two started processes of 300 MiB and the trace's own ~220 MiB: each under the 512 MiB it may have, together over
+    monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
+    grab = ("import subprocess, sys, time\n"
+            "    kids = [subprocess.Popen([sys.executable, '-c', 'import time; b = b\\'x\\' * (300 << 20); time.sleep(60)'])"
+            " for _ in range(2)]\n"
+            "    time.sleep(60)")
+    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
+    assert text != TINY
+    started = time.monotonic()
+    with pytest.raises(UsageError, match=r"the model file many\.py needed more than 512 MiB to trace") as err:
+        module_spec(ModuleFile("many.py", text))
+    assert "its processes together" in str(err.value) and "\n" not in str(err.value)
+    assert time.monotonic() - started < 45  # stopped by the group's sum, not by the 120 s timeout
+
+
+def test_group_usage_sums_a_process_group() -> None:
+    from autoslapo.service.modfile import group_usage
+
+    kid = subprocess.Popen([sys.executable, "-c", "import time; b = b'x' * (64 << 20); time.sleep(30)"],
+                           start_new_session=True)
+    try:
+        time.sleep(1.5)
+        used = group_usage(kid.pid)
+        assert used is not None and used[0] > 64 << 20 and used[1] >= 0
+        assert group_usage(2**22 + 7) == (0, 0.0)  # no such group
+    finally:
+        kid.kill()
+        kid.wait()
+
+
 def test_a_bad_trace_memory_limit_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, service_store: Store) -> None:
     monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "lots")
     with pytest.raises(UsageError, match="AUTOSLAPO_TRACE_MEMORY_MIB must be a whole number of MiB"):
