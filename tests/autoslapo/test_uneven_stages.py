@@ -111,3 +111,14 @@ def test_uneven_interleaved_chunks_lengthen_the_bubble() -> None:
     uneven = estimate(base.with_overrides(layers=40), cfg, cluster).time
     even = estimate(base.with_overrides(layers=48), cfg, cluster).time  # 3 layers a chunk, 6 a rank
     assert uneven.bubble / uneven.compute == pytest.approx(1.2 * even.bubble / even.compute, rel=0.05)
+
+
+def test_the_tuners_space_proposes_a_near_even_split() -> None:
+    from search_spaces import space_for
+
+    bloom_like = ModelSpec.from_name("gpt2-xl").with_overrides(layers=70)
+    bound = space_for("gpt2").bind(bloom_like, ClusterSpec(gpus=96, gpu_type="a100-80gb"))
+    # 70 layers on 96 devices: 1 and 2 divide them; 3, 4, 6, 8, 12 and 24 split them within 10 % (24 x 3
+    # layers for 70: 1.03); 16 (5 for 4.375: 1.14), 32 and 48 do not, 96 cannot
+    assert set(bound.domains["pp"]) == {1, 2, 3, 4, 6, 8, 12, 24}
+    assert any(c.pp == 12 for c in bound.configs())
