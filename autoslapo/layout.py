@@ -4,7 +4,7 @@ One module states the rules (torchtitan's ``ParallelDims`` idea; ``ScheduleConfi
 and derives ``world_size`` and ``global_batch``): tp x pp x dp = the devices; tp
 divides the attention heads, the key/value heads and the MLP width, and stays within a node; the
 pipeline's chunks (pp x virtual stages) split the layers as evenly as they can, each holding at least one
-(evenly for an encoder-decoder, a convolutional family and a model file); micro-batch x dp x gradient
+(evenly for an encoder-decoder and a convolutional family); micro-batch x dp x gradient
 accumulation = the global batch; sequence parallelism splits the sequence over tp. The config's
 validation, the search spaces, the cost model's sweep, the tuner, the baselines and the CLI all ask
 here. One rule, too, for the default precision.
@@ -90,8 +90,8 @@ SEARCHED_STAGE_IMBALANCE = 1.10
 
 def uneven_stages_ok(model: ModelSpec) -> bool:
     """Whether ``model``'s pipeline chunks may hold different numbers of layers: a stack of one kind of
-    layer (not an encoder-decoder's two stacks, a convolutional family's stages or a model file)."""
-    return not (model.encoder_decoder or is_convolutional(model.family) or model.family == "user")
+    layer or block (not an encoder-decoder's two stacks or a convolutional family's stages)."""
+    return not (model.encoder_decoder or is_convolutional(model.family))
 
 
 def chunk_sizes(layers: int, chunks: int) -> list[int]:
@@ -145,9 +145,6 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
                 f"pp={pp} for {model.preset}.py; add layers = \"<ModuleList path>\" to it or use pp=1")
     if model.layers % chunks and is_convolutional(model.family):
         return (f"pipeline stages must split the blocks evenly: got {model.layers} blocks for pp={pp} x "
-                f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
-    if model.family == "user" and model.layers % chunks:
-        return (f"pipeline stages must split a model file's layers evenly: got {model.layers} layers for pp={pp} x "
                 f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
     if not model.encoder_decoder and chunks > model.layers:
         return (f"pipeline chunks must each hold a layer: got {model.layers} layers for pp={pp} x "

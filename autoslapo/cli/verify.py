@@ -30,10 +30,11 @@ DTYPES = ("float32", "float64")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the verify command's arguments."""
     parser.add_argument("model", help="a preset name, e.g. bert, gpt2, llama-tiny (see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
-    # The test batch is --batch sequences: with pp > 1, grad_accum (default 2) pipeline micro-batches of it.
+    # The test batch is --batch sequences: with pp > 1, grad_accum (default max(2, pp)) pipeline micro-batches of it.
     add_knob_arguments(parser, "verify", defaults={"grad_accum": None})
     parser.add_argument("--device", choices=("cpu",), default="cpu", help="where the ranks run (cpu: gloo)")
-    parser.add_argument("--batch", type=int, default=4, help="batch size of the test batch (default 4)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="batch size of the test batch (default 4, or the fewest whole micro-batches above it)")
     parser.add_argument(
         "--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)"
     )
@@ -58,7 +59,9 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
     spec = resolve_model(args.model, **widths)
     full_layers = spec.layers
     knobs = knob_values(args, "verify")
-    grad_accum = knobs.pop("grad_accum", 2) if knobs["pp"] > 1 else knobs.pop("grad_accum", 1)
+    grad_accum = knobs.pop("grad_accum", max(2, knobs["pp"])) if knobs["pp"] > 1 else knobs.pop("grad_accum", 1)
+    if args.batch is None:  # 4 sequences, or the fewest whole micro-batches above that
+        args.batch = grad_accum * -(-4 // grad_accum) if grad_accum > 0 else 4
     if args.seq_len < 1 or args.batch < 1 or grad_accum < 1:
         raise UsageError(
             f"--seq-len, --batch and --grad-accum must be >= 1: got {args.seq_len}, {args.batch}, {grad_accum}"
@@ -67,6 +70,9 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
         raise UsageError(
             f"--batch must split into --grad-accum micro-batches: got batch={args.batch}, grad_accum={grad_accum}"
         )
+    if knobs["pp"] > 1 and grad_accum < knobs["pp"]:
+        raise UsageError(f"a pipeline needs at least one micro-batch per stage: got --grad-accum {grad_accum} for "
+                         f"--pp {knobs['pp']}; use --grad-accum >= {knobs['pp']}")
     if args.layers is not None and args.layers < 0:
         raise UsageError(f"--layers must be >= 0: got {args.layers}")
     pp = knobs["pp"]

@@ -417,8 +417,9 @@ def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
     blocks (the trace's ``act_bytes``: the first stage keeps them too, for its in-flight micro-batches).
     """
     x, rt = model.extra, perf.runtime
-    per_stage = model.layers // config.pp
-    n = per_stage * model.layer_params() / config.tp + model.embedding_params()
+    ranks = (layout.rank_layers(model.layers, config.pp, config.virtual_stages) if x.get("layers")
+             else [[] for _ in range(config.pp)])
+    n = max(len(r) for r in ranks) * model.layer_params() / config.tp + model.embedding_params()
     wb, gb, ob = state_bytes_per_param(config, rt)
     dp, z = config.dp, config.zero_stage
     w = n * wb / (dp if z >= 3 else 1)
@@ -433,18 +434,20 @@ def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
         # the block less what its attention module saves, plus what selective recomputation keeps of
         # it (its input, its products with weights): traced, the attention's share sharded over tp
         kept = layer - (float(x["attn_act_bytes"]) - float(x["attn_kept_bytes"])) * scale / config.tp
-    v = config.virtual_stages
-    n_ckpt = v * len(config.checkpointed_layers(per_stage // v)) if x.get("layers") else 0  # each chunk's
-    in_flight = in_flight_microbatches(config)
+    ckpt = set(checkpointed_layer_ids(model, config)) if x.get("layers") else set()
 
-    def per_stage_bytes(ckpt: int) -> float:
-        # per micro-batch: the stage's blocks (checkpointed ones keep their input) and the rest
-        stored = (per_stage - ckpt) * layer + ckpt * kept + float(x["act_bytes"]) * scale
-        return max(in_flight * stored, stored) * config.micro_batch + layer * config.micro_batch
+    def per_stage_bytes(with_ckpt: bool) -> float:
+        # per micro-batch: a rank's blocks (checkpointed ones keep their input) and the rest, times the
+        # micro-batches it holds (the first rank the most; an uneven split may give another more blocks)
+        def stored(r: int) -> float:
+            c = sum(1 for i in ranks[r] if i in ckpt) if with_ckpt else 0
+            return (len(ranks[r]) - c) * layer + c * kept + float(x["act_bytes"]) * scale
+        peak = max(max(in_flight_microbatches(config, r) * stored(r), stored(r)) for r in range(config.pp))
+        return peak * config.micro_batch + layer * config.micro_batch
 
-    act = int(per_stage_bytes(n_ckpt) * perf.activation_slack)
+    act = int(per_stage_bytes(True) * perf.activation_slack)
     if perf.heap_retention:
-        act += int(per_stage_bytes(0) * perf.heap_retention)
+        act += int(per_stage_bytes(False) * perf.heap_retention)
     buffers = 0
     if dp > 1 or z > 0:
         bucket = min(REDUCE_BUCKET_ELEMENTS, n) if rt == "autoslapo" else REDUCE_BUCKET_ELEMENTS

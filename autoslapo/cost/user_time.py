@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoslapo.cost.memory import checkpointed_layer_ids
 from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, group_bandwidth
+from autoslapo.layout import rank_layers
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -24,14 +26,17 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     latency per traced op (backward twice forward); TP divides the blocks' FLOPs and adds four
     all-reduces of a block's input per block; DP/ZeRO as for the families; checkpointed blocks (or
     their attention cores) run again. Pipeline stages split the blocks; the last (the slot) runs all
-    outside them; a block's input passes between stages; outside gradients are summed over pp."""
+    outside them (the slot: the busiest rank, the last unless an uneven split gives another more blocks);
+    a block's input passes between stages; outside gradients are summed over pp."""
     r = _Rates(perf, cluster, config)
     x = model.extra
     t, dp, m, b, z, pp, v = (config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage,
                              config.pp, config.virtual_stages)
     scale = r.e / 4
     blocks = model.layers if x.get("layers") else 0
-    per_stage = blocks // pp
+    # each rank's blocks and checkpointed ones (chunks as even as they can be: ``layout.chunk_sizes``)
+    ranks = rank_layers(blocks, pp, v) if blocks else [[] for _ in range(pp)]
+    ckpt = set(checkpointed_layer_ids(model, config)) if blocks else set()
     layer_f = r.mem(float(x["layer_act_bytes"]) * scale * b / t, int(x["layer_ops"]))
     layer_f += float(x["layer_fwd_flops"]) * b / t / r.flops_s
     rest_flops = float(x["fwd_flops"]) - blocks * float(x["layer_fwd_flops"])
@@ -39,8 +44,10 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     rest_f = rest_flops * b / r.flops_s + r.mem(float(x["act_bytes"]) * scale * b, max(rest_ops, 1))
     hidden_bytes = float(x["layer_input_bytes"]) * scale * b
     tp_one = _ring("allreduce", hidden_bytes, t, group_bandwidth(cluster, 1, t), perf)
-    n_ckpt = v * len(config.checkpointed_layers(blocks // (pp * v))) if blocks else 0  # each chunk's
-    n_params = per_stage * model.layer_params() / t + model.embedding_params()
+    # the slot is the busiest rank's: the last runs all outside the blocks
+    slot = max(range(pp), key=lambda i: len(ranks[i]) * layer_f + (rest_f if i == pp - 1 else 0.0))
+    per_stage, n_ckpt = len(ranks[slot]), sum(1 for i in ranks[slot] if i in ckpt)
+    n_params = max(len(r) for r in ranks) * model.layer_params() / t + model.embedding_params()
     grad_e = 4 if config.precision == "fp32" else 2
     accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
     fwd_mb = per_stage * layer_f + rest_f

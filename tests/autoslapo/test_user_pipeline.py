@@ -16,7 +16,7 @@ from autoslapo.errors import ConfigError
 from autoslapo.models.build import build_model, example_batch
 from autoslapo.models.user import user_loss, user_spec
 from autoslapo.pipeline import build_stage_modules, find_tied
-from autoslapo.plan import apply_schedule
+from autoslapo.plan import apply_schedule, chunk_bounds
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "experiments" / "my_model.py"
 
@@ -86,8 +86,7 @@ def _chain(path: Path, config: ScheduleConfig) -> None:
         if s == 0:  # what a rank's find_tied finds among all the stages of its model (rank 0 holds stage 0)
             tied = {id(t.param) for t in find_tied(built, chunks, 0)}
     assert adapter.input_keys == tuple(batch)
-    assert [st.bounds for st in stages] == [(i * spec.layers // chunks, (i + 1) * spec.layers // chunks)
-                                            for i in range(chunks)]
+    assert [st.bounds for st in stages] == chunk_bounds(spec.layers, chunks)  # smaller chunks at the ends
     # forward: what one stage sends is detached and received as a leaf by the next
     inputs: tuple[Any, ...] = tuple(batch[k] for k in adapter.input_keys)
     sent: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -118,7 +117,8 @@ def _chain(path: Path, config: ScheduleConfig) -> None:
 @pytest.mark.parametrize("config", [
     ScheduleConfig(pp=2, grad_accum=2),
     ScheduleConfig(pp=2, grad_accum=2, ckpt_ratio=1.0, pipeline_schedule="interleaved", virtual_stages=2),
-], ids=["pp2", "interleaved-ckpt"])
+    ScheduleConfig(pp=3, grad_accum=3, ckpt_ratio=0.5),  # 4 blocks in stages of 1, 2, 1
+], ids=["pp2", "interleaved-ckpt", "uneven"])
 def test_stages_of_the_worked_example_give_its_loss_and_gradients(config: ScheduleConfig) -> None:
     _chain(EXAMPLE, config)
 
@@ -140,10 +140,23 @@ def test_the_model_is_left_unchanged() -> None:
     assert [type(b).__name__ for b in shell.blocks] == ["PassThrough", "PassThrough", "StageBlock", "Block"]
 
 
-def test_pipeline_stages_need_layers_and_an_even_split(tmp_path: Path) -> None:
+def test_pipeline_stages_need_layers_and_a_block_a_chunk(tmp_path: Path) -> None:
     bare = tmp_path / "bare.py"
     bare.write_text(ODD.replace('layers = "body.blocks"', ""))
     with pytest.raises(ConfigError, match="pipeline stages need the model file to declare layers"):
         ScheduleConfig(pp=2, grad_accum=2).validate(user_spec(bare))
-    with pytest.raises(ConfigError, match="split a model file's layers evenly: got 4 layers for pp=3"):
-        ScheduleConfig(pp=3, grad_accum=3).validate(user_spec(EXAMPLE))
+    ScheduleConfig(pp=3, grad_accum=3).validate(user_spec(EXAMPLE))  # 4 blocks: 1, 2, 1
+    with pytest.raises(ConfigError, match="pipeline chunks must each hold a layer: got 4 layers for pp=5"):
+        ScheduleConfig(pp=5, grad_accum=5).validate(user_spec(EXAMPLE))
+
+
+def test_the_cost_of_an_uneven_split_is_its_busiest_rank() -> None:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.cost import estimate
+
+    spec = user_spec(EXAMPLE)  # 4 blocks
+    cluster = ClusterSpec(gpus=3, gpu_type="a100-80gb")
+    three = estimate(spec, ScheduleConfig(pp=3, grad_accum=6), cluster)  # 1, 2, 1: a rank of 2 blocks
+    two = estimate(spec, ScheduleConfig(pp=2, dp=1, grad_accum=6), ClusterSpec(gpus=2, gpu_type="a100-80gb"))
+    # pp 3 runs no rank with fewer blocks than pp 2's (2 each) and adds a stage's bubble
+    assert three.time.bubble > two.time.bubble and three.memory.params <= two.memory.params
