@@ -346,34 +346,51 @@ def test_albert_stages_run_the_shared_layer_calls_like_the_model() -> None:
         torch.testing.assert_close(p.grad, q.grad, msg=name)
 
 
-def _albert_pp_worker(schedule: str, virtual: int) -> float:
-    """On each of 2 ranks: ALBERT's calls over pp x virtual stages; the worst gradient difference."""
+def _pipelined(spec: Any, schedule: str, virtual: int) -> tuple[nn.Module, nn.Module, Any, Any, float | None, float]:
+    """On each of 2 ranks: ``spec``'s model over pp 2 x ``virtual`` chunks (half its layers checkpointed) and
+    one step of 2 micro-batches, beside the unpipelined model's. Returns (model, the unpipelined
+    reference, the schedule, the pipeline, the pipeline's loss or None on this rank, the reference loss)."""
     import torch.distributed as dist
 
     from autoslapo.config import ScheduleConfig
     from autoslapo.models.build import build_model
-    from autoslapo.models.spec import ModelSpec
     from autoslapo.pipeline import build_pipeline
     from autoslapo.plan import apply_schedule
     from autoslapo.runtime.train import loss_function, step_batch
 
-    spec = ModelSpec.from_name("albert-tiny", seq_len=16)
     model = build_model(spec, dropout=0.0)
     ref = copy.deepcopy(model)
     config = ScheduleConfig(pp=2, grad_accum=2, pipeline_schedule=schedule, virtual_stages=virtual, ckpt_ratio=0.5)
     sch = apply_schedule(model, spec, config)
     batch = step_batch(spec, 4, 0, 0)
     loss_fn = loss_function(spec)
+    ref_loss = 0.0
     for i in range(2):
-        (loss_fn(ref(input_ids=batch["input_ids"][i * 2:i * 2 + 2]).logits, batch["labels"][i * 2:i * 2 + 2]) / 2).backward()
+        part = loss_fn(ref(input_ids=batch["input_ids"][i * 2:i * 2 + 2]).logits, batch["labels"][i * 2:i * 2 + 2]) / 2
+        part.backward()
+        ref_loss += part.item()
     rt = build_pipeline(sch, pp_group=dist.group.WORLD, grad_accum=2, schedule=schedule, virtual_stages=virtual,
                         loss_fn=loss_fn)
-    rt.step(batch["input_ids"], target=batch["labels"])
+    loss = rt.step(batch["input_ids"], target=batch["labels"])
+    return model, ref, sch, rt, None if loss is None else loss.item(), ref_loss
+
+
+def _worst_grad_diff(model: nn.Module, ref: nn.Module, rt: Any) -> float:
+    """The largest gradient difference of the pipeline's parameters from the reference's."""
     names = {id(p): n for n, p in model.named_parameters()}
     refs = dict(ref.named_parameters())
+    return max((p.grad - refs[names[id(p)]].grad).abs().max().item() for p in rt.parameters())
+
+
+def _albert_pp_worker(schedule: str, virtual: int) -> float:
+    """On each of 2 ranks: ALBERT's calls over pp x virtual stages; the worst gradient difference."""
+    from autoslapo.models.spec import ModelSpec
+
+    model, ref, _, rt, _, _ = _pipelined(ModelSpec.from_name("albert-tiny", seq_len=16), schedule, virtual)
+    names = {id(p): n for n, p in model.named_parameters()}
     # every rank holds the shared layer; its gradient is the sum over all stages' calls
     assert any("albert_layers.0" in names[id(p)] for p in rt.parameters())
-    return max((p.grad - refs[names[id(p)]].grad).abs().max().item() for p in rt.parameters())
+    return _worst_grad_diff(model, ref, rt)
 
 
 @pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved", 2)])
@@ -390,35 +407,12 @@ def test_albert_pp2_gradients_equal_the_model(schedule: str, virtual: int) -> No
 def _uneven_pp_worker(schedule: str, virtual: int) -> tuple[list[list[int]], float, float]:
     """On each of 2 ranks: a 5-layer LLaMA over pp x virtual chunks of unequal size; the chunks, the
     loss difference and the worst gradient difference against the unpipelined model."""
-    import torch.distributed as dist
-
-    from autoslapo.config import ScheduleConfig
-    from autoslapo.models.build import build_model
     from autoslapo.models.spec import ModelSpec
-    from autoslapo.pipeline import build_pipeline
-    from autoslapo.plan import apply_schedule
-    from autoslapo.runtime.train import loss_function, step_batch
 
     spec = ModelSpec.from_name("llama-tiny", seq_len=16).with_overrides(layers=5)
-    model = build_model(spec, dropout=0.0)
-    ref = copy.deepcopy(model)
-    config = ScheduleConfig(pp=2, grad_accum=2, pipeline_schedule=schedule, virtual_stages=virtual, ckpt_ratio=0.5)
-    sch = apply_schedule(model, spec, config)
-    batch = step_batch(spec, 4, 0, 0)
-    loss_fn = loss_function(spec)
-    ref_loss = 0.0
-    for i in range(2):
-        part = loss_fn(ref(input_ids=batch["input_ids"][i * 2:i * 2 + 2]).logits, batch["labels"][i * 2:i * 2 + 2]) / 2
-        part.backward()
-        ref_loss += part.item()
-    rt = build_pipeline(sch, pp_group=dist.group.WORLD, grad_accum=2, schedule=schedule, virtual_stages=virtual,
-                        loss_fn=loss_fn)
-    loss = rt.step(batch["input_ids"], target=batch["labels"])
-    names = {id(p): n for n, p in model.named_parameters()}
-    refs = dict(ref.named_parameters())
-    loss_diff = abs(loss.item() - ref_loss) if loss is not None else 0.0
-    grad_diff = max((p.grad - refs[names[id(p)]].grad).abs().max().item() for p in rt.parameters())
-    return sch.meta["plan"]["stages"], loss_diff, grad_diff
+    model, ref, sch, rt, loss, ref_loss = _pipelined(spec, schedule, virtual)
+    loss_diff = abs(loss - ref_loss) if loss is not None else 0.0
+    return sch.meta["plan"]["stages"], loss_diff, _worst_grad_diff(model, ref, rt)
 
 
 @pytest.mark.parametrize(("schedule", "virtual", "stages"), [
