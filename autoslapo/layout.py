@@ -212,11 +212,15 @@ def pp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
 def layouts(model: ModelSpec, cluster: ClusterSpec, *, tp: int | None = None, pp: int | None = None,
             dp: int | None = None) -> Iterator[tuple[int, int, int]]:
     """Every (tp, pp, dp) of ``cluster`` that can run ``model``, optionally with degrees pinned."""
+    # a pinned pp is taken as given (however uneven its split), if it can split the model at all
+    if pp is None:
+        pps = pp_degrees(model, cluster)
+    else:
+        pps = [] if pp_problem(pp, model, cluster) else [pp]
     for t in tp_degrees(model, cluster):
         if tp is not None and t != tp:
             continue
-        # a pinned pp is taken as given (however uneven its split), if it can split the model at all
-        for p in pp_degrees(model, cluster) if pp is None else [pp] if not pp_problem(pp, model, cluster) else []:
+        for p in pps:
             if cluster.gpus % (t * p):
                 continue
             d = cluster.gpus // (t * p)

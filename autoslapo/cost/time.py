@@ -365,12 +365,12 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         bwd = n * bwd_l + (head_b if last else 0.0) + (2 * emb if pp == 1 else 0.0)
         return fwd, bwd, n_rec * again + n * 4 * tp_one, n, n_rec
 
-    # the busiest rank sets every pipeline slot: the last (it runs the head) unless an uneven split
-    # gives a middle rank a layer more
     if model.encoder_decoder:  # T5: two stacks of unequal blocks over source and target tokens
         fwd_mb, bwd_mb, rec_mb, tp_mb = _encdec_microbatch_times(model, config, r, dropout, tp_bw)
         per_stage, n_ckpt = model.layers // pp, 0
     else:
+        # the busiest rank sets every pipeline slot: the last (it runs the head) unless an uneven
+        # split gives a middle rank a layer more
         ranks = rank_layers(model.layers, pp, config.virtual_stages)
         fwd_mb, bwd_mb, _, per_stage, n_ckpt = max(
             (rank_slot(layers, i == pp - 1) for i, layers in enumerate(ranks)), key=lambda x: x[0] + x[1] + x[2])
