@@ -334,7 +334,8 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     fwd_last, bwd_last = stage(ranks[-1], 1.0)
     # a middle rank holds fewer micro-batches than the first and neither embedding nor logits: it
     # peaks higher only where an uneven split gives it more layers
-    middle = (max(stage(ranks[r], in_flight_microbatches(config, r))) for r in range(1, config.pp - 1))
+    uneven = model.layers % (config.pp * config.virtual_stages) != 0
+    middle = (max(stage(ranks[r], in_flight_microbatches(config, r))) for r in range(1, config.pp - 1) if uneven)
     return int(max(max(fwd_first, bwd_first) + emb, fwd_last + logits, bwd_last, *middle))
 
 
