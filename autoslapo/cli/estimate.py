@@ -10,6 +10,7 @@ and shape: the same answer, and ``--cluster-from`` then names a study in the ser
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -165,6 +166,11 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     print(f"  pinned: {' '.join(k.show(c[k.name]) for k in KNOBS if k.name in d['pinned']) or 'none'}; searched "
           f"(fastest that fits): {' '.join(k.label for k in free if k.sweep is not None or k.auto) or 'none'}; "
           f"defaults: {' '.join(k.label for k in free if k.sweep is None and not k.auto) or 'none'}")
+    if d.get("stage_layers"):
+        sizes = d["stage_layers"]
+        runs = [(n, len(list(group))) for n, group in itertools.groupby(sizes)]
+        print(f"  pipeline: {sum(sizes)} layers over {len(sizes)} ranks: "
+              + ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs) + ("" if len(runs) == 1 else " (uneven)"))
     print(f"  {d['samples_per_s']:,.1f} samples/s, {d['tokens_per_s']:,.0f} tokens/s, step {d['step_time_s']:.3f} s")
     print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")
     print(f"  memory {d['memory_per_device_bytes'] / 2**30:.2f} GiB of {d['memory_capacity_bytes'] / 2**30:.1f} GiB a "

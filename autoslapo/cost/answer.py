@@ -14,6 +14,7 @@ from autoslapo.config import describe
 from autoslapo.cost.correction import Correction, corrected_cluster, corrected_perf
 from autoslapo.cost.search import best_configs
 from autoslapo.errors import ConfigError
+from autoslapo.layout import rank_layers
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -47,11 +48,15 @@ def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estim
     (``{"study", "params", "n_trials"}``; None when the model was not calibrated) and, when
     ``ranked`` holds more than the best, ``top``: each of them (the best first) as rank, figures,
     config and its one-line description; ``pinned``: the knobs the caller fixed (the search chose
-    the others)."""
+    the others); ``stage_layers``: the layers each pipeline rank runs (None without a pipeline)."""
     est = ranked[0]
     d = est.to_dict()
+    c = est.config
+    # the layers (an encoder-decoder's blocks) each pipeline rank runs; unequal where the chunks are
+    stages = ([len(r) for r in rank_layers(model.blocks if model.encoder_decoder else model.layers, c.pp,
+                                           c.virtual_stages)] if c.pp > 1 else None)
     d.update(model=model.to_dict(), num_params=model.num_params(), cluster=cluster.to_dict(), profile=profile or None,
-             searched=est.breakdown.get("searched"), pinned=sorted(pinned),
+             searched=est.breakdown.get("searched"), pinned=sorted(pinned), stage_layers=stages,
              calibration=None if calibration is None else {"study": study, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})
     if len(ranked) > 1:

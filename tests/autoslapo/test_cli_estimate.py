@@ -250,3 +250,16 @@ def test_a_described_network_slows_what_crosses_nodes(capsys: pytest.CaptureFixt
     assert main([*across, "--inter-node-gbps", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--inter-node-gbps is GB/s a device" in err[0] and "got 0.0" in err[0]
+
+
+def test_estimate_shows_each_pipeline_ranks_layers(capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a 70-layer GPT over 12 stages (BLOOM-176B's split): the first and last hold one layer fewer
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = ["estimate", "gpt2-xl", "--layers", "70", "--gpus", "96", "--tp", "1", "--pp", "12", "--dp", "8"]
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stage_layers"] == [5] + [6] * 10 + [5]
+    assert main(argv) == 0
+    assert "pipeline: 70 layers over 12 ranks: 5, 6 x 10, 5 (uneven)" in capsys.readouterr().out
+    assert main(["estimate", "gpt2-xl", "--gpus", "8", "--tp", "1", "--pp", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stage_layers"] is None
