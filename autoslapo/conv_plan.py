@@ -12,7 +12,7 @@
 2. activation checkpointing of ``config.checkpointed_layers(blocks)`` (ratio and placement over the
    blocks, within each pipeline chunk when pp > 1); ``compile_layers`` runs each block as a
    torch.compile region;
-3. the pipeline cuts: pp x virtual stages chunks of equal block counts (the stem on the first
+3. the pipeline cuts: pp x virtual stages chunks of blocks, as even as they can be (the stem on the first
    stage, pooling and the classifier on the last: ``autoslapo.models.adapters.wideresnet_adapter``).
 
 Knobs that act on attention, tokens or a vocabulary (``Knob.transformer_only``) are refused for the
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from autoslapo import layout
 from autoslapo.errors import ScheduleError
 from autoslapo.primitives.tp import ShardSpec, slice_shard
 
@@ -105,24 +106,24 @@ def apply_conv_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig, 
     if config.tp > 1:
         for block in blocks:
             _shard_block(block)
-    chunks = config.pp * config.virtual_stages  # pipeline chunks of equal block counts (layout.pp_problem)
-    n = spec.layers // chunks
+    # pipeline chunks as even as they can be, the smaller at the ends (layout.chunk_sizes)
+    bounds = layout.chunk_bounds(spec.layers, config.pp * config.virtual_stages)
     # the ratio and placement within each chunk, as autoslapo.plan does for transformer layers
-    ckpt = [c * n + i for c in range(chunks) for i in config.checkpointed_layers(n)]
+    ckpt = [a + i for a, b in bounds for i in config.checkpointed_layers(b - a)]
     for i in ckpt:
         blocks[i].checkpoint()
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
         for block in blocks:
             block.fuse(compiler=backend)
-    cuts = [(c + 1) * n - 1 for c in range(chunks - 1)]
+    cuts = [b - 1 for _, b in bounds[:-1]]
     for i in cuts:  # a stage ends after these blocks (autoslapo.models.adapters.wideresnet_adapter)
         blocks[i].cut_pipeline_stage()
     plan: dict[str, Any] = {
         "family": spec.family, "config": config.to_dict(), "skipped": [], "tp": config.tp,
         "sharded": ["conv1", "bn1", "conv2"] if config.tp > 1 else [], "checkpointed": ckpt,
         "compiled_layers": config.compile_layers, "pipeline_cuts": cuts,
-        "stages": [[c * n, (c + 1) * n] for c in range(chunks)],
+        "stages": [[a, b] for a, b in bounds],
     }
     sch.meta["plan"] = plan
     return sch

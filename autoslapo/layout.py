@@ -4,7 +4,7 @@ One module states the rules (torchtitan's ``ParallelDims`` idea; ``ScheduleConfi
 and derives ``world_size`` and ``global_batch``): tp x pp x dp = the devices; tp
 divides the attention heads, the key/value heads and the MLP width, and stays within a node; the
 pipeline's chunks (pp x virtual stages) split the layers as evenly as they can, each holding at least one
-(evenly for an encoder-decoder and a convolutional family); micro-batch x dp x gradient
+(evenly for an encoder-decoder); micro-batch x dp x gradient
 accumulation = the global batch; sequence parallelism splits the sequence over tp. The config's
 validation, the search spaces, the cost model's sweep, the tuner, the baselines and the CLI all ask
 here. One rule, too, for the default precision.
@@ -89,9 +89,9 @@ SEARCHED_STAGE_IMBALANCE = 1.10
 
 
 def uneven_stages_ok(model: ModelSpec) -> bool:
-    """Whether ``model``'s pipeline chunks may hold different numbers of layers: a stack of one kind of
-    layer or block (not an encoder-decoder's two stacks or a convolutional family's stages)."""
-    return not (model.encoder_decoder or is_convolutional(model.family))
+    """Whether ``model``'s pipeline chunks may hold different numbers of layers or blocks: all but an
+    encoder-decoder (its two stacks split evenly)."""
+    return not model.encoder_decoder
 
 
 def chunk_sizes(layers: int, chunks: int) -> list[int]:
@@ -143,11 +143,9 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if chunks > 1 and model.family == "user" and not model.extra.get("layers"):
         return (f"pipeline stages need the model file to declare layers (stages are cut between its blocks): got "
                 f"pp={pp} for {model.preset}.py; add layers = \"<ModuleList path>\" to it or use pp=1")
-    if model.layers % chunks and is_convolutional(model.family):
-        return (f"pipeline stages must split the blocks evenly: got {model.layers} blocks for pp={pp} x "
-                f"virtual_stages={virtual_stages}; use a divisor of {model.layers}")
     if not model.encoder_decoder and chunks > model.layers:
-        return (f"pipeline chunks must each hold a layer: got {model.layers} layers for pp={pp} x "
+        unit = "block" if is_convolutional(model.family) else "layer"
+        return (f"pipeline chunks must each hold a {unit}: got {model.layers} {unit}s for pp={pp} x "
                 f"virtual_stages={virtual_stages} ({chunks} chunks); use pp x virtual_stages <= {model.layers}")
     if cluster is not None and cluster.gpus % pp:
         return f"pp must divide --gpus: got pp={pp} for --gpus {cluster.gpus}"

@@ -127,8 +127,11 @@ def wrn_split_params(hidden: int, ffn: int, layers: int) -> int:
 
 
 def pipeline_chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` blocks of each of ``chunks`` pipeline chunks (equal when ``chunks`` divides ``layers``)."""
-    return [(c * layers // chunks, (c + 1) * layers // chunks) for c in range(chunks)]
+    """``[start, stop)`` blocks of each of ``chunks`` pipeline chunks, as the schedule cuts them
+    (``autoslapo.layout.chunk_bounds``: as even as they can be, the smaller at the ends)."""
+    from autoslapo.layout import chunk_bounds  # imported here: layout imports the models package
+
+    return chunk_bounds(layers, chunks)
 
 
 def wrn_rank_params(hidden: int, ffn: int, layers: int, vocab: int, *, tp: int = 1, pp: int = 1,

@@ -49,7 +49,7 @@ def test_run_wideresnet_tiny_with_tensor_parallelism() -> None:
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (("wideresnet-tiny", "--gpus", "3", "--pp", "3"), "pipeline stages must split the blocks evenly"),
+        (("wideresnet-tiny", "--gpus", "5", "--pp", "5"), "pipeline chunks must each hold a block: got 4 blocks for pp=5"),
         (("llama-tiny", "--gpus", "4", "--tp", "3"), "tp*pp must divide --gpus"),
         (("bert-tiny", "--gpus", "3", "--tp", "3"), "tp must divide the attention heads"),
         (("gpt2-tiny", "--gpus", "2", "--pp", "2", "--grad-accum", "1"), "micro-batch per stage"),

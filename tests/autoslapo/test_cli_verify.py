@@ -22,7 +22,7 @@ from autoslapo.cli import main
         (["verify", "gpt2-tiny", "--pp", "2", "--batch", "3"], "--batch must split into --grad-accum"),
         (["verify", "gpt2-tiny", "--pp", "2", "--grad-accum", "1"], "a pipeline needs at least one micro-batch per stage"),
         (["verify", "gpt2-tiny", "--ckpt-ratio", "2"], "ckpt_ratio must be between 0 and 1"),
-        (["verify", "wideresnet-tiny", "--pp", "3"], "pipeline stages must split the blocks evenly"),
+        (["verify", "wideresnet-tiny", "--pp", "5"], "pipeline chunks must each hold a block: got 4 blocks for pp=5"),
         (["verify", "wideresnet-tiny", "--attn", "flash"], "attn_kernel does not apply to wideresnet"),
     ],
 )
@@ -72,11 +72,13 @@ def test_pipelined_albert_and_wideresnet_pass() -> None:
         assert len(line) == 1 and "ok - tp=1 pp=2" in line[0] and "pipeline 2 stages" in line[0], out
 
 
-def test_uneven_stages_pass_for_a_preset_and_a_model_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 5 layers over 2 stages (2 + 3); the worked model file's 4 blocks over 3 (1 + 2 + 1), with
-    # grad_accum = pp micro-batches by default
+def test_uneven_stages_pass_for_presets_and_a_model_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 5 layers over 2 stages (2 + 3); WideResNet's and the worked model file's 4 blocks over 3
+    # (1 + 2 + 1), with grad_accum = pp micro-batches by default
     rc, out, _ = _verify("gpt2-tiny", "--pp", "2", "--layers", "5", "--ckpt-ratio", "0.5", "--seq-len", "16")
     assert rc == 0 and "ok - tp=1 pp=2 ckpt_ratio=0.5" in out and "5 of 2 layers" in out, out
+    rc, out, _ = _verify("wideresnet-tiny", "--pp", "3", "--layers", "0")
+    assert rc == 0 and "ok - tp=1 pp=3" in out and "pipeline 3 stages x 3 micro-batches" in out, out
     monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
     rc, out, _ = _verify(str(Path(__file__).parents[2] / "experiments" / "my_model.py"), "--pp", "3")
     assert rc == 0 and "ok - tp=1 pp=3" in out and "pipeline 3 stages x 3 micro-batches" in out, out

@@ -31,7 +31,7 @@ def test_transformer_only_knobs_are_declared_on_the_knobs() -> None:
 @pytest.mark.parametrize(
     ("knobs", "message"),
     [
-        ({"pp": 3, "grad_accum": 3}, "pipeline stages must split the blocks evenly: got 4 blocks for pp=3"),
+        ({"pp": 5, "grad_accum": 5}, "pipeline chunks must each hold a block: got 4 blocks for pp=5"),
         ({"attn_kernel": "flash"}, "attn_kernel does not apply to wideresnet"),
         ({"tp": 2, "sequence_parallel": True}, "sequence_parallel does not apply"),
         ({"loss_kernel": "chunked"}, "loss_kernel does not apply"),
