@@ -25,16 +25,17 @@ from typing import TYPE_CHECKING
 from autoslapo.cost.device import DevicePerf
 from autoslapo.cost.memory import (
     MemoryBreakdown,
+    checkpointed_layer_ids,
     element_bytes,
     in_flight_microbatches,
     state_bytes_per_param,
     zero_buffer_bytes,
 )
 from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, group_bandwidth
+from autoslapo.layout import chunk_bounds, rank_layers
 from autoslapo.models.wrn_shape import (
     Conv,
     block_convs,
-    pipeline_chunk_bounds,
     stage_blocks,
     stem_convs,
     wrn_rank_params,
@@ -82,22 +83,6 @@ def stem_activation_bytes(model: ModelSpec, elem: int) -> float:
     return elem * (3 * model.seq_len**2 + 2 * conv_out + stem.cout * side**2) + 8 * stem.cout * side**2
 
 
-def _rank_blocks(model: ModelSpec, config: ScheduleConfig) -> list[list[int]]:
-    """The blocks each pipeline rank runs (chunk ``c`` of pp x virtual stages on rank ``c % pp``)."""
-    ranks: list[list[int]] = [[] for _ in range(config.pp)]
-    for c, (a, b) in enumerate(pipeline_chunk_bounds(model.layers, config.pp * config.virtual_stages)):
-        ranks[c % config.pp].extend(range(a, b))
-    return ranks
-
-
-def _checkpointed(model: ModelSpec, config: ScheduleConfig) -> set[int]:
-    # the ratio and placement within each pipeline chunk, as ``autoslapo.conv_plan`` places them
-    out: set[int] = set()
-    for a, b in pipeline_chunk_bounds(model.layers, config.pp * config.virtual_stages):
-        out.update(a + i for i in config.checkpointed_layers(b - a))
-    return out
-
-
 def _in_flight(config: ScheduleConfig, rank: int) -> float:
     # 1F1B: rank r holds pp - r micro-batches at its peak; GPipe and interleaved: as the first stage
     if config.pp > 1 and config.pipeline_schedule == "1f1b":
@@ -110,11 +95,11 @@ def estimate_conv_activation_bytes(model: ModelSpec, config: ScheduleConfig, tra
     micro-batches in flight (the stem's on the first rank, the logits on the last's), and with
     ``transients`` the peak in backward (its largest block rebuilt and its gradients on top)."""
     e = element_bytes(config)
-    ckpt = _checkpointed(model, config)
+    ckpt = set(checkpointed_layer_ids(model, config))  # within each chunk, as ``autoslapo.conv_plan`` places them
     blocks = block_activation_elements(model, config.tp)
     last = (config.pp * config.virtual_stages - 1) % config.pp
     worst = 0.0
-    for rank, mine in enumerate(_rank_blocks(model, config)):
+    for rank, mine in enumerate(rank_layers(model.layers, config.pp, config.virtual_stages)):
         per_image = e * sum(blocks[i][1] if i in ckpt else blocks[i][0] for i in mine)
         if rank == 0:
             per_image += stem_activation_bytes(model, e)
@@ -184,12 +169,12 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         tp_blocks.append(2 * _ring("allreduce", b * c2.cout * c2.out_side**2 * e, t, tp_bw, perf))
     head = r.gemm(b, model.vocab, _classes_in(model))
     stem_s = _conv_seconds(r, stem, b, 1) + r.mem(6 * e * b * stem.cout * stem.out_side**2, 4)
-    ckpt = _checkpointed(model, config)
+    ckpt = set(checkpointed_layer_ids(model, config))  # within each chunk, as ``autoslapo.conv_plan`` places them
     chunks = pp * config.virtual_stages
     last = (chunks - 1) % pp
     # each rank's micro-batch: (forward, recomputation, tp collectives); the slowest paces the pipeline
     per_rank = []
-    for rank, mine in enumerate(_rank_blocks(model, config)):
+    for rank, mine in enumerate(rank_layers(model.layers, config.pp, config.virtual_stages)):
         fwd = sum(fwd_blocks[i] for i in mine) + (stem_s if rank == 0 else 0.0) + (head if rank == last else 0.0)
         rec = sum(fwd_blocks[i] + tp_blocks[i] / 2 for i in mine if i in ckpt)
         per_rank.append((fwd, rec, sum(tp_blocks[i] for i in mine)))
@@ -209,7 +194,7 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         # and its gradient back, a micro-batch; a rank sends from each of its chunks but the last
         pp_bw = group_bandwidth(cluster, t * dp, pp)
         sends = [0.0] * pp
-        for c, (_, stop) in enumerate(pipeline_chunk_bounds(model.layers, chunks)[:-1]):
+        for c, (_, stop) in enumerate(chunk_bounds(model.layers, chunks)[:-1]):
             out = blocks[stop - 1][2]  # conv3: the block's output channels and side
             nbytes = b * out.cout * out.out_side**2 * e
             sends[c % pp] += 2 * (nbytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s)

@@ -18,7 +18,6 @@ __all__ = [
     "RESNET50_BLOCKS",
     "Conv",
     "block_convs",
-    "pipeline_chunk_bounds",
     "stage_blocks",
     "stem_convs",
     "wrn_end_params",
@@ -126,14 +125,6 @@ def wrn_split_params(hidden: int, ffn: int, layers: int) -> int:
     return sum(c.params for block in block_convs(hidden, ffn, layers, 224) for c in block if c.sharded)
 
 
-def pipeline_chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` blocks of each of ``chunks`` pipeline chunks, as the schedule cuts them
-    (``autoslapo.layout.chunk_bounds``: as even as they can be, the smaller at the ends)."""
-    from autoslapo.layout import chunk_bounds  # imported here: layout imports the models package
-
-    return chunk_bounds(layers, chunks)
-
-
 def wrn_rank_params(hidden: int, ffn: int, layers: int, vocab: int, *, tp: int = 1, pp: int = 1,
                     chunks: int = 1) -> list[float]:
     """Parameters each pipeline rank holds, by rank: its chunks' blocks (chunk ``c`` on rank ``c % pp``;
@@ -141,7 +132,9 @@ def wrn_rank_params(hidden: int, ffn: int, layers: int, vocab: int, *, tp: int =
     blocks = [sum(c.params / tp if c.sharded else c.params for c in convs)
               for convs in block_convs(hidden, ffn, layers, 224)]
     ranks = [0.0] * pp
-    for c, (a, b) in enumerate(pipeline_chunk_bounds(layers, chunks)):
+    from autoslapo.layout import chunk_bounds  # imported here: layout imports the models package
+
+    for c, (a, b) in enumerate(chunk_bounds(layers, chunks)):
         ranks[c % pp] += sum(blocks[a:b])
     stem, _ = stem_convs(hidden, 224)
     last = hidden * 2 ** (len(stage_blocks(layers)) - 1)
