@@ -31,7 +31,7 @@ from autoslapo.cost.memory import (
     state_bytes_per_param,
     zero_buffer_bytes,
 )
-from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, group_bandwidth
+from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, bubble_slots, group_bandwidth
 from autoslapo.layout import chunk_bounds, rank_layers
 from autoslapo.models.wrn_shape import (
     Conv,
@@ -174,7 +174,8 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     last = (chunks - 1) % pp
     # each rank's micro-batch: (forward, recomputation, tp collectives); the slowest paces the pipeline
     per_rank = []
-    for rank, mine in enumerate(rank_layers(model.layers, config.pp, config.virtual_stages)):
+    ranks = rank_layers(model.layers, pp, config.virtual_stages)
+    for rank, mine in enumerate(ranks):
         fwd = sum(fwd_blocks[i] for i in mine) + (stem_s if rank == 0 else 0.0) + (head if rank == last else 0.0)
         rec = sum(fwd_blocks[i] + tp_blocks[i] / 2 for i in mine if i in ckpt)
         per_rank.append((fwd, rec, sum(tp_blocks[i] for i in mine)))
@@ -187,9 +188,8 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         dp_comm *= 1.5 * m
     opt_params = n / (dp if config.zero_stage >= 1 else 1)
     optimizer = r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4)
-    bubble_slots, pp_comm = 0.0, 0.0
+    slots, pp_comm = bubble_slots(config, model.layers, max(len(mine) for mine in ranks)), 0.0
     if pp > 1:
-        bubble_slots = (pp - 1) / config.virtual_stages if config.pipeline_schedule == "interleaved" else pp - 1.0
         # the feature map after each cut block (its size depends on where the cut falls), sent forward
         # and its gradient back, a micro-batch; a rank sends from each of its chunks but the last
         pp_bw = group_bandwidth(cluster, t * dp, pp)
@@ -198,10 +198,10 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
             out = blocks[stop - 1][2]  # conv3: the block's output channels and side
             nbytes = b * out.cout * out.out_side**2 * e
             sends[c % pp] += 2 * (nbytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s)
-        pp_comm = (m + bubble_slots) * max(sends)
+        pp_comm = (m + slots) * max(sends)
     slot = 3 * fwd + accum + rec + tp_mb
     return TimeBreakdown(
         compute=m * (3 * fwd + accum), recompute=m * rec, tp_comm=m * tp_mb, pp_comm=pp_comm,
-        bubble=bubble_slots * slot, dp_comm=dp_comm, optimizer=optimizer,
+        bubble=slots * slot, dp_comm=dp_comm, optimizer=optimizer,
         overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,
     )

@@ -179,6 +179,21 @@ FLASH_BWD_REL = 0.86
 ZERO3_HOOK_S = 30e-6
 
 
+def bubble_slots(config: ScheduleConfig, layers: int, busiest: int) -> float:
+    """Pipeline slots the fill and drain take: none without a pipeline, pp - 1 (GPipe, 1F1B), (pp - 1) / v
+    interleaved; with uneven chunks of ``layers`` the fill and drain wait on the largest chunk, not on
+    a v-th of the busiest rank's ``busiest`` layers."""
+    pp, v = config.pp, config.virtual_stages
+    if pp == 1:
+        return 0.0
+    if config.pipeline_schedule != "interleaved":
+        return float(pp - 1)
+    slots = (pp - 1) / v
+    if layers % (pp * v) and busiest:
+        slots *= max(chunk_sizes(layers, pp * v)) * v / busiest
+    return slots
+
+
 def _partly_hidden(comm: float, compute: float) -> float:
     """Exposed seconds of ``comm`` overlapped with ``compute`` by ZeRO-3's prefetch."""
     hidden = min(comm, ZERO3_PREFETCH * comm, compute)
@@ -390,11 +405,8 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     p2p = 2 * (p2p_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
     v = config.virtual_stages
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
-    bubble_slots = (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
-    if v > 1 and not model.encoder_decoder and model.layers % (pp * v):
-        # uneven chunks: the fill and drain wait on the largest chunk, not on a v-th of the rank
-        bubble_slots *= max(chunk_sizes(model.layers, pp * v)) * v / per_stage
-    pp_comm = (m + bubble_slots) * p2p * v
+    slots = bubble_slots(config, model.blocks if model.encoder_decoder else model.layers, per_stage)
+    pp_comm = (m + slots) * p2p * v
     if pp > 1 and model.shared_layers:
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
         # group once a step, after the schedule (``PipelineRuntime.sync_tied_grads``)
@@ -448,14 +460,14 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
             blocks_run = len(stage_blocks(model, config, 0))
             n_rec = len(checkpointed_blocks(model, config) & set(stage_blocks(model, config, 0)))
         issued = blocks_run * kernels_l * 3 + n_rec * (kernels_l if config.ckpt_granularity == "full" else 1)
-        overhead += (m + bubble_slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
+        overhead += (m + slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 
     return TimeBreakdown(
         compute=m * (fwd_mb + bwd_mb),
         recompute=m * rec_mb,
         tp_comm=m * tp_mb,
         pp_comm=pp_comm,
-        bubble=bubble_slots * slot,
+        bubble=slots * slot,
         dp_comm=dp_comm,
         optimizer=optimizer,
         overhead=overhead,

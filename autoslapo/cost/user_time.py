@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autoslapo.cost.memory import checkpointed_layer_ids
-from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, group_bandwidth
+from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, bubble_slots, group_bandwidth
 from autoslapo.layout import rank_layers
 
 if TYPE_CHECKING:
@@ -25,9 +25,9 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     traced FLOPs at the achievable rate, a memory pass over each block's saved activations and a
     latency per traced op (backward twice forward); TP divides the blocks' FLOPs and adds four
     all-reduces of a block's input per block; DP/ZeRO as for the families; checkpointed blocks (or
-    their attention cores) run again. Pipeline stages split the blocks; the last (the slot) runs all
-    outside them (the slot: the busiest rank, the last unless an uneven split gives another more blocks);
-    a block's input passes between stages; outside gradients are summed over pp."""
+    their attention cores) run again. Pipeline stages split the blocks; the last runs all outside them;
+    the busiest rank (the last, unless an uneven split gives another more blocks) sets every slot; a
+    block's input passes between stages; outside gradients are summed over pp."""
     r = _Rates(perf, cluster, config)
     x = model.extra
     t, dp, m, b, z, pp, v = (config.tp, config.dp, config.grad_accum, config.micro_batch, config.zero_stage,
@@ -65,7 +65,7 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     again = (r.mem(core, int(x["attn_core_ops"])) + float(x["attn_core_flops"]) * b / t / r.flops_s
              if config.ckpt_granularity == "selective" else layer_f + 2 * tp_one)
     rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
-    bubble_slots = 0.0 if pp == 1 else (pp - 1) / v if config.pipeline_schedule == "interleaved" else float(pp - 1)
+    slots = bubble_slots(config, blocks, per_stage)
     p2p = 2 * (hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
     tied = _ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf) if pp > 1 else 0.0
     opt_params = n_params / (dp if z >= 1 else 1)
@@ -73,8 +73,8 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         compute=m * (fwd_mb + bwd_mb),
         recompute=m * rec_mb,
         tp_comm=m * tp_mb,
-        pp_comm=(m + bubble_slots) * p2p * v + tied,
-        bubble=bubble_slots * (fwd_mb + bwd_mb + rec_mb + tp_mb),
+        pp_comm=(m + slots) * p2p * v + tied,
+        bubble=slots * (fwd_mb + bwd_mb + rec_mb + tp_mb),
         dp_comm=dp_comm,
         optimizer=r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4),
         overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,

@@ -183,7 +183,7 @@ def forget() -> None:
 
 def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
     memory = trace_memory_bytes()
-    limits = [str(memory), str(max(1, math.ceil(timeout_s))), str(TRACE_FILE_BYTES)]
+    limits = [str(memory), str(_cpu_seconds(timeout_s)), str(TRACE_FILE_BYTES)]
     with tempfile.TemporaryDirectory(prefix="autoslapo-trace-") as work:
         result = Path(work) / "result.json"
         child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result), *limits], cwd=work,
@@ -207,11 +207,16 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
     return ModelSpec.from_dict(doc["spec"])
 
 
+def _cpu_seconds(timeout_s: float) -> int:
+    """The trace's CPU limit: the timeout's seconds, whole (at least 1)."""
+    return max(1, math.ceil(timeout_s))
+
+
 def _wait_within_limits(mf: ModuleFile, child: subprocess.Popen[bytes], timeout_s: float, memory: int) -> int:
     """The trace child's exit code, once it ends within the timeout and the limits summed over its
     process group (what a file that starts processes uses in all of them; polled every
     ``GROUP_POLL_S``). Raises: UsageError (one line) for the timeout or a group limit."""
-    deadline, cpu_s = time.monotonic() + timeout_s, max(1, math.ceil(timeout_s))
+    deadline, cpu_s = time.monotonic() + timeout_s, _cpu_seconds(timeout_s)
     while (code := child.poll()) is None:
         if time.monotonic() > deadline:
             raise UsageError(f"the model file {mf.name} did not finish its trace within {timeout_s:g} s; build() and "
@@ -264,7 +269,7 @@ def _file_message(mf: ModuleFile) -> str:
 
 def _no_result(mf: ModuleFile, code: int, memory: int, timeout_s: float) -> str:
     """Why a trace child ended without writing its result: a limit's signal, else its exit code."""
-    cpu_s = max(1, math.ceil(timeout_s))
+    cpu_s = _cpu_seconds(timeout_s)
     if code == -signal.SIGXCPU:
         return (f"the model file {mf.name} used more than {cpu_s} s of CPU in its trace (the server's limit); "
                 "build() and one forward on the meta device must be quick")
