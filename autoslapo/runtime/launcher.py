@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from autoslapo import proctree
 from autoslapo.errors import ConfigError
 from autoslapo.runtime.oom import OomWatch
 
@@ -39,6 +40,8 @@ __all__ = ["LaunchOutcome", "launch"]
 Status = Literal["complete", "oom", "failed", "timeout"]
 SHM = Path("/dev/shm")
 POLL_S = 0.05
+#: Every rank of a launch carries its id in this environment variable (``_kill_strays`` finds them by it).
+LAUNCH_ID_ENV = "AUTOSLAPO_LAUNCH_ID"
 # Messages of collectives whose peer went away (gloo, nccl, the TCP store).
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
              "recvBytes", "Socket Timeout")
@@ -199,26 +202,7 @@ def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
 def _kill_strays(launch_id: str) -> set[int]:
     """SIGKILL every process that carries this launch's id in its environment (daemons a rank
     started in a session of their own, e.g. torch_shm_manager). Returns their pids."""
-    key = f"AUTOSLAPO_LAUNCH_ID={launch_id}".encode()
-    killed: set[int] = set()
-    for _ in range(3):  # a stray may fork while we look
-        found = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                env = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if key in env.split(b"\0"):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(entry), signal.SIGKILL)
-                    killed.add(int(entry))
-                    found = True
-        if not found:
-            break
-        time.sleep(0.05)
-    return killed
+    return proctree.kill(None, f"{LAUNCH_ID_ENV}={launch_id}".encode())
 
 
 def _shm_names() -> set[str]:
@@ -309,7 +293,7 @@ def launch(
         }
         (tmp / "request.json").write_text(json.dumps(request))
         child_env = _child_env(device, threads, env)
-        child_env["AUTOSLAPO_LAUNCH_ID"] = tmp.name
+        child_env[LAUNCH_ID_ENV] = tmp.name
         for rank in range(offset, offset + world_size):
             log = open(tmp / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed right after Popen
             try:

@@ -7,11 +7,16 @@ text, writes it into the model cache by its digest (``$AUTOSLAPO_MODEL_CACHE``, 
 (``autoslapo.models.user.user_spec``) in a child process under a timeout. A file that fails there
 (syntax error, no ``build``/``batch``, an exception, the timeout, or one of the child's limits: 4 GiB of
 memory by default, CPU seconds as the timeout, 64 MiB a written file) is one UsageError line, before
-anything is stored. Memory and CPU hold both in each process (rlimits) and summed over the child's
-process group, which the server polls: a file that starts processes cannot multiply the limits. The job keeps the source as sent, so the worker that runs the study, and any
-worker that takes it over after a crash, writes the same bytes, traces the same digest and builds
-the same spec; the trial processes then load the file from the cache by digest, as they do for
-``autoslapo tune my_model.py``.
+anything is stored. Memory and CPU hold both in each process (rlimits) and summed over all the
+trace's processes, which the server polls: a file that starts processes cannot multiply the limits.
+Those are the child (a supervisor that reaps its orphaned descendants, so a daemon that calls
+``setsid`` or forks twice stays under it), its descendants, its process group and any process
+carrying the trace's mark in its environment; all of them end with the trace.
+
+The job keeps the source as sent, so the worker that runs the study, and any worker that takes it
+over after a crash, writes the same bytes, traces the same digest and builds the same spec; the
+trial processes then load the file from the cache by digest, as they do for ``autoslapo tune
+my_model.py``.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoslapo import proctree
 from autoslapo.errors import UsageError
 from autoslapo.models.modcache import ensure_entry
 from autoslapo.models.spec import ModelSpec
@@ -43,8 +50,10 @@ ALLOW_FLAG = "--allow-module-files"
 TRACE_TIMEOUT_S = 120.0
 NAME_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\.py")
 MEMO_SIZE = 64
-#: How often the server sums the trace's process group's memory and CPU time against the limits.
+#: How often the server sums the trace's processes' memory and CPU time against the limits.
 GROUP_POLL_S = 0.05
+#: The environment variable that marks the trace's processes (``Family``).
+TRACE_MARK = "AUTOSLAPO_TRACE_ID"
 
 #: The trace child's limits: its heap and other private memory (``RLIMIT_DATA``; ``$AUTOSLAPO_TRACE_MEMORY_MIB``
 #: overrides the default 4 GiB: the trace of experiments/my_model.py peaks at ~220 MiB, torch's import
@@ -54,33 +63,72 @@ MEMORY_ENV = "AUTOSLAPO_TRACE_MEMORY_MIB"
 TRACE_MEMORY_MIB = 4096
 TRACE_FILE_BYTES = 64 * 2**20
 
-# The child: set its limits (before torch is imported), trace the file as `autoslapo tune FILE.py`
-# does and write the spec (or one error line) to a result file; the file's own prints go nowhere.
-# BaseException: a file may raise SystemExit. One thread for torch: the trace is on the meta device.
+# The child is a supervisor that never imports the file: it makes itself the reaper of orphaned
+# descendants (so a daemon the file starts, setsid or double fork, stays under it), forks the tracer,
+# waits for it, kills whatever the tracer left running and ends as the tracer ended (its exit code,
+# or the signal that stopped it). The tracer sets its limits (before torch is imported), traces the
+# file as `autoslapo tune FILE.py` does and writes the spec (or one error line) to a result file;
+# the file's own prints go nowhere. BaseException: a file may raise SystemExit. One thread for
+# torch: the trace is on the meta device.
 _CHILD = """\
-import errno, json, os, resource, sys
-memory, cpu_s, file_bytes = (int(a) for a in sys.argv[3:6])
-resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-os.environ["OMP_NUM_THREADS"] = "1"
-result = {}
-try:
-    from autoslapo.errors import AutoslapoError
-    from autoslapo.models.user import user_spec
-    result = {"spec": user_spec(sys.argv[1]).to_dict()}
-except MemoryError:
-    result = {"limit": "memory"}
-except BaseException as exc:
-    text = " ".join(str(exc).split())
-    ours = isinstance(exc, AutoslapoError) and text
-    result = {"error": text if ours else f"{type(exc).__name__}: {text}".rstrip(": ")}
-    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
-        result = {"limit": "file"}
-    elif "can't allocate memory" in text or "Cannot allocate memory" in text:  # torch's CPU allocator
+import contextlib, os, resource, signal, sys
+from autoslapo import proctree
+
+
+def trace():
+    import errno, json
+    memory, cpu_s, file_bytes = (int(a) for a in sys.argv[3:6])
+    resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    os.environ["OMP_NUM_THREADS"] = "1"
+    result = {}
+    try:
+        from autoslapo.errors import AutoslapoError
+        from autoslapo.models.user import user_spec
+        result = {"spec": user_spec(sys.argv[1]).to_dict()}
+    except MemoryError:
         result = {"limit": "memory"}
-with open(sys.argv[2], "w", encoding="utf-8") as out:
-    json.dump(result, out)
+    except BaseException as exc:
+        text = " ".join(str(exc).split())
+        ours = isinstance(exc, AutoslapoError) and text
+        result = {"error": text if ours else f"{type(exc).__name__}: {text}".rstrip(": ")}
+        if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+            result = {"limit": "file"}
+        elif "can't allocate memory" in text or "Cannot allocate memory" in text:  # torch's CPU allocator
+            result = {"limit": "memory"}
+    with open(sys.argv[2], "w", encoding="utf-8") as out:
+        json.dump(result, out)
+
+
+proctree.become_subreaper()
+tracer = os.fork()
+if tracer == 0:
+    code = 1
+    try:
+        trace()
+        code = 0
+    finally:
+        os._exit(code)
+status = 0
+while True:  # reaps the orphans handed to this process too
+    try:
+        pid, got = os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+    if pid == tracer:
+        status = got
+        break
+proctree.kill(os.getpid(), spare_root=True)
+with contextlib.suppress(ChildProcessError):
+    while os.waitpid(-1, 0)[0]:
+        pass
+if os.WIFSIGNALED(status):
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
@@ -184,15 +232,19 @@ def forget() -> None:
 def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
     memory = trace_memory_bytes()
     limits = [str(memory), str(_cpu_seconds(timeout_s)), str(TRACE_FILE_BYTES)]
+    # every process of the trace carries this mark, so one that leaves the supervisor's tree is found
+    mark = f"{os.getpid()}-{uuid.uuid4().hex}"
     with tempfile.TemporaryDirectory(prefix="autoslapo-trace-") as work:
         result = Path(work) / "result.json"
         child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result), *limits], cwd=work,
+                                 env={**os.environ, TRACE_MARK: mark},
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)  # its own group: a timeout ends what it started too
+                                 start_new_session=True)
+        family = Family(child, f"{TRACE_MARK}={mark}".encode())
         try:
-            code = _wait_within_limits(mf, child, timeout_s, memory)
+            code = _wait_within_limits(mf, family, timeout_s, memory)
         finally:
-            _kill_group(child)  # whatever the file left running in its group
+            family.end()  # whatever the file left running
         try:
             doc = json.loads(result.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -212,16 +264,39 @@ def _cpu_seconds(timeout_s: float) -> int:
     return max(1, math.ceil(timeout_s))
 
 
-def _wait_within_limits(mf: ModuleFile, child: subprocess.Popen[bytes], timeout_s: float, memory: int) -> int:
+@dataclass(frozen=True)
+class Family:
+    """The trace's processes: the supervisor child, its descendants (it reaps their orphans), its
+    process group and whatever carries the trace's mark in its environment (``autoslapo.proctree``)."""
+
+    child: subprocess.Popen[bytes]
+    marker: bytes
+
+    def usage(self) -> tuple[int, float] | None:
+        """(resident bytes, CPU seconds) of the family together; None without ``/proc``."""
+        return proctree.usage(self.child.pid, self.marker)
+
+    def end(self) -> None:
+        """Kill every member, the supervisor last (so orphans stay under it meanwhile), and reap it."""
+        proctree.kill(self.child.pid, self.marker, spare_root=True)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.child.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.child.kill()
+        self.child.wait()
+        proctree.kill(None, self.marker)  # one that forked as the supervisor went
+
+
+def _wait_within_limits(mf: ModuleFile, family: Family, timeout_s: float, memory: int) -> int:
     """The trace child's exit code, once it ends within the timeout and the limits summed over its
-    process group (what a file that starts processes uses in all of them; polled every
-    ``GROUP_POLL_S``). Raises: UsageError (one line) for the timeout or a group limit."""
+    processes (what a file that starts processes uses in all of them; polled every ``GROUP_POLL_S``).
+    Raises: UsageError (one line) for the timeout or a summed limit."""
     deadline, cpu_s = time.monotonic() + timeout_s, _cpu_seconds(timeout_s)
-    while (code := child.poll()) is None:
+    while (code := family.child.poll()) is None:
         if time.monotonic() > deadline:
             raise UsageError(f"the model file {mf.name} did not finish its trace within {timeout_s:g} s; build() and "
                              "one forward on the meta device must be quick (no downloads, no loops on data)")
-        used = group_usage(child.pid)
+        used = family.usage()
         if used is not None and used[0] > memory:
             raise UsageError(_memory_message(mf, memory) + " (its processes together)")
         if used is not None and used[1] > cpu_s:
@@ -229,32 +304,6 @@ def _wait_within_limits(mf: ModuleFile, child: subprocess.Popen[bytes], timeout_
                              "together (the server's limit); build() and one forward on the meta device must be quick")
         time.sleep(GROUP_POLL_S)
     return code
-
-
-def group_usage(pgid: int) -> tuple[int, float] | None:
-    """(resident bytes, CPU seconds) of process group ``pgid``: its live processes' resident memory, and
-    their CPU time with that of the children they reaped (Linux ``/proc/<pid>/stat``); None without ``/proc``."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    page, tick = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
-    rss, cpu = 0, 0.0
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:  # it ended meanwhile
-            continue
-        # after "pid (comm) ": state ppid pgrp ... utime stime cutime cstime (fields 14-17) ... rss (24)
-        fields = data[data.rfind(b")") + 2:].split()
-        if len(fields) < 22 or int(fields[2]) != pgid:
-            continue
-        cpu += sum(int(x) for x in fields[11:15]) / tick
-        rss += int(fields[21]) * page
-    return rss, cpu
 
 
 def _memory_message(mf: ModuleFile, memory: int) -> str:
@@ -281,9 +330,3 @@ def _no_result(mf: ModuleFile, code: int, memory: int, timeout_s: float) -> str:
     if code == -signal.SIGSEGV or code == -signal.SIGABRT:  # an allocation failing outside Python's reach
         return _memory_message(mf, memory) + f" (it ended with signal {-code})"
     return f"the trace of the model file {mf.name} ended with exit code {code} and no result; the file must not end the process"
-
-
-def _kill_group(child: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait()

@@ -124,19 +124,83 @@ def test_a_file_that_starts_processes_is_held_to_the_limit_they_sum_to(monkeypat
     assert time.monotonic() - started < 45  # stopped by the group's sum, not by the 120 s timeout
 
 
-def test_group_usage_sums_a_process_group() -> None:
-    from autoslapo.service.modfile import group_usage
+def daemon_source(pidfile: Path, mib: int, sleep_s: int = 120) -> str:
+    """A model file whose build() leaves a daemon behind, as a double fork with setsid does: a process
+    in a session of its own whose parent has exited, holding ``mib`` MiB; build() returns once it runs."""
+    daemon = (f"import os, time; open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid())); "
+              f"os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r}); held = b'x' * ({mib} << 20); "
+              f"time.sleep({sleep_s})")
+    grab = (f"import os, sys, time\n"
+            f"    if os.fork() == 0:\n"
+            f"        os.setsid()\n"
+            f"        if os.fork() == 0:\n"
+            f"            os.execv(sys.executable, [sys.executable, '-c', {daemon!r}])\n"
+            f"        os._exit(0)\n"
+            f"    while not os.path.exists({str(pidfile)!r}):\n"
+            f"        time.sleep(0.05)")
+    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
+    assert text != TINY
+    return text
 
-    kid = subprocess.Popen([sys.executable, "-c", "import time; b = b'x' * (64 << 20); time.sleep(30)"],
-                           start_new_session=True)
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")  # killed, waiting for its reaper
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_daemon_the_file_leaves_behind_ends_with_its_trace(tmp_path: Path) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    spec = module_spec(ModuleFile("leaves.py", daemon_source(pidfile, mib=1)))
+    assert spec.family == "user"
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(pid), f"the daemon {pid} outlived the trace"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_daemon_the_file_starts_counts_toward_the_trace_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the daemon holds 400 MiB in a session of its own, re-parented when its parent exits; with the
+    # trace's own ~220 MiB the two are over 512 MiB, each under it
+    monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
+    pidfile = tmp_path / "daemon.pid"
+    text = daemon_source(pidfile, mib=400).replace("    return Net()", "    time.sleep(60)\n    return Net()")
+    started = time.monotonic()
+    with pytest.raises(UsageError, match=r"the model file hog\.py needed more than 512 MiB to trace") as err:
+        module_spec(ModuleFile("hog.py", text))
+    assert "its processes together" in str(err.value) and "\n" not in str(err.value)
+    assert time.monotonic() - started < 45  # stopped by the sum, not by the 120 s timeout
+    assert gone(int(pidfile.read_text()))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_proctree_finds_descendants_group_and_marked_processes() -> None:
+    from autoslapo import proctree
+
+    code = "import time; b = b'x' * (64 << 20); time.sleep(30)"
+    kid = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    # not a descendant of kid, not in its group: found by the mark in its environment alone
+    marked = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                              env={**os.environ, "AUTOSLAPO_TEST_MARK": "m1"})
     try:
         time.sleep(1.5)
-        used = group_usage(kid.pid)
+        used = proctree.usage(kid.pid)
         assert used is not None and used[0] > 64 << 20 and used[1] >= 0
-        assert group_usage(2**22 + 7) == (0, 0.0)  # no such group
+        both = proctree.usage(kid.pid, b"AUTOSLAPO_TEST_MARK=m1")
+        assert both is not None and both[0] > used[0] + (64 << 20) - (8 << 20)
+        assert proctree.usage(2**22 + 7) == (0, 0.0)  # no such process
+        assert {p.pid for p in proctree.family(None, b"AUTOSLAPO_TEST_MARK=m1")} == {marked.pid}
+        assert proctree.kill(kid.pid, b"AUTOSLAPO_TEST_MARK=m1") == {kid.pid, marked.pid}
+        assert kid.wait(timeout=10) == -9 and marked.wait(timeout=10) == -9
     finally:
-        kid.kill()
-        kid.wait()
+        for p in (kid, marked):
+            p.kill()
+            p.wait()
 
 
 def test_a_bad_trace_memory_limit_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, service_store: Store) -> None:
