@@ -3,10 +3,9 @@
 One module states the rules (torchtitan's ``ParallelDims`` idea; ``ScheduleConfig`` holds the degrees
 and derives ``world_size`` and ``global_batch``): tp x pp x dp = the devices; tp
 divides the attention heads, the key/value heads and the MLP width, and stays within a node; the
-pipeline's chunks (pp x virtual stages) split the layers as evenly as they can, each holding at least one
-(evenly for an encoder-decoder); micro-batch x dp x gradient
-accumulation = the global batch; sequence parallelism splits the sequence over tp. The config's
-validation, the search spaces, the cost model's sweep, the tuner, the baselines and the CLI all ask
+pipeline's chunks (pp x virtual stages) split the layers (an encoder-decoder's blocks, both stacks in
+one list) as evenly as they can, each holding at least one; micro-batch x dp x gradient accumulation
+= the global batch; sequence parallelism splits the sequence over tp. The config's validation, the search spaces, the cost model's sweep, the tuner, the baselines and the CLI all ask
 here. One rule, too, for the default precision.
 
 Pure: no torch, no I/O. Messages name the rule, the values and the fix.
@@ -88,12 +87,6 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
 SEARCHED_STAGE_IMBALANCE = 1.10
 
 
-def uneven_stages_ok(model: ModelSpec) -> bool:
-    """Whether ``model``'s pipeline chunks may hold different numbers of layers or blocks: all but an
-    encoder-decoder (its two stacks split evenly)."""
-    return not model.encoder_decoder
-
-
 def chunk_sizes(layers: int, chunks: int) -> list[int]:
     """Layers in each of ``chunks`` pipeline chunks (chunk ``c`` on pipeline rank ``c % pp``).
 
@@ -135,18 +128,16 @@ def stage_imbalance(layers: int, pp: int, virtual_stages: int = 1) -> float:
 def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, virtual_stages: int = 1) -> str:
     """Why ``pp`` (x ``virtual_stages`` chunks) cannot split ``model`` (on ``cluster``), or ""."""
     chunks = pp * virtual_stages
-    if model.encoder_decoder and model.blocks % chunks:
-        # the stages split one list, the encoder's blocks then the decoder's
-        return (f"pipeline stages must split an encoder-decoder's blocks evenly: got {model.layers} encoder + "
-                f"{model.decoder_layers} decoder blocks for pp={pp} x virtual_stages={virtual_stages}; use a "
-                f"divisor of {model.blocks}")
     if chunks > 1 and model.family == "user" and not model.extra.get("layers"):
         return (f"pipeline stages need the model file to declare layers (stages are cut between its blocks): got "
                 f"pp={pp} for {model.preset}.py; add layers = \"<ModuleList path>\" to it or use pp=1")
-    if not model.encoder_decoder and chunks > model.layers:
-        unit = "block" if is_convolutional(model.family) else "layer"
-        return (f"pipeline chunks must each hold a {unit}: got {model.layers} {unit}s for pp={pp} x "
-                f"virtual_stages={virtual_stages} ({chunks} chunks); use pp x virtual_stages <= {model.layers}")
+    if chunks > model.blocks:
+        # an encoder-decoder's stages split one list, the encoder's blocks then the decoder's
+        unit = "block" if is_convolutional(model.family) or model.encoder_decoder else "layer"
+        got = (f"{model.layers} encoder + {model.decoder_layers} decoder blocks" if model.encoder_decoder
+               else f"{model.layers} {unit}s")
+        return (f"pipeline chunks must each hold a {unit}: got {got} for pp={pp} x virtual_stages={virtual_stages} "
+                f"({chunks} chunks); use pp x virtual_stages <= {model.blocks}")
     if cluster is not None and cluster.gpus % pp:
         return f"pp must divide --gpus: got pp={pp} for --gpus {cluster.gpus}"
     return ""
@@ -204,7 +195,7 @@ def pp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
     """Every pp that can split ``model`` on ``cluster`` and that the searches propose, ascending: an
     uneven split only within ``SEARCHED_STAGE_IMBALANCE``."""
     return [p for p in divisors(cluster.gpus) if not pp_problem(p, model, cluster)
-            and (not uneven_stages_ok(model) or model.layers % p == 0 or stage_imbalance(model.layers, p) <= SEARCHED_STAGE_IMBALANCE)]
+            and stage_imbalance(model.blocks, p) <= SEARCHED_STAGE_IMBALANCE]
 
 
 def layouts(model: ModelSpec, cluster: ClusterSpec, *, tp: int | None = None, pp: int | None = None,

@@ -159,8 +159,7 @@ def _auto_domain(knob: str, model: ModelSpec, cluster: ClusterSpec, rules: Mappi
     if knob == "tp":  # what cannot shard the model (``layout.tp_problem``) is dropped after
         return tuple(layout.divisors(cluster.gpus))
     if knob == "pp":  # the divisors of the layers, and the uneven splits the searches propose (layout.pp_degrees)
-        uneven = layout.pp_degrees(model, cluster) if layout.uneven_stages_ok(model) else []
-        return tuple(sorted({*layout.divisors(math.gcd(model.layers, cluster.gpus)), *uneven}))
+        return tuple(sorted({*layout.divisors(math.gcd(model.blocks, cluster.gpus)), *layout.pp_degrees(model, cluster)}))
     if knob == "micro_batch":
         return tuple(2**i for i in range(int(math.log2(rules["max_micro_batch"])) + 1))
     auto = ", ".join(k.name for k in KNOBS if k.auto)

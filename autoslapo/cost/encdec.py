@@ -7,10 +7,11 @@ tokens (causal self-attention, cross-attention whose keys and values are project
 encoder output, MLP), and the LM head over target tokens only. Attention is ``heads x d_kv`` wide,
 which need not be ``hidden`` (T5-3B: 32 x 128 on 1024). Blocks are numbered encoder first, as
 ``autoslapo.plan.checkpointed_layers`` numbers them. Pipeline stages split that one list into
-pp x virtual_stages equal chunks (chunk ``c`` on pipeline rank ``c % pp``), so a stage may hold
-encoder blocks, decoder blocks or both: :func:`stage_blocks` says which, and the parameters and
-activations here are those of the first and the last pipeline rank (embeddings on the first; the
-head, the decoder's norm and the logits on the last). Between stages pass both streams, the
+pp x virtual_stages chunks, as even as they can be (``autoslapo.layout.chunk_sizes``; chunk ``c`` on
+pipeline rank ``c % pp``), so a stage may hold encoder blocks, decoder blocks or both:
+:func:`stage_blocks` says which, and the parameters and activations here are those of the first
+and the last pipeline rank (embeddings on the first; the head, the decoder's norm and the logits
+on the last), or of a middle rank that an uneven split gives more. Between stages pass both streams, the
 encoder's (source tokens) and the decoder's (target tokens).
 
 Written as the Megatron-style per-matrix count of ``autoslapo.cost.flops`` (2 FLOPs a multiply-add,
@@ -22,12 +23,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoslapo import layout
+
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
     from autoslapo.models.spec import ModelSpec
 
 __all__ = [
     "block_activation_bytes",
+    "busiest_rank",
     "checkpointed_blocks",
     "decoder_block_flops",
     "encdec_activation_bytes",
@@ -80,10 +84,15 @@ def encdec_hw_flops_per_sample(model: ModelSpec, config: ScheduleConfig) -> floa
 
 def stage_blocks(model: ModelSpec, config: ScheduleConfig, rank: int) -> list[int]:
     """The blocks (encoder first, then decoder) pipeline rank ``rank`` holds: its chunks of the
-    ``pp x virtual_stages`` equal chunks, chunk ``c`` on rank ``c % pp`` (all blocks when pp = 1)."""
-    chunks = config.pp * config.virtual_stages
-    n = model.blocks // chunks
-    return [i for c in range(rank, chunks, config.pp) for i in range(c * n, (c + 1) * n)]
+    ``pp x virtual_stages`` chunks (``layout.chunk_sizes``: as even as they can be), chunk ``c`` on
+    rank ``c % pp`` (all blocks when pp = 1)."""
+    return layout.rank_layers(model.blocks, config.pp, config.virtual_stages)[rank]
+
+
+def busiest_rank(model: ModelSpec, config: ScheduleConfig) -> int:
+    """The pipeline rank holding the most blocks (the first of them; 0 for an even split)."""
+    ranks = layout.rank_layers(model.blocks, config.pp, config.virtual_stages)
+    return max(range(config.pp), key=lambda r: len(ranks[r]))
 
 
 def encdec_stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float, float]:
@@ -102,7 +111,9 @@ def encdec_stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float
     def body(rank: int) -> float:
         return float(sum(enc if i < model.layers else dec for i in stage_blocks(model, config, rank)))
 
-    return (body(0) + word + rest) / config.tp, (body(config.pp - 1) + word + rest) / config.tp
+    # a middle rank that an uneven split gives more blocks may hold more than the first
+    first = max([body(0) + word + rest, *(body(r) for r in range(1, config.pp - 1))])
+    return first / config.tp, (body(config.pp - 1) + word + rest) / config.tp
 
 
 def _element_bytes(config: ScheduleConfig) -> int:
@@ -162,7 +173,14 @@ def encdec_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: b
     if config.pp > 1:
         first = _stage_activation_bytes(model, config, 0, in_flight, dropout, runtime, transients, heap)
         last = _stage_activation_bytes(model, config, config.pp - 1, 1.0, dropout, runtime, transients, heap)
-        return max(first, last)
+        middle: list[int] = []
+        if model.blocks % (config.pp * config.virtual_stages):
+            # an uneven split may give a middle rank, with fewer micro-batches in flight, more blocks
+            from autoslapo.cost.memory import in_flight_microbatches  # memory imports this module
+
+            middle = [_stage_activation_bytes(model, config, r, in_flight_microbatches(config, r), dropout, runtime,
+                                              transients, heap) for r in range(1, config.pp - 1)]
+        return max(first, last, *middle)
     return _stage_activation_bytes(model, config, 0, 1.0, dropout, runtime, transients, heap)
 
 
@@ -208,6 +226,5 @@ def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int,
 def checkpointed_blocks(model: ModelSpec, config: ScheduleConfig) -> set[int]:
     """The blocks checkpointed, as ``autoslapo.plan.checkpointed_layers`` places them: the ratio
     and placement within each pipeline chunk."""
-    chunks = config.pp * config.virtual_stages
-    n = model.blocks // chunks
-    return {c * n + i for c in range(chunks) for i in config.checkpointed_layers(n)}
+    chunks = layout.chunk_bounds(model.blocks, config.pp * config.virtual_stages)
+    return {a + i for a, b in chunks for i in config.checkpointed_layers(b - a)}

@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from autoslapo.cost.encdec import checkpointed_blocks, stage_blocks
+from autoslapo.cost.encdec import busiest_rank, checkpointed_blocks, stage_blocks
 from autoslapo.cost.kernels import (
     flash_softmax_s,
     flash_traffic_bytes,
@@ -383,6 +383,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     if model.encoder_decoder:  # T5: two stacks of unequal blocks over source and target tokens
         fwd_mb, bwd_mb, rec_mb, tp_mb = _encdec_microbatch_times(model, config, r, dropout, tp_bw)
         per_stage, n_ckpt = model.layers // pp, 0
+        busiest_blocks = len(stage_blocks(model, config, busiest_rank(model, config)))
     else:
         # the busiest rank sets every pipeline slot: the last (it runs the head) unless an uneven
         # split gives a middle rank a layer more
@@ -405,7 +406,8 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     p2p = 2 * (p2p_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
     v = config.virtual_stages
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
-    slots = bubble_slots(config, model.blocks if model.encoder_decoder else model.layers, per_stage)
+    slots = (bubble_slots(config, model.blocks, busiest_blocks) if model.encoder_decoder
+             else bubble_slots(config, model.layers, per_stage))
     pp_comm = (m + slots) * p2p * v
     if pp > 1 and model.shared_layers:
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
@@ -457,8 +459,8 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     if perf.host_op_s > 0:
         blocks_run, n_rec = per_stage, n_ckpt
         if model.encoder_decoder:  # T5: a stage's blocks of both stacks
-            blocks_run = len(stage_blocks(model, config, 0))
-            n_rec = len(checkpointed_blocks(model, config) & set(stage_blocks(model, config, 0)))
+            busiest = stage_blocks(model, config, busiest_rank(model, config))
+            blocks_run, n_rec = len(busiest), len(checkpointed_blocks(model, config) & set(busiest))
         issued = blocks_run * kernels_l * 3 + n_rec * (kernels_l if config.ckpt_granularity == "full" else 1)
         overhead += (m + slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 

@@ -73,7 +73,7 @@ def test_pipelined_albert_and_wideresnet_pass() -> None:
 
 
 def test_uneven_stages_pass_for_presets_and_a_model_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 5 layers over 2 stages (2 + 3); WideResNet's and the worked model file's 4 blocks over 3
+    # 5 layers over 2 stages (2 + 3); WideResNet's, the worked model file's and T5's 4 blocks over 3
     # (1 + 2 + 1), with grad_accum = pp micro-batches by default
     rc, out, _ = _verify("gpt2-tiny", "--pp", "2", "--layers", "5", "--ckpt-ratio", "0.5", "--seq-len", "16")
     assert rc == 0 and "ok - tp=1 pp=2 ckpt_ratio=0.5" in out and "5 of 2 layers" in out, out
@@ -82,6 +82,9 @@ def test_uneven_stages_pass_for_presets_and_a_model_file(tmp_path: Path, monkeyp
     monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
     rc, out, _ = _verify(str(Path(__file__).parents[2] / "experiments" / "my_model.py"), "--pp", "3")
     assert rc == 0 and "ok - tp=1 pp=3" in out and "pipeline 3 stages x 3 micro-batches" in out, out
+    # T5's 2 + 2 blocks in one list over 3 stages: the middle one holds an encoder and a decoder block
+    rc, out, _ = _verify("t5-tiny", "--pp", "3", "--ckpt-ratio", "0.5")
+    assert rc == 0 and "ok - tp=1 pp=3 ckpt_ratio=0.5" in out and "pipeline 3 stages x 3 micro-batches" in out, out
 
 
 @pytest.mark.slow

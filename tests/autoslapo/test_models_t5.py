@@ -108,8 +108,9 @@ def test_description_paths_exist_in_both_stacks(spec: ModelSpec) -> None:
 def test_layouts_t5_cannot_run_are_refused_and_never_generated() -> None:
     ScheduleConfig(pp=2, grad_accum=2).validate(TINY)  # 2 encoder + 2 decoder blocks: a stage each stack
     ScheduleConfig(pp=2, grad_accum=2, pipeline_schedule="interleaved", virtual_stages=2).validate(TINY)
-    with pytest.raises(ConfigError, match=r"split an encoder-decoder's blocks evenly: got 2 encoder \+ 2 decoder"):
-        ScheduleConfig(pp=3, grad_accum=3).validate(TINY)
+    ScheduleConfig(pp=3, grad_accum=3).validate(TINY)  # 4 blocks in one list: 1, 2, 1
+    with pytest.raises(ConfigError, match=r"chunks must each hold a block: got 2 encoder \+ 2 decoder blocks for pp=4"):
+        ScheduleConfig(pp=4, grad_accum=4, pipeline_schedule="interleaved", virtual_stages=2).validate(TINY)
     with pytest.raises(ConfigError, match="sequence_parallel is not supported for t5"):
         ScheduleConfig(tp=2, sequence_parallel=True).validate(TINY)
     with pytest.raises(ConfigError, match="flash is not supported for t5"):

@@ -14,7 +14,7 @@ import torch
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
-from autoslapo.cost.encdec import stage_blocks
+from autoslapo.cost.encdec import busiest_rank, checkpointed_blocks, stage_blocks
 from autoslapo.cost.memory import estimate_activation_bytes, stage_params
 from autoslapo.errors import ScheduleError
 from autoslapo.models.build import build_model
@@ -119,6 +119,28 @@ def test_stage_blocks_follow_the_chunks() -> None:
     inter = ScheduleConfig(pp=2, grad_accum=2, pipeline_schedule="interleaved", virtual_stages=2)
     assert stage_blocks(TINY, inter, 0) == [0, 2] and stage_blocks(TINY, inter, 1) == [1, 3]
     assert stage_blocks(TINY, ScheduleConfig(), 0) == [0, 1, 2, 3]
+
+
+def test_uneven_t5_stages_agree_between_plan_and_cost_model() -> None:
+    # 2 + 2 blocks over 3 stages: 1, 2, 1, the middle stage holding the last encoder and the first decoder block
+    config = ScheduleConfig(pp=3, grad_accum=3, ckpt_ratio=0.5, ckpt_placement="front")
+    assert [stage_blocks(TINY, config, r) for r in range(3)] == [[0], [1, 2], [3]]
+    assert busiest_rank(TINY, config) == 1
+    sch = apply_schedule(build_model(TINY, dropout=0.0), TINY, config)
+    assert pipeline_cuts(sch) == ["encoder.block.0", "decoder.block.0"]
+    assert sch.meta["plan"]["checkpointed"] == sorted(checkpointed_blocks(TINY, config))
+    # t5-large's 48 blocks over 5 ranks: 9, 10, 10, 10, 9; a middle rank sets the pipeline's slot
+    five = ScheduleConfig(tp=8, pp=5, dp=1, micro_batch=4, grad_accum=10, zero_stage=1)
+    assert [len(stage_blocks(LARGE, five, r)) for r in range(5)] == [9, 10, 10, 10, 9]
+    wider = ClusterSpec(gpus=40, gpu_type="a100-80gb")
+    e5 = estimate(LARGE, five, wider)
+    assert e5.fits and e5.time.bubble > 0
+    # the busiest rank's blocks set the step: 48 blocks over 5 cost about what 50 do, more than 45
+    def step(blocks: int) -> float:
+        spec = dataclasses.replace(LARGE.with_overrides(layers=blocks // 2),
+                                   extra={**LARGE.extra, "decoder_layers": blocks - blocks // 2})
+        return estimate(spec, five, wider).step_time_s
+    assert step(45) < step(48) <= step(50) * 1.02
 
 
 def test_pipelined_t5_holds_less_per_stage_and_pays_a_bubble_and_p2p() -> None:

@@ -50,10 +50,13 @@ def test_which_families_split_unevenly() -> None:
     with pytest.raises(ConfigError, match="pipeline chunks must each hold a layer: got 70 layers for pp=36 x "
                                           r"virtual_stages=2 \(72 chunks\); use pp x virtual_stages <= 70"):
         ScheduleConfig(pp=36, grad_accum=72, pipeline_schedule="interleaved", virtual_stages=2).validate(bloom_like)
-    # a convolutional net's blocks split unevenly too; an encoder-decoder's two stacks still evenly
+    # a convolutional net's blocks split unevenly too, and an encoder-decoder's one list of both stacks
     ScheduleConfig(pp=3, grad_accum=3).validate(ModelSpec.from_name("wideresnet-tiny"))  # 4 blocks: 1, 2, 1
-    with pytest.raises(ConfigError, match="must split an encoder-decoder's blocks evenly"):
-        ScheduleConfig(pp=5, grad_accum=5).validate(ModelSpec.from_name("t5-small"))
+    ScheduleConfig(pp=5, grad_accum=5).validate(ModelSpec.from_name("t5-small"))  # 6 + 6 blocks: 2, 3, 2, 3, 2
+    with pytest.raises(ConfigError, match=r"pipeline chunks must each hold a block: got 6 encoder \+ 6 decoder "
+                                          r"blocks for pp=8 x virtual_stages=2 \(16 chunks\); use pp x virtual_stages <= 12"):
+        ScheduleConfig(pp=8, grad_accum=16, pipeline_schedule="interleaved", virtual_stages=2).validate(
+            ModelSpec.from_name("t5-small"))
 
 
 def test_searches_propose_only_near_even_splits_but_take_a_pinned_one() -> None:
