@@ -87,13 +87,23 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
 SEARCHED_STAGE_IMBALANCE = 1.10
 
 
+def empty_end_chunks_ok(model: ModelSpec) -> bool:
+    """Whether ``model``'s first and last pipeline chunk may hold no layer (the embeddings alone, the
+    head alone): a transformer with one list of its own layers. Not an encoder-decoder's joined
+    stacks, a shared layer's calls, a convolutional net's blocks or a model file's."""
+    return not (model.encoder_decoder or model.shared_layers or is_convolutional(model.family)
+                or model.family == "user")
+
+
 def chunk_sizes(layers: int, chunks: int) -> list[int]:
     """Layers in each of ``chunks`` pipeline chunks (chunk ``c`` on pipeline rank ``c % pp``).
 
     Equal when ``chunks`` divides ``layers``; else as even as they can be (sizes differ by one) with
     the smaller chunks at the pipeline's ends, outermost first: the first chunk also runs the
     embedding and the last the head and the loss (Llama 3 405B puts one layer fewer on its first
-    and last stage for that reason; Dubey et al. 2024, section 3.3.2). Needs ``1 <= chunks <= layers``.
+    and last stage for that reason; Dubey et al. 2024, section 3.3.2). With one chunk more than
+    layers the first holds none, with two the last too (Llama 3's 126 layers in 128 chunks: the
+    embedding alone, then a layer a chunk, then the head alone). Needs ``1 <= chunks <= layers + 2``.
     """
     base, extra = divmod(layers, chunks)
     if not extra:
@@ -131,13 +141,15 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if chunks > 1 and model.family == "user" and not model.extra.get("layers"):
         return (f"pipeline stages need the model file to declare layers (stages are cut between its blocks): got "
                 f"pp={pp} for {model.preset}.py; add layers = \"<ModuleList path>\" to it or use pp=1")
-    if chunks > model.blocks:
+    ends = 2 if empty_end_chunks_ok(model) else 0
+    if chunks > model.blocks + ends:
         # an encoder-decoder's stages split one list, the encoder's blocks then the decoder's
         unit = "block" if is_convolutional(model.family) or model.encoder_decoder else "layer"
         got = (f"{model.layers} encoder + {model.decoder_layers} decoder blocks" if model.encoder_decoder
                else f"{model.layers} {unit}s")
-        return (f"pipeline chunks must each hold a {unit}: got {got} for pp={pp} x virtual_stages={virtual_stages} "
-                f"({chunks} chunks); use pp x virtual_stages <= {model.blocks}")
+        rule = ", but the first and the last (the embeddings, the head)" if ends else ""
+        return (f"pipeline chunks must each hold a {unit}{rule}: got {got} for pp={pp} x virtual_stages="
+                f"{virtual_stages} ({chunks} chunks); use pp x virtual_stages <= {model.blocks + ends}")
     if cluster is not None and cluster.gpus % pp:
         return f"pp must divide --gpus: got pp={pp} for --gpus {cluster.gpus}"
     return ""

@@ -54,20 +54,23 @@ __all__ = ["apply_schedule", "checkpointed_layers", "chunk_bounds", "cut_points"
 
 def chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
     """``[start, stop)`` of each of ``chunks`` pipeline chunks of ``layers`` layers: equal when ``chunks``
-    divides ``layers``, else the smaller ones at the pipeline's ends (``autoslapo.layout.chunk_sizes``).
+    divides ``layers``, else the smaller ones at the pipeline's ends (``autoslapo.layout.chunk_sizes``);
+    with one or two chunks more than layers the first, then also the last, holds none (the embeddings
+    alone, the head alone: ``layout.pp_problem`` says which families may).
 
-    Raises: ScheduleError unless ``1 <= chunks <= layers``.
+    Raises: ScheduleError unless ``1 <= chunks <= layers + 2``.
     """
-    if chunks < 1 or chunks > layers:
+    if chunks < 1 or chunks > layers + 2:
         raise ScheduleError(
-            f"pipeline chunks must each hold a layer: got {layers} layers into {chunks} chunks; "
-            f"use pp * virtual_stages <= {layers}"
+            f"pipeline chunks must each hold a layer, but the first and the last: got {layers} layers into "
+            f"{chunks} chunks; use pp * virtual_stages <= {layers + 2}"
         )
     return layout.chunk_bounds(layers, chunks)
 
 
 def cut_points(layers: int, chunks: int) -> list[int]:
-    """Indices of the layers after which a pipeline stage ends (``chunks - 1`` of them)."""
+    """Indices of the layers after which a pipeline stage ends (``chunks - 1`` of them; -1 for a first
+    chunk without layers, which ends before layer 0)."""
     return [stop - 1 for _, stop in chunk_bounds(layers, chunks)[:-1]]
 
 
@@ -299,6 +302,8 @@ def apply_schedule(
             _vocab_parallel(sch, desc, spec.causal, config.loss_kernel)
         if config.sequence_parallel:
             for start, stop in chunks:
+                if start == stop:  # a chunk of the embeddings or the head alone
+                    continue
                 layers[start].sync("fwd_pre", "split", dim=1)
                 layers[stop - 1].sync("fwd_post", "all_gather", dim=1)
 
@@ -331,6 +336,8 @@ def apply_schedule(
     for i in cuts:
         if spec.shared_layers:  # stages run calls [a, b) of the one layer
             layers[i].cut_pipeline_stage(call=i, calls=spec.layers)
+        elif i < 0:  # the first chunk holds the embeddings alone
+            layers[0].cut_pipeline_stage(before=True)
         else:
             layers[i].cut_pipeline_stage()
 

@@ -240,8 +240,8 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
                  f"{V100_DATA.name}, {DEEPSPEED_DATA.name}; never fitted)")
     lines.append("Llama 3 405B pre-training on H100 (Dubey et al. 2024, table 4): tp, pp, dp, global batch, bf16 and "
                  "the interleaved schedule pinned; micro-batch, virtual stages, checkpointing and kernels the model's "
-                 "fastest that fits; 126 layers estimated as 128 (Meta's 16 x 8 chunks leave the first and last without a "
-                 "layer, which the model's pipeline cannot cut); compared: model TFLOP/s a GPU. The paper trained "
+                 "fastest that fits; its 126 layers as Meta split them (16 x 8 chunks, the first holding the embedding "
+                 "alone and the last the head alone); compared: model TFLOP/s a GPU. The paper trained "
                  "without activation checkpointing (section 3.3.2); the last columns give that schedule's error and "
                  "predicted memory, which the model puts above 80 GB.")
     lines.append("GPT 22B-1T on A100 with Megatron-LM (Korthikanti et al. 2022, table 5): every knob pinned (tp 8, "

@@ -9,9 +9,9 @@ over NVLink, 400 Gb/s RoCE a GPU between servers, section 3.3.1), BF16, TP 8, PP
 430 / 400 TFLOP/s a GPU (43 % / 41 % BF16 MFU). The same three rows were shown by P. Balaji at
 SC'24 ("Herding Llamas"). The table's third row (16,384 GPUs with context parallelism 16 at
 131,072 tokens) is left out: the model has no context parallelism. Llama 3 405B has 126 layers and
-puts one layer fewer on the first and last of its 16 stages (section 3.3.2); with 8 virtual stages
-that leaves its first and last chunk without a layer, which the model's pipeline (cut after layers)
-cannot express, so the row is estimated with 128 layers (a rate moves by well under 1 %). The paper
+puts one layer fewer on the first and last of its 16 stages (section 3.3.2): with 8 virtual stages
+its first chunk holds the embedding alone and its last the head alone, as the model's chunks
+(``layout.chunk_sizes``) place 126 layers in 128 chunks. The paper
 trained these rows without activation checkpointing (section 3.3.2, after freeing each stage's input
 and output tensors early); the model puts that schedule above 80 GB, so its fastest that fits
 recomputes layers, and is pessimistic by that recomputation.
@@ -75,6 +75,7 @@ from autoslapo.cost.field import FieldCheck
 from autoslapo.cost.field import load_rows as load_field_rows
 from autoslapo.cost.search import best_config
 from autoslapo.errors import ConfigError
+from autoslapo.layout import pp_problem
 from autoslapo.models.spec import ModelSpec
 
 DATA = Path(__file__).with_name("data") / "h100_heldout_bf16.csv"
@@ -99,9 +100,8 @@ def load_rows(path: Path | None = None) -> list[dict[str, str]]:
 
 
 def row_model(row: dict[str, str]) -> ModelSpec:
-    """The row's model shape; layers rounded up to a multiple of the pipeline degree (see above)."""
-    pp, layers = int(row["pp"]), int(row["layers"])
-    return ModelSpec(family=row["family"], hidden=int(row["hidden"]), layers=-(-layers // pp) * pp,
+    """The row's model shape."""
+    return ModelSpec(family=row["family"], hidden=int(row["hidden"]), layers=int(row["layers"]),
                      heads=int(row["heads"]), kv_heads=int(row["kv_heads"]), ffn=int(row["ffn"]),
                      seq_len=int(row["seq_len"]), vocab=int(row["vocab"]), preset=row["model"],
                      max_positions=int(row["seq_len"]))
@@ -139,7 +139,7 @@ def check_row(row: dict[str, str]) -> HeldOutCheck:
     if row["pipeline_schedule"] == "interleaved" and "virtual_stages" not in fixed:
         # the sweep interleaves 2 chunks a rank; the fastest that fits over the other counts too
         for v in VIRTUAL_STAGES:
-            if model.layers % (int(row["pp"]) * v):
+            if pp_problem(int(row["pp"]), model, cluster, v):
                 continue
             e = best_config(model, cluster, global_batch=int(row["global_batch"]), virtual_stages=v, **fixed)
             if e.fits and e.samples_per_s > best.samples_per_s:

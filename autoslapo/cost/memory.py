@@ -268,7 +268,7 @@ def checkpointed_layer_ids(model: ModelSpec, config: ScheduleConfig) -> list[int
     """Layers the schedule checkpoints: the ratio applies within each pipeline chunk, as
     ``autoslapo.plan.checkpointed_layers`` does (so every stage holds about the same)."""
     chunks = config.pp * config.virtual_stages
-    if chunks > model.layers:  # no such pipeline (``layout.pp_problem``): the ratio over the whole model
+    if chunks > model.layers + 2:  # no such pipeline (``layout.pp_problem``): the ratio over the whole model
         return list(config.checkpointed_layers(model.layers))
     return [a + i for a, b in layout.chunk_bounds(model.layers, chunks) for i in config.checkpointed_layers(b - a)]
 

@@ -1,7 +1,11 @@
 """Pipeline parallelism, the primitive: ``cut_pipeline_stage`` marks where one stage ends.
 
 ``sch["encoder.layer.1"].cut_pipeline_stage()`` records, in the root's ``meta["pipeline_cuts"]``,
-that a stage ends after that child of a ModuleList / nn.Sequential. A layer list that runs its one
+that a stage ends after that child of a ModuleList / nn.Sequential. A cut after the list's last
+child leaves the last stage only the head (the final norm, the logits and the loss), and
+``sch["encoder.layer.0"].cut_pipeline_stage(before=True)`` (recorded in ``meta["pipeline_cut_before"]``)
+leaves the first stage only the embeddings: Llama 3 405B's pipeline does both, its 126 layers in
+16 x 8 chunks (Dubey et al. 2024, section 3.3.2). A layer list that runs its one
 child N times per forward (ALBERT's shared layer) is cut over the calls instead:
 ``sch["...albert_layers.0"].cut_pipeline_stage(call=5, calls=12)`` ends a stage after call 5 of 12
 (recorded as a :class:`CallCuts` in ``meta["pipeline_call_cuts"]``); :func:`layer_cuts` reads either
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
     from autoslapo.schedule import Schedule
 
 __all__ = [
+    "BEFORE_KEY",
     "CALL_CUTS_KEY",
     "CUTS_KEY",
     "LISTS_KEY",
@@ -44,6 +49,7 @@ __all__ = [
 ]
 
 CUTS_KEY = "pipeline_cuts"
+BEFORE_KEY = "pipeline_cut_before"
 LISTS_KEY = "pipeline_layer_lists"
 CALL_CUTS_KEY = "pipeline_call_cuts"
 
@@ -78,7 +84,8 @@ class LayerCuts:
 
     ``parent``: the layer list's path; ``layers``: one path a position, in order (its children for a
     plain list; its one child repeated for a list of calls); ``cuts``: positions after which a stage
-    ends; ``shared``: whether positions repeat one module (stages then hold the same module).
+    ends (-1: before the first layer, a first stage of embeddings only; the last position: a last
+    stage of the head only); ``shared``: whether positions repeat one module (stages then hold the same module).
     """
 
     parent: str
@@ -128,7 +135,7 @@ def layer_lists(sch: Schedule) -> list[str]:
     root = sch.root()
     if root.meta.get(LISTS_KEY):
         return list(root.meta[LISTS_KEY])
-    cuts = root.meta.get(CUTS_KEY, [])
+    cuts = [*root.meta.get(CUTS_KEY, []), *([root.meta[BEFORE_KEY]] if root.meta.get(BEFORE_KEY) else [])]
     parent = root[cuts[0]].parent if cuts else None
     return [] if parent is None else [parent.path]
 
@@ -145,19 +152,27 @@ def layer_position(sch: Schedule, path: str) -> int:
     return offset + cut_index(node)
 
 
-def cut_pipeline_stage(sch: Schedule, *, call: int | None = None, calls: int | None = None) -> None:
+def cut_pipeline_stage(sch: Schedule, *, before: bool = False, call: int | None = None,
+                       calls: int | None = None) -> None:
     """Mark a pipeline-stage boundary right after the module at ``sch`` (or after one of its calls).
 
-    Takes: a node that is a child (not the last) of an nn.ModuleList or nn.Sequential; every cut of
-    one model must lie in the same container, or in the lists :func:`join_layer_lists` joined (then
-    the last child of an earlier list may be cut: the boundary between them). Records the path in ``root.meta["pipeline_cuts"]``
-    (kept in layer order) and sets ``sch.meta["pipeline_cut"]``.
-    Raises: ScheduleError for the root, a child of another kind of module, the last child, a
-    second cut at the same place, or cuts in two different containers. With ``call`` and ``calls``:
-    the node is the only child of a layer list that runs it ``calls`` times per forward (a shared
-    layer), and the stage ends after call ``call`` (0-based); recorded as a :class:`CallCuts`.
+    Takes: a node that is a child of an nn.ModuleList or nn.Sequential; every cut of one model must
+    lie in the same container, or in the lists :func:`join_layer_lists` joined (then the last child
+    of an earlier list may be cut: the boundary between them). A cut after the last child leaves
+    the last stage only what follows the list (the head). Records the path in
+    ``root.meta["pipeline_cuts"]`` (kept in layer order) and sets ``sch.meta["pipeline_cut"]``.
+    With ``before``: the boundary is before the node, which must be the list's first child, so the
+    first stage holds only what precedes the list (the embeddings); recorded in
+    ``root.meta["pipeline_cut_before"]``.
+    Raises: ScheduleError for the root, a child of another kind of module, ``before`` on a child
+    other than the first, a second cut at the same place, or cuts in two different containers.
+    With ``call`` and ``calls``: the node is the only child of a layer list that runs it ``calls``
+    times per forward (a shared layer), and the stage ends after call ``call`` (0-based); recorded
+    as a :class:`CallCuts`.
     """
     if call is not None or calls is not None:
+        if before:
+            raise ScheduleError(f"{sch.path!r}: a cut over calls ends a stage after a call; drop before=True")
         _cut_call(sch, call, calls)
         return
     if CALL_CUTS_KEY in sch.root().meta:
@@ -181,23 +196,37 @@ def cut_pipeline_stage(sch: Schedule, *, call: int | None = None, calls: int | N
         raise ScheduleError(
             f"all pipeline cuts must lie in the joined layer lists {joined}: {sch.path!r} is in {parent.path!r}"
         )
-    if sch.name == names[-1] and (not joined or parent.path == joined[-1]):
+    if joined and (before or (sch.name == names[-1] and parent.path == joined[-1])):
         raise ScheduleError(
-            f"cut_pipeline_stage after the last child leaves an empty stage: {sch.path!r} is the last of "
-            f"{len(names)} children of {parent.path or '<root>'!r}; cut after an earlier one"
+            f"cut_pipeline_stage {'before the first' if before else 'after the last'} block of joined layer lists "
+            f"leaves a stage without blocks: {sch.path!r}; an encoder-decoder's end stages hold blocks, cut "
+            "between blocks"
         )
+    if before:
+        if sch.name != names[0]:
+            raise ScheduleError(
+                f"cut_pipeline_stage(before=True) cuts before the first layer only (a first stage of embeddings): "
+                f"{sch.path!r} is child {names.index(sch.name)} of {parent.path or '<root>'!r}; cut after "
+                f"{parent.children[names[max(names.index(sch.name) - 1, 0)]].path!r} instead"
+            )
+        if root.meta.get(BEFORE_KEY):
+            raise ScheduleError(f"{sch.path!r} is already cut before; each boundary is cut once")
     cuts: list[str] = root.meta.setdefault(CUTS_KEY, [])
-    if sch.path in cuts:
+    if not before and sch.path in cuts:
         raise ScheduleError(f"{sch.path!r} is already a pipeline cut; each boundary is cut once")
-    if cuts and not joined:
-        other = root[cuts[0]].parent
+    others = [*cuts, *([root.meta[BEFORE_KEY]] if root.meta.get(BEFORE_KEY) else [])]
+    if others and not joined:
+        other = root[others[0]].parent
         if other is not parent:
             raise ScheduleError(
                 f"all pipeline cuts must lie in one layer list: {sch.path!r} is in {parent.path or '<root>'!r} "
                 f"but earlier cuts are in {other.path if other is not None else '<root>'!r}"
             )
-    cuts.append(sch.path)
-    cuts.sort(key=lambda p: layer_position(root, p))
+    if before:
+        root.meta[BEFORE_KEY] = sch.path
+    else:
+        cuts.append(sch.path)
+        cuts.sort(key=lambda p: layer_position(root, p))
     sch.meta["pipeline_cut"] = True
 
 
@@ -243,11 +272,12 @@ def layer_cuts(sch: Schedule) -> LayerCuts | None:
         assert parent is not None  # _cut_call checked it
         return LayerCuts(parent.path, (by_call.path,) * by_call.calls, by_call.after, shared=True)
     cuts = pipeline_cuts(root)
-    if not cuts:
+    before = root.meta.get(BEFORE_KEY)
+    if not cuts and not before:
         return None
     lists = layer_lists(root)  # one list, or the lists join_layer_lists joined (in order)
     layers = tuple(node.path for lst in lists for _, node in root[lst].children.items())
-    return LayerCuts(lists[0], layers, tuple(layer_position(root, c) for c in cuts))
+    return LayerCuts(lists[0], layers, (*([-1] if before else []), *(layer_position(root, c) for c in cuts)))
 
 
 def pipeline_cuts(sch: Schedule) -> list[str]:
@@ -256,13 +286,14 @@ def pipeline_cuts(sch: Schedule) -> list[str]:
 
 
 def stage_bounds(num_layers: int, cut_indices: list[int]) -> list[tuple[int, int]]:
-    """Split ``range(num_layers)`` after each cut index into ``[start, stop)`` slices.
+    """Split ``range(num_layers)`` after each cut index into ``[start, stop)`` slices (-1: before the
+    first layer, an empty first slice; ``num_layers - 1``: after the last, an empty last slice).
 
-    Raises: ScheduleError if the cut indices are not increasing and inside ``[0, num_layers - 1)``.
+    Raises: ScheduleError if the cut indices are not increasing and inside ``[-1, num_layers - 1]``.
     """
     if any(b <= a for a, b in itertools.pairwise(cut_indices)):
         raise ScheduleError(f"pipeline cuts must be increasing: got layer indices {cut_indices}")
-    if cut_indices and (cut_indices[0] < 0 or cut_indices[-1] >= num_layers - 1):
+    if cut_indices and (cut_indices[0] < -1 or cut_indices[-1] > num_layers - 1):
         raise ScheduleError(f"pipeline cuts {cut_indices} do not fit {num_layers} layers")
     starts = [0, *[c + 1 for c in cut_indices]]
     stops = [*[c + 1 for c in cut_indices], num_layers]

@@ -18,7 +18,7 @@ from autoslapo.cli import main
         (["verify", "bret"], "unknown model 'bret'"),
         (["verify", "bert-tiny", "--tp", "3"], "tp must divide the attention heads"),
         (["verify", "llama-tiny", "--tp", "4"], "2 key/value heads"),
-        (["verify", "gpt2-tiny", "--pp", "3"], "pipeline chunks must each hold a layer: got 2 layers for pp=3"),
+        (["verify", "gpt2-tiny", "--pp", "5"], "pipeline chunks must each hold a layer, but the first and the last"),
         (["verify", "gpt2-tiny", "--pp", "2", "--batch", "3"], "--batch must split into --grad-accum"),
         (["verify", "gpt2-tiny", "--pp", "2", "--grad-accum", "1"], "a pipeline needs at least one micro-batch per stage"),
         (["verify", "gpt2-tiny", "--ckpt-ratio", "2"], "ckpt_ratio must be between 0 and 1"),
@@ -82,6 +82,9 @@ def test_uneven_stages_pass_for_presets_and_a_model_file(tmp_path: Path, monkeyp
     monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
     rc, out, _ = _verify(str(Path(__file__).parents[2] / "experiments" / "my_model.py"), "--pp", "3")
     assert rc == 0 and "ok - tp=1 pp=3" in out and "pipeline 3 stages x 3 micro-batches" in out, out
+    # 2 layers over 4 stages: the first embeds, the last runs the head (Llama 3 405B's end stages)
+    rc, out, _ = _verify("gpt2-tiny", "--pp", "4", "--layers", "2", "--seq-len", "16")
+    assert rc == 0 and "ok - tp=1 pp=4" in out and "pipeline 4 stages x 4 micro-batches" in out, out
     # T5's 2 + 2 blocks in one list over 3 stages: the middle one holds an encoder and a decoder block
     rc, out, _ = _verify("t5-tiny", "--pp", "3", "--ckpt-ratio", "0.5")
     assert rc == 0 and "ok - tp=1 pp=3 ckpt_ratio=0.5" in out and "pipeline 3 stages x 3 micro-batches" in out, out

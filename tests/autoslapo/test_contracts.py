@@ -85,7 +85,8 @@ def test_overrides_and_signature() -> None:
     [
         (ScheduleConfig(tp=8, pp=2, dp=2), r"tp\*pp\*dp must equal --gpus: got tp=8, pp=2, dp=2 \(32\) for --gpus 64"),
         (ScheduleConfig(tp=3, dp=1), "tp must divide the attention heads"),
-        (ScheduleConfig(pp=25), r"pipeline chunks must each hold a layer: got 24 layers for pp=25 x virtual_stages=1"),
+        (ScheduleConfig(pp=27), r"pipeline chunks must each hold a layer, but the first and the last \(the embeddings, "
+         r"the head\): got 24 layers for pp=27 x virtual_stages=1"),
     ],
 )
 def test_validate_names_rule_and_values(cfg: ScheduleConfig, match: str) -> None:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from autoslapo import layout
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
@@ -49,10 +50,11 @@ def test_rows_are_cited_h100_bf16_runs_without_context_parallelism() -> None:
         assert int(r["global_batch"]) * int(r["seq_len"]) == 2048 * 8192  # 16M tokens a batch
 
 
-def test_the_pipeline_splits_evenly_and_the_shape_is_llama3_405b() -> None:
+def test_the_pipeline_splits_as_meta_did_and_the_shape_is_llama3_405b() -> None:
     m = row_model(load_rows()[0])
-    assert m.layers == 128 and m.layers % 16 == 0  # 126 layers, rounded up: 16 x 8 chunks hold one each
-    assert 400e9 < m.num_params() < 420e9
+    # 126 layers: in 16 x 8 chunks the first holds the embedding alone and the last the head alone
+    assert m.layers == 126 and layout.chunk_sizes(126, 128) == [0] + [1] * 126 + [0]
+    assert 400e9 < m.num_params() < 410e9
 
 
 def _paper_schedule(c: HeldOutCheck) -> ScheduleConfig:

@@ -80,15 +80,19 @@ def test_joined_layer_lists_are_checked() -> None:
         sch.join_layer_lists(["encoder.block"])
     with pytest.raises(ScheduleError, match=r"ModuleLists or nn\.Sequentials"):
         sch.join_layer_lists(["encoder.block", "decoder.final_layer_norm"])
-    # without joining, the encoder's last block is the end of its list, and one list holds the cuts
-    with pytest.raises(ScheduleError, match="empty stage"):
-        sch["encoder.block.1"].cut_pipeline_stage()
+    # without joining, the encoder's list is the pipeline's: its stages cannot be built
+    alone = create_schedule(build_model(TINY, dropout=0.0))
+    alone["encoder.block.1"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match=r"join_layer_lists first"):
+        build_stage_modules(alone)
     sch.join_layer_lists(LISTS)
     sch["decoder.block.0"].cut_pipeline_stage()
     sch["encoder.block.1"].cut_pipeline_stage()
     assert [layer_position(sch, p) for p in pipeline_cuts(sch)] == [1, 2]
-    with pytest.raises(ScheduleError, match="empty stage"):
+    with pytest.raises(ScheduleError, match="after the last block of joined layer lists leaves a stage without blocks"):
         sch["decoder.block.1"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match="before the first block of joined layer lists"):
+        sch["encoder.block.0"].cut_pipeline_stage(before=True)
     with pytest.raises(ScheduleError, match="joined layer lists"):
         sch["encoder.block.0.layer.0"].cut_pipeline_stage()
     with pytest.raises(ScheduleError, match="before the cuts"):

@@ -13,7 +13,7 @@ from torch import nn
 from autoslapo.errors import ScheduleError
 from autoslapo.models.adapters import PathAdapter
 from autoslapo.pipeline import build_stage_modules
-from autoslapo.primitives.pipeline import pipeline_cuts, stage_bounds
+from autoslapo.primitives.pipeline import layer_cuts, pipeline_cuts, stage_bounds
 from autoslapo.schedule import create_schedule
 
 
@@ -105,8 +105,9 @@ def test_cut_misuse_errors() -> None:
         sch["bert.encoder.layer"].cut_pipeline_stage()
     with pytest.raises(ScheduleError, match="child of BertLayer"):
         sch["bert.encoder.layer.0.attention"].cut_pipeline_stage()
-    with pytest.raises(ScheduleError, match="last of 4 children"):
-        sch["bert.encoder.layer.3"].cut_pipeline_stage()
+    with pytest.raises(ScheduleError, match=r"before the first layer only .* child 2 of 'bert.encoder.layer'; cut "
+                                            r"after 'bert.encoder.layer.1' instead"):
+        sch["bert.encoder.layer.2"].cut_pipeline_stage(before=True)
     sch["bert.encoder.layer.1"].cut_pipeline_stage()
     with pytest.raises(ScheduleError, match="already a pipeline cut"):
         sch["bert.encoder.layer.1"].cut_pipeline_stage()
@@ -121,6 +122,35 @@ def test_stage_bounds() -> None:
     assert stage_bounds(4, [0, 1, 2]) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     with pytest.raises(ScheduleError, match="increasing"):
         stage_bounds(4, [2, 1])
+    # before the first layer and after the last: end stages of the embeddings and of the head alone
+    assert stage_bounds(2, [-1, 0, 1]) == [(0, 0), (0, 1), (1, 2), (2, 2)]
+    with pytest.raises(ScheduleError, match="do not fit 4 layers"):
+        stage_bounds(4, [-2, 1])
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_end_stages_without_layers_chain_to_the_model(family: str) -> None:
+    # Llama 3 405B's layout: the first stage embeds, the last runs the head, the layers in between
+    build, prefix = FAMILIES[family]
+    model = build()
+    x, _ = _batch(family)
+    ref = _forward(family, model, x)
+    sch = create_schedule(model)
+    sch[f"{prefix}0"].cut_pipeline_stage(before=True)
+    sch[f"{prefix}1"].cut_pipeline_stage()
+    sch[f"{prefix}3"].cut_pipeline_stage()  # the last layer
+    with pytest.raises(ScheduleError, match="already cut before"):
+        sch[f"{prefix}0"].cut_pipeline_stage(before=True)
+    assert layer_cuts(sch).cuts == (-1, 1, 3)  # type: ignore[union-attr]
+    stages, _ = build_stage_modules(sch)
+    assert [s.bounds for s in stages] == [(0, 0), (0, 2), (2, 4), (4, 4)]
+    assert not list(stages[0].layers) and not list(stages[-1].layers)
+    h: Any = x
+    for s in stages:
+        h = s(h)
+    torch.testing.assert_close(h, ref)
+    owned = {id(p) for s in stages for p in s.parameters()}
+    assert owned == {id(p) for p in model.parameters()}
 
 
 @pytest.mark.parametrize("family", ["seq", "bert", "gpt2"])
@@ -404,26 +434,29 @@ def test_albert_pp2_gradients_equal_the_model(schedule: str, virtual: int) -> No
 # -- uneven stages: a layer count the chunks do not divide -------------------------------------------
 
 
-def _uneven_pp_worker(schedule: str, virtual: int) -> tuple[list[list[int]], float, float]:
-    """On each of 2 ranks: a 5-layer LLaMA over pp x virtual chunks of unequal size; the chunks, the
-    loss difference and the worst gradient difference against the unpipelined model."""
+def _uneven_pp_worker(schedule: str, virtual: int, layers: int = 5) -> tuple[list[list[int]], float, float]:
+    """On each of 2 ranks: a LLaMA of ``layers`` layers over pp x virtual chunks of unequal size; the
+    chunks, the loss difference and the worst gradient difference against the unpipelined model."""
     from autoslapo.models.spec import ModelSpec
 
-    spec = ModelSpec.from_name("llama-tiny", seq_len=16).with_overrides(layers=5)
+    spec = ModelSpec.from_name("llama-tiny", seq_len=16).with_overrides(layers=layers)
     model, ref, sch, rt, loss, ref_loss = _pipelined(spec, schedule, virtual)
     loss_diff = abs(loss - ref_loss) if loss is not None else 0.0
     return sch.meta["plan"]["stages"], loss_diff, _worst_grad_diff(model, ref, rt)
 
 
-@pytest.mark.parametrize(("schedule", "virtual", "stages"), [
-    ("1f1b", 1, [[0, 2], [2, 5]]),
-    ("interleaved", 2, [[0, 1], [1, 2], [2, 4], [4, 5]]),
+@pytest.mark.parametrize(("schedule", "virtual", "layers", "stages"), [
+    ("1f1b", 1, 5, [[0, 2], [2, 5]]),
+    ("interleaved", 2, 5, [[0, 1], [1, 2], [2, 4], [4, 5]]),
+    # 2 layers in 4 chunks: the first holds the embeddings alone, the last the head alone (Llama 3)
+    ("interleaved", 2, 2, [[0, 0], [0, 1], [1, 2], [2, 2]]),
 ])
-def test_uneven_stages_give_the_models_loss_and_gradients(schedule: str, virtual: int, stages: list) -> None:
-    # 5 layers in 2 or 4 chunks: sizes differ by one, the smaller chunks at the pipeline's ends
+def test_uneven_stages_give_the_models_loss_and_gradients(schedule: str, virtual: int, layers: int,
+                                                          stages: list) -> None:
+    # sizes differ by one, the smaller chunks at the pipeline's ends
     from autoslapo.dist import spawn
 
-    for got, loss_diff, grad_diff in spawn(_uneven_pp_worker, 2, schedule, virtual, timeout=180):
+    for got, loss_diff, grad_diff in spawn(_uneven_pp_worker, 2, schedule, virtual, layers, timeout=180):
         assert got == stages
         assert loss_diff < 1e-5 and grad_diff < 1e-5, (loss_diff, grad_diff)
 

@@ -162,8 +162,12 @@ def test_chunks_cuts_and_checkpoint_per_stage() -> None:
     assert [b - a for a, b in chunk_bounds(11, 4)] == [2, 3, 3, 3]
     assert cut_points(10, 4) == [1, 4, 7]
     assert checkpointed_layers(spec.with_overrides(layers=10), ScheduleConfig(pp=4, ckpt_ratio=0.5)) == [0, 2, 3, 5, 6, 8]
-    with pytest.raises(ScheduleError, match="pipeline chunks must each hold a layer: got 3 layers into 4 chunks"):
-        chunk_bounds(3, 4)
+    # one or two chunks more than layers: the first, then the last, holds none (cut before layer 0)
+    assert chunk_bounds(3, 4) == [(0, 0), (0, 1), (1, 2), (2, 3)] and cut_points(3, 4) == [-1, 0, 1]
+    assert cut_points(2, 4) == [-1, 0, 1]  # the last chunk (2, 2): the head alone
+    with pytest.raises(ScheduleError, match="pipeline chunks must each hold a layer, but the first and the last: "
+                                            r"got 3 layers into 6 chunks; use pp \* virtual_stages <= 5"):
+        chunk_bounds(3, 6)
 
 
 def test_rejects_bad_input_before_touching_the_model() -> None:

@@ -22,10 +22,12 @@ from autoslapo.plan import checkpointed_layers
 
 @given(st.integers(1, 200), st.integers(1, 64))
 def test_chunk_sizes_differ_by_one_with_the_smaller_at_the_ends(layers: int, chunks: int) -> None:
-    if chunks > layers:
+    if chunks > layers + 2:
         return
     sizes = layout.chunk_sizes(layers, chunks)
-    assert len(sizes) == chunks and sum(sizes) == layers and max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    assert len(sizes) == chunks and sum(sizes) == layers and max(sizes) - min(sizes) <= 1
+    # every chunk holds a layer, but with one or two chunks more than layers the first, then the last
+    assert [c for c, n in enumerate(sizes) if n == 0] == [0, chunks - 1][:max(chunks - layers, 0)]
     small = [c for c, n in enumerate(sizes) if n < max(sizes)]
     # outside in: the first, the last, the second, the second last, ...
     ends = sorted(range(chunks), key=lambda c: (min(c, chunks - 1 - c), c != 0))
@@ -47,9 +49,11 @@ def test_rank_layers_and_imbalance() -> None:
 def test_which_families_split_unevenly() -> None:
     bloom_like = ModelSpec.from_name("gpt2-xl").with_overrides(layers=70)
     ScheduleConfig(pp=12, dp=1, grad_accum=12).validate(bloom_like)
-    with pytest.raises(ConfigError, match="pipeline chunks must each hold a layer: got 70 layers for pp=36 x "
-                                          r"virtual_stages=2 \(72 chunks\); use pp x virtual_stages <= 70"):
-        ScheduleConfig(pp=36, grad_accum=72, pipeline_schedule="interleaved", virtual_stages=2).validate(bloom_like)
+    ScheduleConfig(pp=36, grad_accum=72, pipeline_schedule="interleaved", virtual_stages=2).validate(bloom_like)
+    with pytest.raises(ConfigError, match=r"pipeline chunks must each hold a layer, but the first and the last \(the "
+                                          r"embeddings, the head\): got 70 layers for pp=37 x virtual_stages=2 \(74 "
+                                          r"chunks\); use pp x virtual_stages <= 72"):
+        ScheduleConfig(pp=37, grad_accum=74, pipeline_schedule="interleaved", virtual_stages=2).validate(bloom_like)
     # a convolutional net's blocks split unevenly too, and an encoder-decoder's one list of both stacks
     ScheduleConfig(pp=3, grad_accum=3).validate(ModelSpec.from_name("wideresnet-tiny"))  # 4 blocks: 1, 2, 1
     ScheduleConfig(pp=5, grad_accum=5).validate(ModelSpec.from_name("t5-small"))  # 6 + 6 blocks: 2, 3, 2, 3, 2
@@ -124,3 +128,41 @@ def test_the_tuners_space_proposes_a_near_even_split() -> None:
     # layers for 70: 1.03); 16 (5 for 4.375: 1.14), 32 and 48 do not, 96 cannot
     assert set(bound.domains["pp"]) == {1, 2, 3, 4, 6, 8, 12, 24}
     assert any(c.pp == 12 for c in bound.configs())
+
+
+# -- end chunks without a layer: the embeddings alone, the head alone (Llama 3 405B) -----------------
+
+
+def test_the_first_and_last_chunk_may_hold_only_the_embeddings_and_the_head() -> None:
+    llama3 = ModelSpec.from_name("llama-70b").with_overrides(layers=126)
+    assert layout.chunk_sizes(126, 128) == [0] + [1] * 126 + [0]
+    assert layout.chunk_sizes(3, 4) == [0, 1, 1, 1]  # one chunk more than layers: the first is empty
+    assert [len(r) for r in layout.rank_layers(126, 16, 8)] == [7] + [8] * 14 + [7]
+    inter = dict(pipeline_schedule="interleaved", virtual_stages=8)
+    ScheduleConfig(pp=16, grad_accum=16, **inter).validate(llama3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"pipeline chunks must each hold a layer, but the first and the last "
+                                          r"\(the embeddings, the head\): got 125 layers for pp=16 x virtual_stages=8 "
+                                          r"\(128 chunks\); use pp x virtual_stages <= 127"):
+        ScheduleConfig(pp=16, grad_accum=16, **inter).validate(llama3.with_overrides(layers=125))  # type: ignore[arg-type]
+    # not where the stages run something other than one list of the model's own layers
+    for name, blocks in (("albert-tiny", 4), ("wideresnet-tiny", 4), ("t5-tiny", 4)):
+        with pytest.raises(ConfigError, match=f"use pp x virtual_stages <= {blocks}$"):
+            ScheduleConfig(pp=blocks + 1, grad_accum=blocks + 1).validate(ModelSpec.from_name(name))
+    # the plan cuts before layer 0 and after the last, the cost model's checkpointed layers agree
+    cfg = ScheduleConfig(pp=2, grad_accum=4, ckpt_ratio=1.0, **dict(inter, virtual_stages=2))  # type: ignore[arg-type]
+    two = ModelSpec.from_name("llama-tiny").with_overrides(layers=2)
+    assert checkpointed_layers(two, cfg) == checkpointed_layer_ids(two, cfg) == [0, 1]
+
+
+def test_the_cost_model_estimates_llama3s_126_layers_directly() -> None:
+    # 126 layers in 16 x 8 chunks: the middle ranks' 8 layers set the pipeline's slot, as 128 layers'
+    # would, while the last rank runs 7 layers and the head instead of 8 and the head
+    llama3 = ModelSpec(family="llama", hidden=16384, layers=126, heads=128, kv_heads=8, ffn=53248, seq_len=8192,
+                       vocab=128256, max_positions=8192)
+    cluster = ClusterSpec(gpus=8192, gpu_type="h100-80gb", gpus_per_node=8)
+    cfg = ScheduleConfig(tp=8, pp=16, dp=64, micro_batch=1, grad_accum=32, sequence_parallel=True, attn_kernel="flash",
+                         pipeline_schedule="interleaved", virtual_stages=8, precision="bf16")
+    e126, e128 = estimate(llama3, cfg, cluster), estimate(llama3.with_overrides(layers=128), cfg, cluster)
+    # the slot is the same 8 layers; the last rank's head no longer adds to it
+    assert 0.9 * e128.step_time_s < e126.step_time_s < e128.step_time_s
+    assert e126.memory_per_device_bytes < e128.memory_per_device_bytes
