@@ -145,12 +145,17 @@ def test_end_stages_without_layers_chain_to_the_model(family: str) -> None:
     stages, _ = build_stage_modules(sch)
     assert [s.bounds for s in stages] == [(0, 0), (0, 2), (2, 4), (4, 4)]
     assert not list(stages[0].layers) and not list(stages[-1].layers)
+    _assert_chain_is_the_model(stages, model, x, ref)
+
+
+def _assert_chain_is_the_model(stages: list[Any], model: nn.Module, x: torch.Tensor, ref: torch.Tensor) -> None:
+    """The stages run one after another give the model's output and own its parameters, all of them."""
     h: Any = x
     for s in stages:
         h = s(h)
     torch.testing.assert_close(h, ref)
     owned = {id(p) for s in stages for p in s.parameters()}
-    assert owned == {id(p) for p in model.parameters()}
+    assert owned == {id(p) for p in model.parameters()}  # the same parameter objects, all of them
 
 
 @pytest.mark.parametrize("family", ["seq", "bert", "gpt2"])
@@ -164,12 +169,7 @@ def test_stages_chained_equal_model(family: str) -> None:
         sch[f"{prefix}{i}"].cut_pipeline_stage()
     stages, _ = build_stage_modules(sch)
     assert [s.bounds for s in stages] == [(0, 1), (1, 3), (3, 4)]
-    h: Any = x
-    for s in stages:
-        h = s(h)
-    torch.testing.assert_close(h, ref)
-    owned = {id(p) for s in stages for p in s.parameters()}
-    assert owned == {id(p) for p in model.parameters()}  # the same parameter objects, all of them
+    _assert_chain_is_the_model(stages, model, x, ref)
 
 
 def test_build_stage_errors() -> None:

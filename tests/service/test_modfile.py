@@ -25,7 +25,7 @@ from store import Store
 from tests.modelfiles import net_source, write_model_file
 from tests.service.conftest import bearer
 from tests.service.test_app import wait_status
-from tests.service.test_processes import Processes
+from tests.service.test_processes import Processes, alive
 from tuner import tune
 
 TINY = net_source(width=16, blocks=4, layers="blocks")
@@ -143,14 +143,6 @@ def daemon_source(pidfile: Path, mib: int, sleep_s: int = 120) -> str:
     return text
 
 
-def gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")  # killed, waiting for its reaper
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_a_daemon_the_file_leaves_behind_ends_with_its_trace(tmp_path: Path) -> None:
     pidfile = tmp_path / "daemon.pid"
@@ -158,9 +150,9 @@ def test_a_daemon_the_file_leaves_behind_ends_with_its_trace(tmp_path: Path) -> 
     assert spec.family == "user"
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 10
-    while not gone(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert gone(pid), f"the daemon {pid} outlived the trace"
+    assert not alive(pid), f"the daemon {pid} outlived the trace"
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
@@ -175,7 +167,7 @@ def test_a_daemon_the_file_starts_counts_toward_the_trace_limit(tmp_path: Path, 
         module_spec(ModuleFile("hog.py", text))
     assert "its processes together" in str(err.value) and "\n" not in str(err.value)
     assert time.monotonic() - started < 45  # stopped by the sum, not by the 120 s timeout
-    assert gone(int(pidfile.read_text()))
+    assert not alive(int(pidfile.read_text()))
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
