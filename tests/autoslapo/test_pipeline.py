@@ -14,7 +14,7 @@ from autoslapo.errors import ScheduleError
 from autoslapo.models.adapters import PathAdapter
 from autoslapo.pipeline import build_stage_modules
 from autoslapo.primitives.pipeline import layer_cuts, pipeline_cuts, stage_bounds
-from autoslapo.schedule import create_schedule
+from autoslapo.schedule import Schedule, create_schedule
 
 
 def _ce(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -131,11 +131,7 @@ def test_stage_bounds() -> None:
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_end_stages_without_layers_chain_to_the_model(family: str) -> None:
     # Llama 3 405B's layout: the first stage embeds, the last runs the head, the layers in between
-    build, prefix = FAMILIES[family]
-    model = build()
-    x, _ = _batch(family)
-    ref = _forward(family, model, x)
-    sch = create_schedule(model)
+    model, x, ref, sch, prefix = _family_schedule(family)
     sch[f"{prefix}0"].cut_pipeline_stage(before=True)
     sch[f"{prefix}1"].cut_pipeline_stage()
     sch[f"{prefix}3"].cut_pipeline_stage()  # the last layer
@@ -146,6 +142,14 @@ def test_end_stages_without_layers_chain_to_the_model(family: str) -> None:
     assert [s.bounds for s in stages] == [(0, 0), (0, 2), (2, 4), (4, 4)]
     assert not list(stages[0].layers) and not list(stages[-1].layers)
     _assert_chain_is_the_model(stages, model, x, ref)
+
+
+def _family_schedule(family: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor, Schedule, str]:
+    """A family's small model, an input, the model's output for it, its schedule and its layers' prefix."""
+    build, prefix = FAMILIES[family]
+    model = build()
+    x, _ = _batch(family)
+    return model, x, _forward(family, model, x), create_schedule(model), prefix
 
 
 def _assert_chain_is_the_model(stages: list[Any], model: nn.Module, x: torch.Tensor, ref: torch.Tensor) -> None:
@@ -160,11 +164,7 @@ def _assert_chain_is_the_model(stages: list[Any], model: nn.Module, x: torch.Ten
 
 @pytest.mark.parametrize("family", ["seq", "bert", "gpt2"])
 def test_stages_chained_equal_model(family: str) -> None:
-    build, prefix = FAMILIES[family]
-    model = build()
-    x, _ = _batch(family)
-    ref = _forward(family, model, x)
-    sch = create_schedule(model)
+    model, x, ref, sch, prefix = _family_schedule(family)
     for i in (0, 2):
         sch[f"{prefix}{i}"].cut_pipeline_stage()
     stages, _ = build_stage_modules(sch)
