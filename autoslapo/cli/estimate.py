@@ -22,6 +22,7 @@ from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import KNOBS
 from autoslapo.errors import UsageError
+from autoslapo.models.spec import is_convolutional
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -169,7 +170,9 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     if d.get("stage_layers"):
         sizes = d["stage_layers"]
         runs = [(n, len(list(group))) for n, group in itertools.groupby(sizes)]
-        print(f"  pipeline: {sum(sizes)} layers over {len(sizes)} ranks: "
+        family = d["model"]["family"]  # an encoder-decoder's, a conv net's and a model file's stages hold blocks
+        unit = "blocks" if family in ("t5", "user") or is_convolutional(family) else "layers"
+        print(f"  pipeline: {sum(sizes)} {unit} over {len(sizes)} ranks: "
               + ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs) + ("" if len(runs) == 1 else " (uneven)"))
     print(f"  {d['samples_per_s']:,.1f} samples/s, {d['tokens_per_s']:,.0f} tokens/s, step {d['step_time_s']:.3f} s")
     print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")

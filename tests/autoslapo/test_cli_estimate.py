@@ -263,3 +263,10 @@ def test_estimate_shows_each_pipeline_ranks_layers(capsys: pytest.CaptureFixture
     assert "pipeline: 70 layers over 12 ranks: 5, 6 x 10, 5 (uneven)" in capsys.readouterr().out
     assert main(["estimate", "gpt2-xl", "--gpus", "8", "--tp", "1", "--pp", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stage_layers"] is None
+    # T5's encoder and decoder blocks as one list; Llama 3 405B's 126 layers with end chunks of the
+    # embedding alone and the head alone
+    assert main(["estimate", "t5-small", "--gpus", "5", "--tp", "1", "--pp", "5"]) == 0
+    assert "pipeline: 12 blocks over 5 ranks: 2 x 2, 3 x 2, 2 (uneven)" in capsys.readouterr().out
+    assert main(["estimate", "llama-70b", "--layers", "126", "--gpus", "1024", "--tp", "8", "--pp", "16",
+                 "--pipeline-schedule", "interleaved", "--virtual-stages", "8"]) == 0
+    assert "pipeline: 126 layers over 16 ranks: 7, 8 x 14, 7 (uneven)" in capsys.readouterr().out
