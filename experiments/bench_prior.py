@@ -8,8 +8,9 @@
     refit, random picks), once with the whole learner (the cluster's physical correction and this
     model's knob effects, ``tuner.learning``) and once with the physical correction alone. The prior
     without learning is the 0-trial figure, unchanged.
-(b) ``--perturbed``: trials to within 2% of the optimum on bench_tuner.py's perturbed GPT-13B
-    landscapes (``--perturbed-seeds``), with and without learning, at most ``--cap`` trials.
+(b) ``--perturbed``: trials to within 2% of the optimum on bench_tuner.py's perturbed landscapes
+    (``--landscapes``, GPT-13B by default; ``--perturbed-seeds``), with and without learning, at
+    most ``--cap`` trials.
 
 Usage: python experiments/bench_prior.py [--seeds 5] [--perturbed] [--out experiments/results/bench_prior.txt]
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_tuner import GPT13B, Memo, measured_landscape, trials_to_reach
+from bench_tuner import LANDSCAPES, Memo, measured_landscape, trials_to_reach
 from measure_landscape import SPACE as LANDSCAPE_SPACE
 from scipy.stats import spearmanr
 
@@ -108,16 +109,17 @@ def noise_floor(truth: dict[ScheduleConfig, float]) -> str:
             "configuration, 4 ranks on 2 cores)")
 
 
-def perturbed(seed: int, cap: int, modes: tuple[bool, ...] = (True, False)) -> dict[bool, int | None]:
-    """Trials GPT-13B studies need to reach within 2% of the perturbed landscape's optimum, with
-    learning (True) and without (False); the landscape is evaluated once and shared by both."""
-    cluster = ClusterSpec(gpus=64, gpu_type="a100-80gb")
-    truth = Memo(PerturbedSimEvaluator(GPT13B, cluster, seed=seed))
+def perturbed(seed: int, cap: int, modes: tuple[bool, ...] = (True, False),
+              landscape: str = "gpt-13b/64xA100-80GB") -> dict[bool, int | None]:
+    """Trials studies need to reach within 2% of the perturbed landscape's optimum, with learning
+    (True) and without (False); the landscape is evaluated once and shared by both."""
+    model, cluster = LANDSCAPES[landscape]
+    truth = Memo(PerturbedSimEvaluator(model, cluster, seed=seed))
     out: dict[bool, int | None] = {}
     optimum = 0.0
     for learn in modes:
         store = open_store("sqlite://")
-        runner = StudyRunner(TuneOptions(model=GPT13B, cluster=cluster, trials=cap, seed=seed, baselines=False,
+        runner = StudyRunner(TuneOptions(model=model, cluster=cluster, trials=cap, seed=seed, baselines=False,
                                          warm_start=False, mirror=False, study="g", learn_prior=learn),
                              store, evaluator=truth)  # type: ignore[arg-type]
         if not optimum:
@@ -142,7 +144,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measured", type=Path, default=Path("experiments/data/landscape_bert-tiny_4cpu.csv"))
     ap.add_argument("--seeds", type=int, default=5, help="random-pick seeds on the measured landscape")
-    ap.add_argument("--perturbed", action="store_true", help="also run the perturbed GPT-13B landscapes")
+    ap.add_argument("--perturbed", action="store_true", help="also run the perturbed landscapes")
+    ap.add_argument("--landscapes", default="gpt-13b/64xA100-80GB",
+                    help=f"comma-separated perturbed landscapes, of {', '.join(LANDSCAPES)}")
     ap.add_argument("--perturbed-seeds", default="2,4")
     ap.add_argument("--skip-measured", action="store_true", help="only the perturbed landscapes")
     ap.add_argument("--cap", type=int, default=200)
@@ -183,16 +187,27 @@ def main() -> int:
         log(noise_floor(truth))
         log("correction after the tuner's picks (seed 0): " + " | ".join(f"{n}: {f}" for n, f in zip(CHECKPOINTS, factors,
                                                                                                strict=False)))
-    if args.perturbed:
+    for name in (x for x in args.landscapes.split(",") if x) if args.perturbed else ():
+        model, cluster = LANDSCAPES[name]
         log("")
-        log(f"# perturbed GPT-13B on 64 x A100-80GB: trials to within 2% of the optimum (cap {args.cap})")
+        log(f"# perturbed {model.preset} on {cluster.gpus} x {cluster.gpu_type.upper()}: trials to within 2% of the "
+            f"optimum (cap {args.cap})")
+        got_all: list[dict[bool, int | None]] = []
         for s in (int(x) for x in args.perturbed_seeds.split(",") if x):
             t0 = time.monotonic()
-            got = perturbed(s, args.cap)
+            got = perturbed(s, args.cap, landscape=name)
+            got_all.append(got)
             plain, learned = got[False], got[True]
             log(f"seed {s}: without learning {plain or f'>{args.cap}'}, with learning {learned or f'>{args.cap}'} "
                 f"({time.monotonic() - t0:.0f}s)")
             args.out.write_text("\n".join(lines) + "\n")  # each seed survives an interruption
+        for learn, label in ((True, "with learning"), (False, "without")):
+            reached = sorted(g[learn] for g in got_all if g[learn] is not None)  # type: ignore[type-var]
+            unreached = len(got_all) - len(reached)
+            middle = statistics.median([*reached, *[args.cap + 1] * unreached]) if got_all else 0
+            log(f"# {label}: {len(reached)}/{len(got_all)} within {args.cap}, trials {reached}"
+                + (f" and {unreached} > {args.cap}" if unreached else "")
+                + (f"; median {middle:g}" if middle <= args.cap else f"; median > {args.cap}"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     return 0
