@@ -140,6 +140,17 @@ def perturbed(seed: int, cap: int, modes: tuple[bool, ...] = (True, False),
     return out
 
 
+def _median(reached: list[int], unreached: int, cap: int) -> str:
+    """The median of trials to the target over all seeds, an unreached seed counting as more than ``cap``."""
+    values = [float(x) for x in reached] + [float("inf")] * unreached
+    if not values:
+        return "n/a"
+    lo, hi = sorted(values)[(len(values) - 1) // 2], sorted(values)[len(values) // 2]
+    if hi == float("inf"):
+        return f"> {cap}" if lo == float("inf") else f"between {lo:g} and > {cap}"
+    return f"{(lo + hi) / 2:g}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measured", type=Path, default=Path("experiments/data/landscape_bert-tiny_4cpu.csv"))
@@ -204,10 +215,8 @@ def main() -> int:
         for learn, label in ((True, "with learning"), (False, "without")):
             reached = sorted(g[learn] for g in got_all if g[learn] is not None)  # type: ignore[type-var]
             unreached = len(got_all) - len(reached)
-            middle = statistics.median([*reached, *[args.cap + 1] * unreached]) if got_all else 0
             log(f"# {label}: {len(reached)}/{len(got_all)} within {args.cap}, trials {reached}"
-                + (f" and {unreached} > {args.cap}" if unreached else "")
-                + (f"; median {middle:g}" if middle <= args.cap else f"; median > {args.cap}"))
+                + (f" and {unreached} > {args.cap}" if unreached else "") + f"; median {_median(reached, unreached, args.cap)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     return 0
