@@ -52,7 +52,7 @@ def path_seed(seed: int, path: str) -> int:
 def has_pipeline_cuts(sch: Schedule) -> bool:
     """True when the schedule asks for pipeline stages (see the module docstring)."""
     root = sch.root()
-    if root.meta.get("pipeline_cuts") or root.meta.get("pipeline_cut_before"):
+    if root.meta.get("pipeline_cuts"):
         return True
     return any(node.meta.get("pipeline_cut") for _, node in root.named_schedules())
 

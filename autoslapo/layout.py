@@ -4,9 +4,10 @@ One module states the rules (torchtitan's ``ParallelDims`` idea; ``ScheduleConfi
 and derives ``world_size`` and ``global_batch``): tp x pp x dp = the devices; tp
 divides the attention heads, the key/value heads and the MLP width, and stays within a node; the
 pipeline's chunks (pp x virtual stages) split the layers (an encoder-decoder's blocks, both stacks in
-one list) as evenly as they can, each holding at least one; micro-batch x dp x gradient accumulation
-= the global batch; sequence parallelism splits the sequence over tp. The config's validation, the search spaces, the cost model's sweep, the tuner, the baselines and the CLI all ask
-here. One rule, too, for the default precision.
+one list) as evenly as they can, each holding at least one but a transformer's first and last;
+micro-batch x dp x gradient accumulation = the global batch; sequence parallelism splits the
+sequence over tp. The config's validation, the search spaces, the cost model's sweep, the tuner,
+the baselines and the CLI all ask here. One rule, too, for the default precision.
 
 Pure: no torch, no I/O. Messages name the rule, the values and the fix.
 """

@@ -85,7 +85,8 @@ class LayerCuts:
     ``parent``: the layer list's path; ``layers``: one path a position, in order (its children for a
     plain list; its one child repeated for a list of calls); ``cuts``: positions after which a stage
     ends (-1: before the first layer, a first stage of embeddings only; the last position: a last
-    stage of the head only); ``shared``: whether positions repeat one module (stages then hold the same module).
+    stage of the head only); ``shared``: whether positions repeat one module (stages then hold the
+    same module).
     """
 
     parent: str
