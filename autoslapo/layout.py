@@ -96,6 +96,12 @@ def empty_end_chunks_ok(model: ModelSpec) -> bool:
                 or model.family == "user")
 
 
+def max_chunks(model: ModelSpec) -> int:
+    """The most pipeline chunks ``model`` splits into: a block each, plus the embeddings and the head
+    alone where ``empty_end_chunks_ok``."""
+    return model.blocks + (2 if empty_end_chunks_ok(model) else 0)
+
+
 def chunk_sizes(layers: int, chunks: int) -> list[int]:
     """Layers in each of ``chunks`` pipeline chunks (chunk ``c`` on pipeline rank ``c % pp``).
 
@@ -142,15 +148,15 @@ def pp_problem(pp: int, model: ModelSpec, cluster: ClusterSpec | None = None, vi
     if chunks > 1 and model.family == "user" and not model.extra.get("layers"):
         return (f"pipeline stages need the model file to declare layers (stages are cut between its blocks): got "
                 f"pp={pp} for {model.preset}.py; add layers = \"<ModuleList path>\" to it or use pp=1")
-    ends = 2 if empty_end_chunks_ok(model) else 0
-    if chunks > model.blocks + ends:
+    ends = empty_end_chunks_ok(model)
+    if chunks > max_chunks(model):
         # an encoder-decoder's stages split one list, the encoder's blocks then the decoder's
         unit = "block" if is_convolutional(model.family) or model.encoder_decoder else "layer"
         got = (f"{model.layers} encoder + {model.decoder_layers} decoder blocks" if model.encoder_decoder
                else f"{model.layers} {unit}s")
         rule = ", but the first and the last (the embeddings, the head)" if ends else ""
         return (f"pipeline chunks must each hold a {unit}{rule}: got {got} for pp={pp} x virtual_stages="
-                f"{virtual_stages} ({chunks} chunks); use pp x virtual_stages <= {model.blocks + ends}")
+                f"{virtual_stages} ({chunks} chunks); use pp x virtual_stages <= {max_chunks(model)}")
     if cluster is not None and cluster.gpus % pp:
         return f"pp must divide --gpus: got pp={pp} for --gpus {cluster.gpus}"
     return ""

@@ -266,10 +266,11 @@ def checkpointed_layer_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
 
 def checkpointed_layer_ids(model: ModelSpec, config: ScheduleConfig) -> list[int]:
     """Layers the schedule checkpoints: the ratio applies within each pipeline chunk, as
-    ``autoslapo.plan.checkpointed_layers`` does (so every stage holds about the same)."""
+    ``autoslapo.plan.checkpointed_layers`` does (so every stage holds about the same). T5's blocks of
+    both stacks: ``autoslapo.cost.encdec.checkpointed_blocks``."""
     chunks = config.pp * config.virtual_stages
-    if chunks > model.layers + 2:  # no such pipeline (``layout.pp_problem``): the ratio over the whole model
-        return list(config.checkpointed_layers(model.layers))
+    if chunks > min(layout.max_chunks(model), model.layers + 2):  # no such split (``layout.pp_problem``)
+        return list(config.checkpointed_layers(model.layers))  # the ratio over the whole model
     return [a + i for a, b in layout.chunk_bounds(model.layers, chunks) for i in config.checkpointed_layers(b - a)]
 
 

@@ -382,8 +382,9 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
 
     if model.encoder_decoder:  # T5: two stacks of unequal blocks over source and target tokens
         fwd_mb, bwd_mb, rec_mb, tp_mb = _encdec_microbatch_times(model, config, r, dropout, tp_bw)
-        per_stage, n_ckpt = model.layers // pp, 0
-        busiest_blocks = len(stage_blocks(model, config, busiest_rank(model, config)))
+        busiest = stage_blocks(model, config, busiest_rank(model, config))
+        per_stage, n_ckpt = len(busiest), len(checkpointed_blocks(model, config) & set(busiest))
+        fwd_layers, bwd_layers = fwd_mb, bwd_mb  # its blocks of both stacks, unequal in cost
     else:
         # the busiest rank sets every pipeline slot: the last (it runs the head) unless an uneven
         # split gives a middle rank a layer more
@@ -391,6 +392,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         fwd_mb, bwd_mb, _, per_stage, n_ckpt = max(
             (rank_slot(layers, i == pp - 1) for i, layers in enumerate(ranks)), key=lambda x: x[0] + x[1] + x[2])
         rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
+        fwd_layers, bwd_layers = per_stage * fwd_l, per_stage * bwd_l
 
     # autograd accumulates each micro-batch's weight gradients into .grad (read + write)
     n_params = max(stage_params(model, config))
@@ -406,8 +408,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     p2p = 2 * (p2p_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
     v = config.virtual_stages
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
-    slots = (bubble_slots(config, model.blocks, busiest_blocks) if model.encoder_decoder
-             else bubble_slots(config, model.layers, per_stage))
+    slots = bubble_slots(config, model.blocks, per_stage)
     pp_comm = (m + slots) * p2p * v
     if pp > 1 and model.shared_layers:
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
@@ -420,7 +421,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     g_bytes = n_params * grad_e
     w_bytes = n_params * (4 if config.precision == "fp32" else 2)
     z = config.zero_stage
-    bwd_compute = per_stage * bwd_l
+    bwd_compute = bwd_layers  # the busiest rank's layers, one micro-batch
     if z <= 1:
         # one allreduce (ZeRO-1: reduce-scatter + all-gather of the same volume) after the last
         # backward; DeepSpeed and Megatron's DDP of that time run it after backward, not during
@@ -441,7 +442,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         mods = _weight_modules(model)
         ag = _ring("all_gather", w_bytes, dp, dp_bw, perf) + per_stage * mods * (dp - 1) * perf.coll_latency_s
         rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + per_stage * (dp - 1) * perf.coll_latency_s
-        fwd_compute = per_stage * fwd_l
+        fwd_compute = fwd_layers
         hooks = per_stage * _submodules(model) * 4 * ZERO3_HOOK_S
         dp_comm = m * (_partly_hidden(ag, fwd_compute * perf.overlap)
                        + _partly_hidden(ag + rs, bwd_compute * perf.overlap) + hooks)
@@ -457,11 +458,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     # forward's kernels) and recomputation; a micro-batch whose kernels run for less than the host
     # takes to issue them waits on the host, in every slot of the pipeline
     if perf.host_op_s > 0:
-        blocks_run, n_rec = per_stage, n_ckpt
-        if model.encoder_decoder:  # T5: a stage's blocks of both stacks
-            busiest = stage_blocks(model, config, busiest_rank(model, config))
-            blocks_run, n_rec = len(busiest), len(checkpointed_blocks(model, config) & set(busiest))
-        issued = blocks_run * kernels_l * 3 + n_rec * (kernels_l if config.ckpt_granularity == "full" else 1)
+        issued = per_stage * kernels_l * 3 + n_ckpt * (kernels_l if config.ckpt_granularity == "full" else 1)
         overhead += (m + slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 
     return TimeBreakdown(

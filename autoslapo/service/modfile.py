@@ -279,8 +279,8 @@ class Family:
     def end(self) -> None:
         """Kill every member, the supervisor last (so orphans stay under it meanwhile), and reap it."""
         proctree.kill(self.child.pid, self.marker, spare_root=True)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.child.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group at once: a member forked
+            os.killpg(self.child.pid, signal.SIGKILL)  # after the scan above, or a system without /proc
         with contextlib.suppress(ProcessLookupError, PermissionError):
             self.child.kill()
         self.child.wait()

@@ -164,3 +164,15 @@ def test_pipelined_t5_holds_less_per_stage_and_pays_a_bubble_and_p2p() -> None:
     # the pair of streams (source + target tokens) crosses each boundary, not the source alone
     longer = dataclasses.replace(LARGE, extra={**LARGE.extra, "decoder_seq_len": 512})
     assert estimate(longer, piped, CLUSTER).time.pp_comm > t4.pp_comm
+
+
+def test_zero3_gathers_and_hooks_count_both_stacks_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ZeRO-3 runs its hooks on every block a rank holds, the decoder's too: with the hooks made to
+    # dominate the step, the per-block cost is charged for t5-large's 24 + 24 blocks, not its 24 encoder ones
+    from autoslapo.cost import time as cost_time
+
+    monkeypatch.setattr(cost_time, "ZERO3_HOOK_S", 1.0)
+    config = ScheduleConfig(dp=16, micro_batch=1, grad_accum=1, zero_stage=3)
+    per_block = cost_time._submodules(LARGE) * 4 * 1.0
+    dp_comm = estimate(LARGE, config, ClusterSpec(gpus=16, gpu_type="a100-80gb")).time.dp_comm
+    assert LARGE.blocks == 48 and dp_comm / per_block == pytest.approx(48, rel=0.02)
