@@ -92,16 +92,37 @@ def family(root: int | None, marker: bytes | None = None, procs: list[Proc] | No
     return list(found.values())
 
 
-def usage(root: int | None, marker: bytes | None = None) -> tuple[int, float] | None:
-    """(resident bytes, CPU seconds) summed over ``family(root, marker)``; None without ``/proc``.
+def proportional_bytes(pid: int) -> int | None:
+    """``pid``'s proportional set size (``Pss`` of ``/proc/<pid>/smaps_rollup``, Linux 4.14): its
+    resident pages, a page that ``n`` processes share counting ``1/n`` in each. Summed over processes
+    it counts each page once, where resident sizes count a forked child's inherited pages again in
+    every child. None where it cannot be read (another user's process, an older kernel)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
-    A process's CPU time includes its reaped children's, so an ended helper still counts (in its
-    parent's); an unreaped one (a zombie) counts its own and holds no memory."""
+
+def usage(root: int | None, marker: bytes | None = None) -> tuple[int, float] | None:
+    """(memory bytes, CPU seconds) summed over ``family(root, marker)``; None without ``/proc``.
+
+    Memory is each member's proportional set size (``proportional_bytes``; its resident size where
+    that cannot be read), so pages a forked child shares with its parent count once. A process's
+    CPU time includes its reaped children's, so an ended helper still counts (in its parent's); an
+    unreaped one (a zombie) counts its own and holds no memory."""
     procs = processes()
     if procs is None:
         return None
     members = family(root, marker, procs)
-    return sum(p.rss_bytes for p in members), sum(p.cpu_s for p in members)
+    memory = 0
+    for p in members:
+        pss = proportional_bytes(p.pid) if p.rss_bytes else 0
+        memory += p.rss_bytes if pss is None else pss
+    return memory, sum(p.cpu_s for p in members)
 
 
 def kill(root: int | None, marker: bytes | None = None, *, spare_root: bool = False, rounds: int = 50) -> set[int]:

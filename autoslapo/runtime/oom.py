@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from autoslapo.memcg import own_groups, read_oom_kills
+
 __all__ = ["OomWatch", "cgroup_oom_file", "kernel_oom_pid", "read_oom_kills"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -28,43 +30,18 @@ _KILLED = re.compile(r"Killed process (\d+)|oom-kill:.*\bpid=(\d+)")
 def cgroup_oom_file(proc_cgroup: str | None = None, root: Path = CGROUP_ROOT) -> Path | None:
     """The file holding the ``oom_kill`` counter of this process's memory cgroup, or None.
 
-    ``proc_cgroup``: the text of ``/proc/self/cgroup`` (read when None). cgroup v2
-    (``0::/path``): ``<root>/<path>/memory.events`` (or under ``<root>/unified``); cgroup v1
-    (``N:memory:/path``): ``<root>/memory/<path>/memory.oom_control``.
+    ``proc_cgroup``: the text of ``/proc/self/cgroup`` (read when None). cgroup v1
+    (``N:memory:/path``): ``<root>/memory/<path>/memory.oom_control``; cgroup v2 (``0::/path``):
+    ``<root>/<path>/memory.events`` (or under ``<root>/unified``).
     """
-    if proc_cgroup is None:
-        try:
-            proc_cgroup = Path("/proc/self/cgroup").read_text()
-        except OSError:
-            return None
+    groups = own_groups(proc_cgroup)
     candidates: list[Path] = []
-    for line in proc_cgroup.splitlines():
-        parts = line.strip().split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        rel = path.lstrip("/")
-        if controllers == "":
-            candidates += [root / rel / "memory.events", root / "unified" / rel / "memory.events"]
-        elif "memory" in controllers.split(","):
-            candidates.insert(0, root / "memory" / rel / "memory.oom_control")
+    if "memory" in groups:
+        candidates.append(root / "memory" / groups["memory"].lstrip("/") / "memory.oom_control")
+    if "2" in groups:
+        rel = groups["2"].lstrip("/")
+        candidates += [root / rel / "memory.events", root / "unified" / rel / "memory.events"]
     return next((c for c in candidates if c.is_file()), None)
-
-
-def read_oom_kills(path: Path | None) -> int | None:
-    """The ``oom_kill N`` counter in a ``memory.events`` / ``memory.oom_control`` file (None if unreadable)."""
-    if path is None:
-        return None
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            with contextlib.suppress(ValueError):
-                return int(value.strip())
-    return None
 
 
 def kernel_oom_pid(message: str) -> int | None:

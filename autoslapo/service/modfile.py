@@ -11,7 +11,9 @@ anything is stored. Memory and CPU hold both in each process (rlimits) and summe
 trace's processes, which the server polls: a file that starts processes cannot multiply the limits.
 Those are the child (a supervisor that reaps its orphaned descendants, so a daemon that calls
 ``setsid`` or forks twice stays under it), its descendants, its process group and any process
-carrying the trace's mark in its environment; all of them end with the trace.
+carrying the trace's mark in its environment; all of them end with the trace. Where the machine lets
+the server make a memory cgroup (``autoslapo.memcg``), the trace runs in one: the kernel holds the
+memory sum at every allocation, so a burst between two polls is stopped too.
 
 The job keeps the source as sent, so the worker that runs the study, and any worker that takes it
 over after a crash, writes the same bytes, traces the same digest and builds the same spec; the
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoslapo import proctree
+from autoslapo import memcg, proctree
 from autoslapo.errors import UsageError
 from autoslapo.models.modcache import ensure_entry
 from autoslapo.models.spec import ModelSpec
@@ -54,6 +56,8 @@ MEMO_SIZE = 64
 GROUP_POLL_S = 0.05
 #: The environment variable that marks the trace's processes (``Family``).
 TRACE_MARK = "AUTOSLAPO_TRACE_ID"
+#: The trace's memory cgroups' names begin so (``autoslapo.memcg``; the server's pid follows).
+CGROUP_PREFIX = "autoslapo-trace-"
 
 #: The trace child's limits: its heap and other private memory (``RLIMIT_DATA``; ``$AUTOSLAPO_TRACE_MEMORY_MIB``
 #: overrides the default 4 GiB: the trace of experiments/my_model.py peaks at ~220 MiB, torch's import
@@ -63,7 +67,8 @@ MEMORY_ENV = "AUTOSLAPO_TRACE_MEMORY_MIB"
 TRACE_MEMORY_MIB = 4096
 TRACE_FILE_BYTES = 64 * 2**20
 
-# The child is a supervisor that never imports the file: it makes itself the reaper of orphaned
+# The child is a supervisor that never imports the file: it joins the trace's memory cgroup where
+# the server made one (``autoslapo.memcg``), makes itself the reaper of orphaned
 # descendants (so a daemon the file starts, setsid or double fork, stays under it), forks the tracer,
 # waits for it, kills whatever the tracer left running and ends as the tracer ended (its exit code,
 # or the signal that stopped it). The tracer sets its limits (before torch is imported), traces the
@@ -101,6 +106,10 @@ def trace():
         json.dump(result, out)
 
 
+if sys.argv[6]:  # the trace's memory cgroup: joined before anything forks, so every process is born in it
+    with contextlib.suppress(OSError):
+        with open(sys.argv[6], "w") as procs:
+            procs.write(str(os.getpid()))
 proctree.become_subreaper()
 tracer = os.fork()
 if tracer == 0:
@@ -234,17 +243,27 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
     limits = [str(memory), str(_cpu_seconds(timeout_s)), str(TRACE_FILE_BYTES)]
     # every process of the trace carries this mark, so one that leaves the supervisor's tree is found
     mark = f"{os.getpid()}-{uuid.uuid4().hex}"
+    # where this machine lets the server make one, a memory cgroup holds the sum at every allocation
+    group = memcg.create(CGROUP_PREFIX, memory)
     with tempfile.TemporaryDirectory(prefix="autoslapo-trace-") as work:
         result = Path(work) / "result.json"
-        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result), *limits], cwd=work,
-                                 env={**os.environ, TRACE_MARK: mark},
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)
-        family = Family(child, f"{TRACE_MARK}={mark}".encode())
+        try:
+            child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result), *limits,
+                                      str(group.procs) if group else ""], cwd=work,
+                                     env={**os.environ, TRACE_MARK: mark},
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        except BaseException:
+            if group:
+                group.remove()
+            raise
+        family = Family(child, f"{TRACE_MARK}={mark}".encode(), group)
         try:
             code = _wait_within_limits(mf, family, timeout_s, memory)
         finally:
-            family.end()  # whatever the file left running
+            killed = family.end()  # whatever the file left running
+        if killed:  # the kernel killed a process for the sum, whatever the file made of that
+            raise UsageError(_memory_message(mf, memory) + " (its processes together)")
         try:
             doc = json.loads(result.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -267,17 +286,24 @@ def _cpu_seconds(timeout_s: float) -> int:
 @dataclass(frozen=True)
 class Family:
     """The trace's processes: the supervisor child, its descendants (it reaps their orphans), its
-    process group and whatever carries the trace's mark in its environment (``autoslapo.proctree``)."""
+    process group and whatever carries the trace's mark in its environment (``autoslapo.proctree``);
+    and every process in its memory cgroup, where the server made one (``autoslapo.memcg``)."""
 
     child: subprocess.Popen[bytes]
     marker: bytes
+    cgroup: memcg.MemoryCgroup | None = None
+
+    def oom_kills(self) -> int:
+        """Processes the kernel killed for the cgroup's limit (0 without a cgroup)."""
+        return self.cgroup.oom_kills() if self.cgroup else 0
 
     def usage(self) -> tuple[int, float] | None:
         """(resident bytes, CPU seconds) of the family together; None without ``/proc``."""
         return proctree.usage(self.child.pid, self.marker)
 
-    def end(self) -> None:
-        """Kill every member, the supervisor last (so orphans stay under it meanwhile), and reap it."""
+    def end(self) -> int:
+        """Kill every member, the supervisor last (so orphans stay under it meanwhile), and reap it;
+        remove the cgroup. Returns ``oom_kills()`` as it stood at the end."""
         proctree.kill(self.child.pid, self.marker, spare_root=True)
         with contextlib.suppress(ProcessLookupError, PermissionError):  # the group at once: a member forked
             os.killpg(self.child.pid, signal.SIGKILL)  # after the scan above, or a system without /proc
@@ -285,6 +311,11 @@ class Family:
             self.child.kill()
         self.child.wait()
         proctree.kill(None, self.marker)  # one that forked as the supervisor went
+        if self.cgroup is None:
+            return 0
+        killed = self.cgroup.oom_kills()
+        self.cgroup.remove()  # kills what is left in it: a member that cleared its mark and left the tree
+        return killed
 
 
 def _wait_within_limits(mf: ModuleFile, family: Family, timeout_s: float, memory: int) -> int:
@@ -297,7 +328,7 @@ def _wait_within_limits(mf: ModuleFile, family: Family, timeout_s: float, memory
             raise UsageError(f"the model file {mf.name} did not finish its trace within {timeout_s:g} s; build() and "
                              "one forward on the meta device must be quick (no downloads, no loops on data)")
         used = family.usage()
-        if used is not None and used[0] > memory:
+        if family.oom_kills() or (used is not None and used[0] > memory):
             raise UsageError(_memory_message(mf, memory) + " (its processes together)")
         if used is not None and used[1] > cpu_s:
             raise UsageError(f"the model file {mf.name} used more than {cpu_s} s of CPU in its trace, its processes "

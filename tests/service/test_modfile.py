@@ -124,6 +124,61 @@ def test_a_file_that_starts_processes_is_held_to_the_limit_they_sum_to(monkeypat
     assert time.monotonic() - started < 45  # stopped by the group's sum, not by the 120 s timeout
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("cgroup", ["on", "off"])
+def test_forked_helpers_count_the_pages_they_share_once(monkeypatch: pytest.MonkeyPatch, cgroup: str) -> None:
+    # three forks of the tracer (~220 MiB resident, torch imported) that allocate nothing: their resident
+    # sizes sum to ~880 MiB, their proportional ones (and a cgroup's charge) to the tracer's alone
+    monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
+    monkeypatch.setenv("AUTOSLAPO_TRACE_CGROUP", cgroup)
+    grab = ("import os, time\n"
+            "    kids = []\n"
+            "    for _ in range(3):\n"
+            "        pid = os.fork()\n"
+            "        if pid == 0:\n"
+            "            time.sleep(1)\n"
+            "            os._exit(0)\n"
+            "        kids.append(pid)\n"
+            "    for pid in kids:\n"
+            "        os.waitpid(pid, 0)")
+    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
+    assert text != TINY
+    assert module_spec(ModuleFile(f"forks_{cgroup}.py", text)).family == "user"
+
+
+def test_a_burst_between_two_polls_is_held_by_the_trace_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # four processes of 150 MiB for 20 ms each, with the trace's own ~220 MiB: each under the 512 MiB it
+    # may have, together over; the polls (every 50 ms) may miss them, the kernel does not
+    from autoslapo import memcg
+    from autoslapo.service.modfile import CGROUP_PREFIX
+
+    probe = memcg.create(CGROUP_PREFIX, 1 << 30)
+    if probe is None:
+        pytest.skip("this machine lets no process here make a memory cgroup (needs root or a delegated cgroup v2 "
+                    "memory controller): a burst shorter than the poll can pass the sum there")
+    monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
+    grab = ("import os, time\n"
+            "    kids = []\n"
+            "    for _ in range(4):\n"
+            "        pid = os.fork()\n"
+            "        if pid == 0:\n"
+            "            held = b'x' * (150 << 20)\n"
+            "            time.sleep(0.02)\n"
+            "            os._exit(0)\n"
+            "        kids.append(pid)\n"
+            "    for pid in kids:\n"
+            "        os.waitpid(pid, 0)")
+    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
+    assert text != TINY
+    with pytest.raises(UsageError, match=r"the model file burst\.py needed more than 512 MiB to trace") as err:
+        module_spec(ModuleFile("burst.py", text))
+    assert "its processes together" in str(err.value) and "\n" not in str(err.value)
+    module_spec(ModuleFile("tiny.py", TINY))  # the same limit leaves a real trace room
+    assert probe.remove()
+    left = [d.name for d in probe.path.parent.iterdir() if d.name.startswith(f"{CGROUP_PREFIX}{os.getpid()}-")]
+    assert left == []  # each trace's group ends with it
+
+
 def daemon_source(pidfile: Path, mib: int, sleep_s: int = 120) -> str:
     """A model file whose build() leaves a daemon behind, as a double fork with setsid does: a process
     in a session of its own whose parent has exited, holding ``mib`` MiB; build() returns once it runs."""
