@@ -13,7 +13,9 @@ Those are the child (a supervisor that reaps its orphaned descendants, so a daem
 ``setsid`` or forks twice stays under it), its descendants, its process group and any process
 carrying the trace's mark in its environment; all of them end with the trace. Where the machine lets
 the server make a memory cgroup (``autoslapo.memcg``), the trace runs in one: the kernel holds the
-memory sum at every allocation, so a burst between two polls is stopped too.
+memory sum at every allocation, so a burst between two polls is stopped too. Where the machine lets
+the child make a network namespace (root, or unprivileged user namespaces; ``autoslapo.netns``), the
+trace has no network: it can neither download nor send anything.
 
 The job keeps the source as sent, so the worker that runs the study, and any worker that takes it
 over after a crash, writes the same bytes, traces the same digest and builds the same spec; the
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoslapo import memcg, proctree
+from autoslapo import memcg, netns, proctree
 from autoslapo.errors import UsageError
 from autoslapo.models.modcache import ensure_entry
 from autoslapo.models.spec import ModelSpec
@@ -68,7 +70,8 @@ TRACE_MEMORY_MIB = 4096
 TRACE_FILE_BYTES = 64 * 2**20
 
 # The child is a supervisor that never imports the file: it joins the trace's memory cgroup where
-# the server made one (``autoslapo.memcg``), makes itself the reaper of orphaned
+# the server made one (``autoslapo.memcg``), leaves the network where it may (``autoslapo.netns``),
+# makes itself the reaper of orphaned
 # descendants (so a daemon the file starts, setsid or double fork, stays under it), forks the tracer,
 # waits for it, kills whatever the tracer left running and ends as the tracer ended (its exit code,
 # or the signal that stopped it). The tracer sets its limits (before torch is imported), traces the
@@ -77,7 +80,7 @@ TRACE_FILE_BYTES = 64 * 2**20
 # torch: the trace is on the meta device.
 _CHILD = """\
 import contextlib, os, resource, signal, sys
-from autoslapo import proctree
+from autoslapo import netns, proctree
 
 
 def trace():
@@ -110,6 +113,8 @@ if sys.argv[6]:  # the trace's memory cgroup: joined before anything forks, so e
     with contextlib.suppress(OSError):
         with open(sys.argv[6], "w") as procs:
             procs.write(str(os.getpid()))
+if sys.argv[7] == "1":  # a network namespace of its own: no route anywhere, for it and every process it starts
+    netns.leave_network()
 proctree.become_subreaper()
 tracer = os.fork()
 if tracer == 0:
@@ -249,7 +254,8 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
         result = Path(work) / "result.json"
         try:
             child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result), *limits,
-                                      str(group.procs) if group else ""], cwd=work,
+                                      str(group.procs) if group else "", "1" if netns.enabled() else "0"],
+                                     cwd=work,
                                      env={**os.environ, TRACE_MARK: mark},
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)

@@ -179,6 +179,39 @@ def test_a_burst_between_two_polls_is_held_by_the_trace_cgroup(monkeypatch: pyte
     assert left == []  # each trace's group ends with it
 
 
+@pytest.mark.parametrize("isolation", ["on", "off"])
+def test_the_trace_has_no_network_where_it_may_leave_it(monkeypatch: pytest.MonkeyPatch, isolation: str) -> None:
+    # build() connects to a listener on the host's loopback: from its own network namespace it cannot
+    import socket
+
+    from autoslapo import netns
+
+    monkeypatch.setenv(netns.ENV, isolation)
+    probe = subprocess.run([sys.executable, "-c", "from autoslapo.netns import leave_network; print(leave_network())"],
+                           capture_output=True, text=True, timeout=60)
+    if isolation == "on" and not probe.stdout.strip():
+        pytest.skip("this machine lets no process here make a network namespace (needs root or unprivileged user "
+                    "namespaces): the trace keeps the server's network there")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0)
+        grab = (f"import socket\n"
+                f"    try:\n"
+                f"        socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=5).close()\n"
+                f"    except OSError:\n"
+                f"        pass")
+        text = TINY.replace("return Net()", f"{grab}\n    return Net()")
+        assert text != TINY
+        assert module_spec(ModuleFile(f"net_{isolation}.py", text)).family == "user"
+        try:
+            listener.accept()[0].close()
+            reached = True
+        except BlockingIOError:
+            reached = False
+    assert reached == (isolation == "off")
+
+
 def daemon_source(pidfile: Path, mib: int, sleep_s: int = 120) -> str:
     """A model file whose build() leaves a daemon behind, as a double fork with setsid does: a process
     in a session of its own whose parent has exited, holding ``mib`` MiB; build() returns once it runs."""
