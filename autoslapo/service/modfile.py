@@ -15,7 +15,10 @@ carrying the trace's mark in its environment; all of them end with the trace. Wh
 the server make a memory cgroup (``autoslapo.memcg``), the trace runs in one: the kernel holds the
 memory sum at every allocation, so a burst between two polls is stopped too. Where the machine lets
 the child make a network namespace (root, or unprivileged user namespaces; ``autoslapo.netns``), the
-trace has no network: it can neither download nor send anything.
+trace has no network: it can neither download nor send anything. Where the kernel has Landlock
+(``autoslapo.landlock``, Linux 5.13, unprivileged), the trace may write only to its work directory
+and its file's cache entry (not to the store, the server's files or anyone else's), and from
+Linux 6.12 cannot signal a process outside it (the server).
 
 The job keeps the source as sent, so the worker that runs the study, and any worker that takes it
 over after a crash, writes the same bytes, traces the same digest and builds the same spec; the
@@ -44,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoslapo import memcg, netns, proctree
+from autoslapo import landlock, memcg, netns, proctree
 from autoslapo.errors import UsageError
 from autoslapo.models.modcache import ensure_entry
 from autoslapo.models.spec import ModelSpec
@@ -71,7 +74,8 @@ TRACE_FILE_BYTES = 64 * 2**20
 
 # The child is a supervisor that never imports the file: it joins the trace's memory cgroup where
 # the server made one (``autoslapo.memcg``), leaves the network where it may (``autoslapo.netns``),
-# makes itself the reaper of orphaned
+# restricts what it and its descendants may write and signal (``autoslapo.landlock``: its work
+# directory and the file's cache entry; no process outside), makes itself the reaper of orphaned
 # descendants (so a daemon the file starts, setsid or double fork, stays under it), forks the tracer,
 # waits for it, kills whatever the tracer left running and ends as the tracer ended (its exit code,
 # or the signal that stopped it). The tracer sets its limits (before torch is imported), traces the
@@ -80,7 +84,7 @@ TRACE_FILE_BYTES = 64 * 2**20
 # torch: the trace is on the meta device.
 _CHILD = """\
 import contextlib, os, resource, signal, sys
-from autoslapo import netns, proctree
+from autoslapo import landlock, netns, proctree
 
 
 def trace():
@@ -115,6 +119,8 @@ if sys.argv[6]:  # the trace's memory cgroup: joined before anything forks, so e
             procs.write(str(os.getpid()))
 if sys.argv[7] == "1":  # a network namespace of its own: no route anywhere, for it and every process it starts
     netns.leave_network()
+if sys.argv[8] == "1":  # writes only to its work directory (cwd) and its file's cache entry; no signal out
+    landlock.restrict([os.getcwd(), os.path.dirname(os.path.abspath(sys.argv[1]))], network=sys.argv[7] == "1")
 proctree.become_subreaper()
 tracer = os.fork()
 if tracer == 0:
@@ -254,9 +260,10 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
         result = Path(work) / "result.json"
         try:
             child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result), *limits,
-                                      str(group.procs) if group else "", "1" if netns.enabled() else "0"],
+                                      str(group.procs) if group else "", "1" if netns.enabled() else "0",
+                                      "1" if landlock.enabled() else "0"],
                                      cwd=work,
-                                     env={**os.environ, TRACE_MARK: mark},
+                                     env={**os.environ, TRACE_MARK: mark, "TMPDIR": work},
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         except BaseException:

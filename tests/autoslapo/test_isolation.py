@@ -3,7 +3,8 @@ sum at every allocation, counts what it kills, and the group ends with every mem
 machine that lets this process make one (root, or a delegated cgroup v2 memory controller), and
 elsewhere these skip and the service relies on its polls (tests/service/test_modfile.py covers
 both). A network namespace (``autoslapo.netns``): no route to the host's loopback, files made as
-before, privileged and as an unprivileged user."""
+before, privileged and as an unprivileged user. Landlock (``autoslapo.landlock``): writes beneath the
+allowed directories only, TCP connects denied, no signal to a process outside."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from autoslapo import memcg, netns
+from autoslapo import landlock, memcg, netns
 from tests.service.test_processes import alive
 
 PREFIX = "autoslapo-test-"
@@ -129,3 +131,44 @@ def test_an_unprivileged_user_leaves_the_network_through_a_user_namespace() -> N
     if how != "userns":
         pytest.skip(f"unprivileged user namespaces are off on this machine (leave_network gave {how!r})")
     assert reached == "False" and own == "True"
+
+
+LANDLOCK_PROBE = """
+import os, signal, socket, sys
+from autoslapo.landlock import restrict
+ok, other, sleeper = sys.argv[1:4]
+v = restrict([ok], network=True)
+def tried(f):
+    try:
+        f()
+        return "yes"
+    except OSError:
+        return "no"
+print(v, tried(lambda: open(os.path.join(ok, "a"), "w").write("x")),
+      tried(lambda: open(os.path.join(other, "a"), "w").write("x")),
+      tried(lambda: open("/dev/null", "w").write("x")),
+      tried(lambda: os.kill(int(sleeper), signal.SIGTERM)),
+      tried(lambda: socket.create_connection(("127.0.0.1", 9), timeout=2)))
+"""
+
+
+def test_landlock_allows_writes_beneath_the_given_directories_only(tmp_path: Path) -> None:
+    if landlock.abi() < 1:
+        pytest.skip("this kernel has no Landlock (Linux 5.13+, with landlock among its security modules)")
+    ok, other = tmp_path / "ok", tmp_path / "other"
+    ok.mkdir()
+    other.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = subprocess.run([sys.executable, "-c", LANDLOCK_PROBE, str(ok), str(other), str(sleeper.pid)],
+                             capture_output=True, text=True, timeout=60)
+        v, mine, theirs, null, signalled, connected = run.stdout.split()
+        assert int(v) == landlock.abi() and (mine, theirs, null) == ("yes", "no", "yes")
+        assert (ok / "a").exists() and not (other / "a").exists()
+        if int(v) >= 4:
+            assert connected == "no"
+        if int(v) >= 6:
+            assert signalled == "no" and sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()

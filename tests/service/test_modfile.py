@@ -67,11 +67,11 @@ def module_worker(service_store: Store) -> Iterator[Worker]:
 
 
 def test_the_spec_is_the_one_tune_builds_and_the_file_is_never_imported_here(tmp_path: Path, cache: Path) -> None:
-    marker = tmp_path / "imported-by"
-    text = f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n{TINY}"
+    # the file notes who imported it beside itself, in its cache entry: where a trace may write
+    text = f"import os\nopen(os.path.join(os.path.dirname(__file__), 'imported-by'), 'a').write(str(os.getpid()) + '\\n')\n{TINY}"
     mf = ModuleFile("tiny.py", text)
     spec = module_spec(mf)
-    (pid,) = marker.read_text().split()
+    (pid,) = (cache / mf.digest / "imported-by").read_text().split()
     assert pid != str(os.getpid())  # it ran in a child process, not in this one
     assert (cache / mf.digest / "tiny.py").read_bytes() == text.encode()  # materialized by digest
     assert spec == resolve_model(str(write_model_file(tmp_path, text, "tiny.py")))  # what `autoslapo tune tiny.py` builds
@@ -210,6 +210,38 @@ def test_the_trace_has_no_network_where_it_may_leave_it(monkeypatch: pytest.Monk
         except BlockingIOError:
             reached = False
     assert reached == (isolation == "off")
+
+
+@pytest.mark.parametrize("restricted", ["on", "off"])
+def test_the_trace_writes_only_its_own_files_and_signals_no_one_outside(tmp_path: Path, restricted: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # build() writes a file beside the test's (the store's, say) and sends SIGTERM to a process of the
+    # server's user: under Landlock neither happens, and the trace itself still works
+    from autoslapo import landlock
+
+    if restricted == "on" and landlock.abi() < 6:
+        pytest.skip(f"needs Linux's Landlock, ABI 6 (Linux 6.12) for signals: this kernel has ABI {landlock.abi()}; "
+                    "a trace there may write and signal what the server's user may")
+    monkeypatch.setenv(landlock.ENV, restricted)
+    target = tmp_path / "store.db"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        grab = (f"import os, signal\n"
+                f"    for attempt in (lambda: open({str(target)!r}, 'w').write('gone'),\n"
+                f"                    lambda: os.kill({sleeper.pid}, signal.SIGTERM)):\n"
+                f"        try:\n"
+                f"            attempt()\n"
+                f"        except OSError:\n"
+                f"            pass")
+        text = TINY.replace("return Net()", f"{grab}\n    return Net()")
+        assert text != TINY
+        assert module_spec(ModuleFile(f"writes_{restricted}.py", text)).family == "user"
+        time.sleep(0.2)
+        assert target.exists() == (restricted == "off")
+        assert (sleeper.poll() is None) == (restricted == "on")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def daemon_source(pidfile: Path, mib: int, sleep_s: int = 120) -> str:
