@@ -26,7 +26,7 @@ from tests.service.test_processes import alive
 
 PREFIX = "autoslapo-test-"
 NO_CGROUP = ("this machine lets no process here make a memory cgroup (needs root or a delegated cgroup v2 "
-             "memory controller): the service then holds the trace's sum by its polls alone")
+             "memory controller, and AUTOSLAPO_TRACE_CGROUP not off): the service then holds the trace's sum by its polls alone")
 
 
 @pytest.fixture

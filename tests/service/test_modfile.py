@@ -155,7 +155,7 @@ def test_a_burst_between_two_polls_is_held_by_the_trace_cgroup(monkeypatch: pyte
     probe = memcg.create(CGROUP_PREFIX, 1 << 30)
     if probe is None:
         pytest.skip("this machine lets no process here make a memory cgroup (needs root or a delegated cgroup v2 "
-                    "memory controller): a burst shorter than the poll can pass the sum there")
+                    "memory controller, and AUTOSLAPO_TRACE_CGROUP not off): a burst shorter than the poll can pass the sum there")
     monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
     grab = ("import os, time\n"
             "    kids = []\n"
@@ -244,19 +244,20 @@ def test_the_trace_writes_only_its_own_files_and_signals_no_one_outside(tmp_path
         sleeper.wait()
 
 
-def daemon_source(pidfile: Path, mib: int, sleep_s: int = 120) -> str:
+def daemon_source(mib: int, sleep_s: int = 120) -> str:
     """A model file whose build() leaves a daemon behind, as a double fork with setsid does: a process
-    in a session of its own whose parent has exited, holding ``mib`` MiB; build() returns once it runs."""
-    daemon = (f"import os, time; open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid())); "
-              f"os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r}); held = b'x' * ({mib} << 20); "
-              f"time.sleep({sleep_s})")
+    in a session of its own whose parent has exited, holding ``mib`` MiB; build() returns once it runs.
+    The daemon writes its pid to ``daemon.pid`` beside the file, in its cache entry (where a trace may write)."""
+    daemon = ("import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
+              f"os.rename(sys.argv[1] + '.tmp', sys.argv[1]); held = b'x' * ({mib} << 20); time.sleep({sleep_s})")
     grab = (f"import os, sys, time\n"
+            f"    pidfile = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'daemon.pid')\n"
             f"    if os.fork() == 0:\n"
             f"        os.setsid()\n"
             f"        if os.fork() == 0:\n"
-            f"            os.execv(sys.executable, [sys.executable, '-c', {daemon!r}])\n"
+            f"            os.execv(sys.executable, [sys.executable, '-c', {daemon!r}, pidfile])\n"
             f"        os._exit(0)\n"
-            f"    while not os.path.exists({str(pidfile)!r}):\n"
+            f"    while not os.path.exists(pidfile):\n"
             f"        time.sleep(0.05)")
     text = TINY.replace("return Net()", f"{grab}\n    return Net()")
     assert text != TINY
@@ -264,11 +265,10 @@ def daemon_source(pidfile: Path, mib: int, sleep_s: int = 120) -> str:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-def test_a_daemon_the_file_leaves_behind_ends_with_its_trace(tmp_path: Path) -> None:
-    pidfile = tmp_path / "daemon.pid"
-    spec = module_spec(ModuleFile("leaves.py", daemon_source(pidfile, mib=1)))
-    assert spec.family == "user"
-    pid = int(pidfile.read_text())
+def test_a_daemon_the_file_leaves_behind_ends_with_its_trace(cache: Path) -> None:
+    mf = ModuleFile("leaves.py", daemon_source(mib=1))
+    assert module_spec(mf).family == "user"
+    pid = int((cache / mf.digest / "daemon.pid").read_text())
     deadline = time.monotonic() + 10
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -276,18 +276,18 @@ def test_a_daemon_the_file_leaves_behind_ends_with_its_trace(tmp_path: Path) -> 
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-def test_a_daemon_the_file_starts_counts_toward_the_trace_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_daemon_the_file_starts_counts_toward_the_trace_limit(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the daemon holds 400 MiB in a session of its own, re-parented when its parent exits; with the
     # trace's own ~220 MiB the two are over 512 MiB, each under it
     monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
-    pidfile = tmp_path / "daemon.pid"
-    text = daemon_source(pidfile, mib=400).replace("    return Net()", "    time.sleep(60)\n    return Net()")
+    text = daemon_source(mib=400).replace("    return Net()", "    time.sleep(60)\n    return Net()")
+    mf = ModuleFile("hog.py", text)
     started = time.monotonic()
     with pytest.raises(UsageError, match=r"the model file hog\.py needed more than 512 MiB to trace") as err:
-        module_spec(ModuleFile("hog.py", text))
+        module_spec(mf)
     assert "its processes together" in str(err.value) and "\n" not in str(err.value)
     assert time.monotonic() - started < 45  # stopped by the sum, not by the 120 s timeout
-    assert not alive(int(pidfile.read_text()))
+    assert not alive(int((cache / mf.digest / "daemon.pid").read_text()))
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
