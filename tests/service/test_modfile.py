@@ -45,6 +45,13 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     forget()
 
 
+def in_build(code: str) -> str:
+    """TINY with ``code`` (lines after the first indented by 4) run in build() before it returns its module."""
+    text = TINY.replace("return Net()", f"{code}\n    return Net()")
+    assert text != TINY
+    return text
+
+
 def payload(text: str = TINY, name: str = "tiny.py") -> dict:
     return {"module_file": {"name": name, "source": text}}
 
@@ -100,8 +107,7 @@ def test_a_file_that_runs_too_long_is_stopped_and_one_line() -> None:
 def test_a_file_over_the_trace_limits_is_stopped_and_one_line(monkeypatch: pytest.MonkeyPatch, grab: str,
                                                               words: str) -> None:
     monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
-    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
-    assert text != TINY
+    text = in_build(grab)
     with pytest.raises(UsageError, match=r"the model file big\.py") as err:
         module_spec(ModuleFile("big.py", text))
     assert words in str(err.value) and "\n" not in str(err.value)
@@ -115,8 +121,7 @@ def test_a_file_that_starts_processes_is_held_to_the_limit_they_sum_to(monkeypat
             "    kids = [subprocess.Popen([sys.executable, '-c', 'import time; b = b\\'x\\' * (300 << 20); time.sleep(60)'])"
             " for _ in range(2)]\n"
             "    time.sleep(60)")
-    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
-    assert text != TINY
+    text = in_build(grab)
     started = time.monotonic()
     with pytest.raises(UsageError, match=r"the model file many\.py needed more than 512 MiB to trace") as err:
         module_spec(ModuleFile("many.py", text))
@@ -141,8 +146,7 @@ def test_forked_helpers_count_the_pages_they_share_once(monkeypatch: pytest.Monk
             "        kids.append(pid)\n"
             "    for pid in kids:\n"
             "        os.waitpid(pid, 0)")
-    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
-    assert text != TINY
+    text = in_build(grab)
     assert module_spec(ModuleFile(f"forks_{cgroup}.py", text)).family == "user"
 
 
@@ -168,8 +172,7 @@ def test_a_burst_between_two_polls_is_held_by_the_trace_cgroup(monkeypatch: pyte
             "        kids.append(pid)\n"
             "    for pid in kids:\n"
             "        os.waitpid(pid, 0)")
-    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
-    assert text != TINY
+    text = in_build(grab)
     with pytest.raises(UsageError, match=r"the model file burst\.py needed more than 512 MiB to trace") as err:
         module_spec(ModuleFile("burst.py", text))
     assert "its processes together" in str(err.value) and "\n" not in str(err.value)
@@ -201,8 +204,7 @@ def test_the_trace_has_no_network_where_it_may_leave_it(monkeypatch: pytest.Monk
                 f"        socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=5).close()\n"
                 f"    except OSError:\n"
                 f"        pass")
-        text = TINY.replace("return Net()", f"{grab}\n    return Net()")
-        assert text != TINY
+        text = in_build(grab)
         assert module_spec(ModuleFile(f"net_{isolation}.py", text)).family == "user"
         try:
             listener.accept()[0].close()
@@ -233,8 +235,7 @@ def test_the_trace_writes_only_its_own_files_and_signals_no_one_outside(tmp_path
                 f"            attempt()\n"
                 f"        except OSError:\n"
                 f"            pass")
-        text = TINY.replace("return Net()", f"{grab}\n    return Net()")
-        assert text != TINY
+        text = in_build(grab)
         assert module_spec(ModuleFile(f"writes_{restricted}.py", text)).family == "user"
         time.sleep(0.2)
         assert target.exists() == (restricted == "off")
@@ -259,8 +260,7 @@ def daemon_source(mib: int, sleep_s: int = 120) -> str:
             f"        os._exit(0)\n"
             f"    while not os.path.exists(pidfile):\n"
             f"        time.sleep(0.05)")
-    text = TINY.replace("return Net()", f"{grab}\n    return Net()")
-    assert text != TINY
+    text = in_build(grab)
     return text
 
 
