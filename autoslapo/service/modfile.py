@@ -74,10 +74,10 @@ TRACE_FILE_BYTES = 64 * 2**20
 
 # The child is a supervisor that never imports the file: it joins the trace's memory cgroup where
 # the server made one (``autoslapo.memcg``), leaves the network where it may (``autoslapo.netns``),
-# restricts what it and its descendants may write and signal (``autoslapo.landlock``: its work
-# directory and the file's cache entry; no process outside), makes itself the reaper of orphaned
-# descendants (so a daemon the file starts, setsid or double fork, stays under it), forks the tracer,
-# waits for it, kills whatever the tracer left running and ends as the tracer ended (its exit code,
+# makes itself the reaper of orphaned descendants (so a daemon the file starts, setsid or double
+# fork, stays under it), forks the tracer (which restricts what it and its descendants may write and
+# signal, ``autoslapo.landlock``: its work directory and the file's cache entry; no process outside
+# them, the supervisor included), waits for it, kills whatever the tracer left running and ends as the tracer ended (its exit code,
 # or the signal that stopped it). The tracer sets its limits (before torch is imported), traces the
 # file as `autoslapo tune FILE.py` does and writes the spec (or one error line) to a result file;
 # the file's own prints go nowhere. BaseException: a file may raise SystemExit. One thread for
@@ -119,12 +119,13 @@ if sys.argv[6]:  # the trace's memory cgroup: joined before anything forks, so e
             procs.write(str(os.getpid()))
 if sys.argv[7] == "1":  # a network namespace of its own: no route anywhere, for it and every process it starts
     netns.leave_network()
-if sys.argv[8] == "1":  # writes only to its work directory (cwd) and its file's cache entry; no signal out
-    landlock.restrict([os.getcwd(), os.path.dirname(os.path.abspath(sys.argv[1]))], network=sys.argv[7] == "1")
 proctree.become_subreaper()
 tracer = os.fork()
 if tracer == 0:
     code = 1
+    if sys.argv[8] == "1":  # writes only to its work directory (cwd) and its file's cache entry; no signal to a
+        # process outside its own domain, this supervisor included (restricted here, after the fork)
+        landlock.restrict([os.getcwd(), os.path.dirname(os.path.abspath(sys.argv[1]))], network=sys.argv[7] == "1")
     try:
         trace()
         code = 0

@@ -245,6 +245,24 @@ def test_the_trace_writes_only_its_own_files_and_signals_no_one_outside(tmp_path
         sleeper.wait()
 
 
+@pytest.mark.parametrize("restricted", ["on", "off"])
+def test_the_trace_cannot_kill_its_supervisor(restricted: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # build() sends SIGKILL to its parent, the supervisor that ends what the file leaves running: under
+    # Landlock it is out of the tracer's reach and the trace ends as usual; without, the trace is lost
+    from autoslapo import landlock
+
+    if restricted == "on" and landlock.abi() < 6:
+        pytest.skip(f"needs Linux's Landlock, ABI 6 (Linux 6.12) for signals: this kernel has ABI {landlock.abi()}")
+    monkeypatch.setenv(landlock.ENV, restricted)
+    text = in_build("import os, signal\n    try:\n        os.kill(os.getppid(), signal.SIGKILL)\n"
+                    "    except OSError:\n        pass\n    import time\n    time.sleep(1)")
+    if restricted == "on":
+        assert module_spec(ModuleFile("parricide.py", text)).family == "user"
+    else:
+        with pytest.raises(UsageError, match=r"the trace of the model file parricide\.py was killed"):
+            module_spec(ModuleFile("parricide.py", text))
+
+
 def daemon_source(mib: int, sleep_s: int = 120) -> str:
     """A model file whose build() leaves a daemon behind, as a double fork with setsid does: a process
     in a session of its own whose parent has exited, holding ``mib`` MiB; build() returns once it runs.
