@@ -77,8 +77,8 @@ TRACE_FILE_BYTES = 64 * 2**20
 # makes itself the reaper of orphaned descendants (so a daemon the file starts, setsid or double
 # fork, stays under it), forks the tracer (which restricts what it and its descendants may write and
 # signal, ``autoslapo.landlock``: its work directory and the file's cache entry; no process outside
-# them, the supervisor included), waits for it, kills whatever the tracer left running and ends as the tracer ended (its exit code,
-# or the signal that stopped it). The tracer sets its limits (before torch is imported), traces the
+# them, the supervisor included), waits for it, kills whatever the tracer left running and ends as
+# the tracer ended (its exit code, or the signal that stopped it). The tracer sets its limits (before torch is imported), traces the
 # file as `autoslapo tune FILE.py` does and writes the spec (or one error line) to a result file;
 # the file's own prints go nowhere. BaseException: a file may raise SystemExit. One thread for
 # torch: the trace is on the meta device.
@@ -312,7 +312,7 @@ class Family:
         return self.cgroup.oom_kills() if self.cgroup else 0
 
     def usage(self) -> tuple[int, float] | None:
-        """(resident bytes, CPU seconds) of the family together; None without ``/proc``."""
+        """(memory bytes, proportional set sizes; CPU seconds) of the family together; None without ``/proc``."""
         return proctree.usage(self.child.pid, self.marker)
 
     def end(self) -> int:
