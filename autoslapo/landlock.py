@@ -32,14 +32,6 @@ TRUNCATE = 1 << 14  # ABI 3
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 
-#: ``off`` keeps the server's traces free to write what its user may.
-ENV = "AUTOSLAPO_TRACE_LANDLOCK"
-
-
-def enabled() -> bool:
-    """Whether traces should be restricted (``$AUTOSLAPO_TRACE_LANDLOCK`` is not ``off``)."""
-    return os.environ.get(ENV, "").strip().lower() not in ("off", "0", "no", "false")
-
 
 def _libc() -> ctypes.CDLL | None:
     try:

@@ -28,8 +28,6 @@ from pathlib import Path
 
 V2_MOUNTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 V1_MOUNT = Path("/sys/fs/cgroup/memory")
-#: ``off`` keeps the server from making cgroups (its polls alone hold the trace's sum).
-ENV = "AUTOSLAPO_TRACE_CGROUP"
 
 
 @dataclass(frozen=True)
@@ -41,12 +39,8 @@ class MemoryCgroup:
 
     @property
     def procs(self) -> Path:
-        """The file a process writes its pid into to join (``join``)."""
+        """The file a process writes its own pid into to join the group (its later children are born there)."""
         return self.path / "cgroup.procs"
-
-    def join(self, pid: int) -> None:
-        """Move ``pid`` into the group (its later children are born there). Raises: OSError."""
-        self.procs.write_text(str(pid))
 
     def pids(self) -> list[int]:
         """The group's members now ([] once it is gone)."""
@@ -75,11 +69,6 @@ class MemoryCgroup:
                 if time.monotonic() > deadline:
                     return False
                 time.sleep(0.02)
-
-
-def enabled() -> bool:
-    """Whether the server should try to make cgroups (``$AUTOSLAPO_TRACE_CGROUP`` is not ``off``)."""
-    return os.environ.get(ENV, "").strip().lower() not in ("off", "0", "no", "false")
 
 
 def read_oom_kills(path: Path | None) -> int | None:
@@ -158,8 +147,6 @@ def _sweep(base: Path, prefix: str) -> None:
 def create(prefix: str, limit_bytes: int) -> MemoryCgroup | None:
     """A new group ``<prefix><pid>-<n>`` below this process's own, holding its members to
     ``limit_bytes`` together; None where no hierarchy lets this process make one."""
-    if not enabled():
-        return None
     for base, version in _bases():
         _sweep(base, prefix)
         group = base / f"{prefix}{os.getpid()}-{time.monotonic_ns()}"

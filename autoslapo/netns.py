@@ -18,13 +18,6 @@ import os
 
 CLONE_NEWNET = 0x40000000  # linux/sched.h
 CLONE_NEWUSER = 0x10000000
-#: ``off`` keeps the server's traces in its own network.
-ENV = "AUTOSLAPO_TRACE_NETWORK_ISOLATION"
-
-
-def enabled() -> bool:
-    """Whether traces should leave the network (``$AUTOSLAPO_TRACE_NETWORK_ISOLATION`` is not ``off``)."""
-    return os.environ.get(ENV, "").strip().lower() not in ("off", "0", "no", "false")
 
 
 def _unshare(flags: int) -> bool:

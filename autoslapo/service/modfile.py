@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoslapo import landlock, memcg, netns, proctree
+from autoslapo import memcg, proctree
 from autoslapo.errors import UsageError
 from autoslapo.models.modcache import ensure_entry
 from autoslapo.models.spec import ModelSpec
@@ -63,6 +63,12 @@ GROUP_POLL_S = 0.05
 TRACE_MARK = "AUTOSLAPO_TRACE_ID"
 #: The trace's memory cgroups' names begin so (``autoslapo.memcg``; the server's pid follows).
 CGROUP_PREFIX = "autoslapo-trace-"
+#: Each of the trace's isolations is on unless its variable says ``off`` (or 0, no, false): the
+#: memory cgroup (off: the polls alone hold the sum), the network namespace (off: the trace has the
+#: server's network) and Landlock (off: it writes and signals what the server's user may).
+CGROUP_ENV = "AUTOSLAPO_TRACE_CGROUP"
+NETWORK_ENV = "AUTOSLAPO_TRACE_NETWORK_ISOLATION"
+LANDLOCK_ENV = "AUTOSLAPO_TRACE_LANDLOCK"
 
 #: The trace child's limits: its heap and other private memory (``RLIMIT_DATA``; ``$AUTOSLAPO_TRACE_MEMORY_MIB``
 #: overrides the default 4 GiB: the trace of experiments/my_model.py peaks at ~220 MiB, torch's import
@@ -255,14 +261,14 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
     limits = [str(memory), str(_cpu_seconds(timeout_s)), str(TRACE_FILE_BYTES)]
     # every process of the trace carries this mark, so one that leaves the supervisor's tree is found
     mark = f"{os.getpid()}-{uuid.uuid4().hex}"
-    # where this machine lets the server make one, a memory cgroup holds the sum at every allocation
-    group = memcg.create(CGROUP_PREFIX, memory)
     with tempfile.TemporaryDirectory(prefix="autoslapo-trace-") as work:
         result = Path(work) / "result.json"
+        # where this machine lets the server make one, a memory cgroup holds the sum at every allocation
+        group = memcg.create(CGROUP_PREFIX, memory) if _switched_on(CGROUP_ENV) else None
         try:
             child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(result), *limits,
-                                      str(group.procs) if group else "", "1" if netns.enabled() else "0",
-                                      "1" if landlock.enabled() else "0"],
+                                      str(group.procs) if group else "", "1" if _switched_on(NETWORK_ENV) else "0",
+                                      "1" if _switched_on(LANDLOCK_ENV) else "0"],
                                      cwd=work,
                                      env={**os.environ, TRACE_MARK: mark, "TMPDIR": work},
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -290,6 +296,11 @@ def _trace_in_child(mf: ModuleFile, path: Path, timeout_s: float) -> ModelSpec:
         text = str(doc["error"]).replace(str(path), mf.name).replace(str(path.parent), "<model cache>")
         raise UsageError(f"the model file {mf.name} cannot be used: {text}")
     return ModelSpec.from_dict(doc["spec"])
+
+
+def _switched_on(variable: str) -> bool:
+    """Whether the isolation that ``variable`` names is on: unless it says off, 0, no or false."""
+    return os.environ.get(variable, "").strip().lower() not in ("off", "0", "no", "false")
 
 
 def _cpu_seconds(timeout_s: float) -> int:

@@ -26,7 +26,7 @@ from tests.service.test_processes import alive
 
 PREFIX = "autoslapo-test-"
 NO_CGROUP = ("this machine lets no process here make a memory cgroup (needs root or a delegated cgroup v2 "
-             "memory controller, and AUTOSLAPO_TRACE_CGROUP not off): the service then holds the trace's sum by its polls alone")
+             "memory controller): the service then holds the trace's sum by its polls alone")
 
 
 @pytest.fixture
@@ -69,11 +69,6 @@ def test_remove_ends_every_member_and_the_group(group: memcg.MemoryCgroup) -> No
     assert group.pids() == [kid.pid]
     assert group.remove() and not group.path.exists()
     assert kid.wait(timeout=10) == -9 and not alive(kid.pid)
-
-
-def test_switched_off_it_makes_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(memcg.ENV, "off")
-    assert memcg.create(PREFIX, 64 << 20) is None
 
 
 NETWORK_PROBE = """

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from autoslapo.errors import UsageError
 from autoslapo.models.resolve import resolve_model
 from autoslapo.remote import model_field, model_query
-from autoslapo.service import ServiceSettings, Worker, create_app
+from autoslapo.service import ServiceSettings, Worker, create_app, modfile
 from autoslapo.service.jobs import StudyRequest
 from autoslapo.service.modfile import ModuleFile, ModuleFilesOff, forget, module_spec
 from store import Store
@@ -135,7 +135,7 @@ def test_forked_helpers_count_the_pages_they_share_once(monkeypatch: pytest.Monk
     # three forks of the tracer (~220 MiB resident, torch imported) that allocate nothing: their resident
     # sizes sum to ~880 MiB, their proportional ones (and a cgroup's charge) to the tracer's alone
     monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
-    monkeypatch.setenv("AUTOSLAPO_TRACE_CGROUP", cgroup)
+    monkeypatch.setenv(modfile.CGROUP_ENV, cgroup)
     grab = ("import os, time\n"
             "    kids = []\n"
             "    for _ in range(3):\n"
@@ -159,7 +159,7 @@ def test_a_burst_between_two_polls_is_held_by_the_trace_cgroup(monkeypatch: pyte
     probe = memcg.create(CGROUP_PREFIX, 1 << 30)
     if probe is None:
         pytest.skip("this machine lets no process here make a memory cgroup (needs root or a delegated cgroup v2 "
-                    "memory controller, and AUTOSLAPO_TRACE_CGROUP not off): a burst shorter than the poll can pass the sum there")
+                    "memory controller): a burst shorter than the poll can pass the sum there")
     monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "512")
     grab = ("import os, time\n"
             "    kids = []\n"
@@ -187,9 +187,7 @@ def test_the_trace_has_no_network_where_it_may_leave_it(monkeypatch: pytest.Monk
     # build() connects to a listener on the host's loopback: from its own network namespace it cannot
     import socket
 
-    from autoslapo import netns
-
-    monkeypatch.setenv(netns.ENV, isolation)
+    monkeypatch.setenv(modfile.NETWORK_ENV, isolation)
     probe = subprocess.run([sys.executable, "-c", "from autoslapo.netns import leave_network; print(leave_network())"],
                            capture_output=True, text=True, timeout=60)
     if isolation == "on" and not probe.stdout.strip():
@@ -224,7 +222,7 @@ def test_the_trace_writes_only_its_own_files_and_signals_no_one_outside(tmp_path
     if restricted == "on" and landlock.abi() < 6:
         pytest.skip(f"needs Linux's Landlock, ABI 6 (Linux 6.12) for signals: this kernel has ABI {landlock.abi()}; "
                     "a trace there may write and signal what the server's user may")
-    monkeypatch.setenv(landlock.ENV, restricted)
+    monkeypatch.setenv(modfile.LANDLOCK_ENV, restricted)
     target = tmp_path / "store.db"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -253,7 +251,7 @@ def test_the_trace_cannot_kill_its_supervisor(restricted: str, monkeypatch: pyte
 
     if restricted == "on" and landlock.abi() < 6:
         pytest.skip(f"needs Linux's Landlock, ABI 6 (Linux 6.12) for signals: this kernel has ABI {landlock.abi()}")
-    monkeypatch.setenv(landlock.ENV, restricted)
+    monkeypatch.setenv(modfile.LANDLOCK_ENV, restricted)
     text = in_build("import os, signal\n    try:\n        os.kill(os.getppid(), signal.SIGKILL)\n"
                     "    except OSError:\n        pass\n    import time\n    time.sleep(1)")
     if restricted == "on":
@@ -486,3 +484,16 @@ def test_workers_and_servers_that_take_model_files_prune_the_cache(service_store
     service_store.jobs.submit("plain", StudyRequest.from_json({**BASE, "model": "bert-tiny", "trials": 1}).to_dict())
     assert Worker(service_store, lease_s=5, poll_s=0.1, allow_module_files=True).run(once=True) == 1
     assert not stale[0].exists()  # after its job
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, True), ("", True), ("on", True), ("1", True),
+                                           ("off", False), (" OFF ", False), ("0", False), ("no", False),
+                                           ("false", False)])
+def test_each_isolation_is_on_unless_its_variable_says_off(monkeypatch: pytest.MonkeyPatch, value: str | None,
+                                                           on: bool) -> None:
+    for variable in (modfile.CGROUP_ENV, modfile.NETWORK_ENV, modfile.LANDLOCK_ENV):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
+        assert modfile._switched_on(variable) is on
