@@ -330,7 +330,8 @@ def apply_best(
     )
     for m in job.pipeline.modules:
         m.train()
-    job.optimizer = build_pipeline_optimizer(job.pipeline.parameters(), config, groups, lr=lr)
+    job.optimizer = build_pipeline_optimizer(job.pipeline.parameters(), config, groups, lr=lr,
+                                             tied=job.pipeline.tied_params())
     return job
 
 

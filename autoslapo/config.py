@@ -128,12 +128,12 @@ class ScheduleConfig:
                 f"virtual_stages > 1 needs the interleaved schedule: got virtual_stages="
                 f"{self.virtual_stages} with pipeline_schedule={self.pipeline_schedule}"
             )
-        if self.pp > 1 and self.zero_stage >= 2:
-            # DeepSpeed's pipeline engine (and Megatron) partition gradients per stage themselves;
-            # ZeRO-2/3 would shard what the pipeline's schedule accumulates across micro-batches.
+        if self.pp > 1 and self.zero_stage >= 3:
+            # a stage's weights stay whole (ZeRO-3 would gather them every micro-batch and chunk); its
+            # gradients may be sharded (ZeRO-2: ``autoslapo.runtime.engine.GradientOwners``)
             raise ConfigError(
                 f"zero_stage {self.zero_stage} cannot run with pipeline parallelism (pp={self.pp}): "
-                "pipelines support ZeRO 0-1; use zero_stage <= 1 or pp=1"
+                "pipelines support ZeRO 0-2; use zero_stage <= 2 or pp=1"
             )
 
     # --- derived -------------------------------------------------------------------------

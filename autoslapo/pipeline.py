@@ -269,6 +269,10 @@ class PipelineRuntime:
             self._params = list(seen.values())
         return list(self._params)
 
+    def tied_params(self) -> list[nn.Parameter]:
+        """This rank's parameters that stages on other ranks share (summed by :meth:`sync_tied_grads`)."""
+        return [t.param for t in self.tied if t.param is not None]
+
     def sync_tied_grads(self) -> None:
         """Sum the gradients of parameters shared by stages on different ranks (tied embeddings).
 

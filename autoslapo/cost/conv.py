@@ -131,7 +131,7 @@ def estimate_conv_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
     act = int(estimate_conv_activation_bytes(model, config, transients=True) * perf.activation_slack)
     during, after = zero_buffer_bytes(model, config, rt)
     buffers = during + max(0, after - act)
-    if config.zero_stage >= 1:
+    if config.zero_stage >= 1 and config.pp == 1:  # DeepSpeed's ZeRO optimizer (pipelines use torch's)
         buffers += perf.zero_overhead_bytes
     return MemoryBreakdown(params=wb, grads=gb, optimizer=ob, activations=act,
                            overhead=perf.fixed_overhead_bytes, buffers=buffers)

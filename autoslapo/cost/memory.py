@@ -357,13 +357,17 @@ def zero_buffer_bytes(model: ModelSpec, config: ScheduleConfig, runtime: str = "
     CPU only the pages the copy touches count: ``min(bucket, N)`` elements. ZeRO-0 under DeepSpeed's
     engine all-reduces flattened copies of the gradients after backward (Megatron's contiguous
     gradient buffer *is* the gradients, so the ``megatron`` runtime adds nothing there). A
-    pipeline (pp > 1) averages gradients in flat per-dtype copies after its schedule. ZeRO-3 adds
+    pipeline (pp > 1) averages gradients in flat per-dtype copies after its schedule, except under
+    ZeRO-2, which reduces them to their owners a parameter at a time in backward. ZeRO-3 adds
     the gathered weights in use and in prefetch.
     """
     n = max(stage_params(model, config))
     g = state_bytes_per_param(config, runtime)[1]
     ours = runtime == "autoslapo"
     if config.dp == 1 and config.zero_stage == 0:
+        return 0, 0
+    if config.pp > 1 and config.zero_stage == 2:
+        # each micro-batch's gradients go to their owners a parameter at a time (GradientOwners)
         return 0, 0
     if config.pp > 1 or config.zero_stage == 0:
         return 0, int(n * g) if ours else 0

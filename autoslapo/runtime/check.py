@@ -47,8 +47,8 @@ def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cp
     Rules beyond ``config.validate(spec)``:
     * fp16 needs dynamic loss scaling, which the runtime does not do: use bf16 or fp32;
     * flash attention needs CUDA and the ``flash_attn`` package;
-    * ZeRO-2/3 with pp > 1: the pipeline's schedule accumulates gradients over micro-batches
-      itself, so only ZeRO 0-1 fit (already a ``ScheduleConfig`` rule, repeated for old configs);
+    * ZeRO-3 with pp > 1: a pipeline stage keeps its weights whole, so ZeRO 0-2 fit (already a
+      ``ScheduleConfig`` rule, repeated for old configs);
     * a pipeline needs at least as many micro-batches (``grad_accum``) as stages;
     * cuda: one GPU per rank; cpu: at most 64 ranks.
     """
@@ -63,10 +63,10 @@ def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cp
             raise ConfigError(f"attn_kernel flash needs a CUDA device: got device={device}; use sdpa or eager")
         if importlib.util.find_spec("flash_attn") is None:
             raise ConfigError("attn_kernel flash needs the flash_attn package, which is not installed; use sdpa")
-    if config.pp > 1 and config.zero_stage >= 2:
+    if config.pp > 1 and config.zero_stage >= 3:
         raise ConfigError(
             f"zero_stage {config.zero_stage} cannot run with pipeline parallelism (pp={config.pp}): "
-            "pipelines support ZeRO 0-1; use zero_stage <= 1 or pp=1"
+            "pipelines support ZeRO 0-2; use zero_stage <= 2 or pp=1"
         )
     stages = config.pp * config.virtual_stages
     if config.pp > 1 and config.grad_accum < config.pp:

@@ -9,8 +9,12 @@ With pipeline stages (pp > 1) the stages come from ``torch.distributed.pipelinin
 schedule runs forward and backward itself; DeepSpeed's engine expects to own both (its own
 ``PipelineEngine`` wants a ``PipelineModule``), so the data-parallel part is torch's: gradients are
 averaged over the dp group after the pipeline step, and ZeRO-1 is
-``torch.distributed.optim.ZeroRedundancyOptimizer`` over that group. ZeRO-2/3 with a pipeline is
-rejected before launch (see :mod:`autoslapo.runtime.check`).
+``torch.distributed.optim.ZeroRedundancyOptimizer`` over that group. ZeRO-2 adds
+:class:`GradientOwners`: every micro-batch's gradient of a parameter is reduced to the dp rank that
+owns it in that optimizer's partition as soon as backward has accumulated it, and freed everywhere
+else, so a rank holds the gradients of only its own parameters between micro-batches (the
+gradient sharding of FSDP with pipeline stages, e.g. Llama 3's; DeepSpeed's pipeline engine refuses
+ZeRO-2). ZeRO-3 with a pipeline is rejected before launch (see :mod:`autoslapo.runtime.check`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import nn
 
 __all__ = [
     "DeepSpeedMPU",
+    "GradientOwners",
     "average_gradients",
     "build_deepspeed_engine",
     "build_pipeline_optimizer",
@@ -133,17 +138,23 @@ def build_deepspeed_engine(model: nn.Module, config: Any, groups: Any, *, lr: fl
     return engine
 
 
-def build_pipeline_optimizer(params: list[nn.Parameter], config: Any, groups: Any, *, lr: float) -> Any:
-    """AdamW for a pipeline stage's parameters; ZeRO-1 shards its state over the dp group.
+def build_pipeline_optimizer(params: list[nn.Parameter], config: Any, groups: Any, *, lr: float,
+                             tied: list[nn.Parameter] | None = None) -> Any:
+    """AdamW for a pipeline stage's parameters; ZeRO-1 shards its state over the dp group, ZeRO-2 its
+    gradients too (``gradient_owners``, a :class:`GradientOwners`, on the optimizer; ``tied``: the
+    parameters shared with other stages, whose gradients stay whole).
 
-    Returns: ``torch.optim.AdamW`` (ZeRO 0) or ``ZeroRedundancyOptimizer`` wrapping it (ZeRO 1).
+    Returns: ``torch.optim.AdamW`` (ZeRO 0) or ``ZeroRedundancyOptimizer`` wrapping it (ZeRO 1 and 2;
+    ZeRO-2's gradients go to their owners through :class:`GradientOwners`).
     """
-    if config.zero_stage == 1 and config.dp > 1:
+    if config.zero_stage in (1, 2) and config.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(
-            params, optimizer_class=torch.optim.AdamW, process_group=groups.dp_group, lr=lr
-        )
+        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=groups.dp_group, lr=lr)
+        if config.zero_stage == 2:
+            opt.gradient_owners = GradientOwners(params, opt, groups.dp_group, config.dp,  # type: ignore[attr-defined]
+                                                 skip={id(p) for p in tied or []})
+        return opt
     return torch.optim.AdamW(params, lr=lr)
 
 
@@ -163,3 +174,45 @@ def average_gradients(params: list[nn.Parameter], group: Any, world: int) -> Non
         flat.div_(world)
         for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
             g.copy_(synced)
+
+
+class GradientOwners:
+    """ZeRO-2 for a pipeline stage: each parameter's gradient lives on its owner only.
+
+    ``optimizer`` is the stage's ``ZeroRedundancyOptimizer``: its partition says which dp rank
+    updates (owns) each parameter. A hook after backward accumulates a micro-batch's gradient into
+    ``p.grad`` reduces it (summed over the dp group) to the owner, which adds it to its own sum,
+    and frees it on every rank, so between micro-batches a rank holds only its own parameters'
+    gradients (1/dp of them) and in backward no more than the parameters whose hooks are pending.
+    ``sharded``: the parameters so handled; ``skip``: those left to the caller (tied across stages: their gradients are summed over the
+    pipeline after the schedule, then averaged over dp as in ZeRO-1). :meth:`finish` hands each
+    owner its mean gradient after the pipeline's step.
+    """
+
+    def __init__(self, params: list[nn.Parameter], optimizer: Any, group: Any, world: int,
+                 skip: set[int] | None = None) -> None:
+        owner_of = optimizer._param_to_rank  # the optimizer's own partition (torch 2.x)
+        self.group, self.world = group, world
+        self.me = dist.get_rank(group)
+        self.sharded = [p for p in params if id(p) not in (skip or set())]
+        self.owner = {id(p): owner_of[p] for p in self.sharded}
+        self.sums: dict[int, torch.Tensor] = {}
+        for p in self.sharded:
+            p.register_post_accumulate_grad_hook(self._reduce)
+
+    def _reduce(self, p: torch.Tensor) -> None:
+        grad, owner = p.grad, self.owner[id(p)]
+        if grad is None:
+            return
+        dist.reduce(grad, dst=dist.get_global_rank(self.group, owner), group=self.group)
+        if owner == self.me:
+            held = self.sums.get(id(p))
+            self.sums[id(p)] = grad if held is None else held.add_(grad)
+        p.grad = None
+
+    def finish(self, micro_batches: int) -> None:
+        """After a step's ``micro_batches``: give each owned parameter its gradient, the mean over the
+        micro-batches and dp ranks (their sum divided by both counts); the others keep none."""
+        for p in self.sharded:
+            held = self.sums.pop(id(p), None)
+            p.grad = held.div_(micro_batches * self.world) if held is not None else None

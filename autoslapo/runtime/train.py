@@ -10,7 +10,8 @@ seed and the module path, so every layout starts from the same weights), and tra
   ``grad_accum`` micro-batches per optimizer step);
 * pp > 1: ``torch.distributed.pipelining`` stages (``build_pipeline``; ``grad_accum`` is the number
   of micro-batches), gradients averaged over the dp group, AdamW or ZeRO-1's
-  ZeroRedundancyOptimizer.
+  ZeroRedundancyOptimizer (ZeRO-2: each micro-batch's gradients reduced to their owners,
+  ``autoslapo.runtime.engine.GradientOwners``).
 
 Data: step ``k`` uses ``example_batch(spec, global_batch, seed=mix(seed, k))``; data-parallel rank
 ``d`` takes rows ``[d*B/dp, (d+1)*B/dp)`` and splits them into micro-batches in order, so the loss of
@@ -186,6 +187,11 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
     with _autocast(device, config.precision):
         out = pipeline.step(*inputs, target=labels)
     params = pipeline.parameters()
+    owners = getattr(optimizer, "gradient_owners", None)
+    if owners is not None:  # ZeRO-2: each owner has its parameters' gradient sums; the tied ones are whole
+        owners.finish(config.grad_accum)
+        mine = {id(p) for p in owners.sharded}
+        params = [p for p in params if id(p) not in mine]
     average_gradients(params, groups.dp_group, config.dp)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -232,7 +238,7 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
         )
         for m in runtime.modules:
             m.train()
-        optimizer = build_pipeline_optimizer(runtime.parameters(), config, groups, lr=lr)
+        optimizer = build_pipeline_optimizer(runtime.parameters(), config, groups, lr=lr, tied=runtime.tied_params())
     del sch, model  # a pipeline rank keeps only its own stages' parameters
     gc.collect()
     setup_s = time.perf_counter() - t_setup

@@ -122,6 +122,21 @@ def test_deepspeed_zero_buffers() -> None:
     assert z1.buffers >= n * 4 and z1.optimizer > z0.optimizer / 2
 
 
+def test_zero_2_over_pipeline_stages_shards_the_gradients_and_drops_the_flat_copy() -> None:
+    z1 = ScheduleConfig(pp=2, dp=2, grad_accum=2, zero_stage=1, precision="fp32")
+    z2 = z1.with_(zero_stage=2)
+    n = max(stage_params(SMALL, z1))
+    assert estimate_state_bytes(SMALL, z2, "autoslapo")[1] == int(n * 4 / 2)
+    assert zero_buffer_bytes(SMALL, z1, "autoslapo") == (0, int(n * 4))  # average_gradients' flat copy
+    assert zero_buffer_bytes(SMALL, z2, "autoslapo") == (0, 0)
+    cpu4 = ClusterSpec(gpus=4, gpu_type="cpu", gpus_per_node=4)
+    m1 = estimate(SMALL, z1, cpu4, dropout=False)
+    m2 = estimate(SMALL, z2, cpu4, dropout=False)
+    assert m2.memory.total < m1.memory.total
+    # every micro-batch's gradients cross the dp group (ZeRO-1: once a step)
+    assert m2.time.dp_comm > m1.time.dp_comm
+
+
 def test_checkpointing_applies_per_pipeline_chunk() -> None:
     cfg = ScheduleConfig(pp=2, grad_accum=2, ckpt_ratio=0.5)
     assert checkpointed_layer_ids(SMALL, cfg) == [0, 2]

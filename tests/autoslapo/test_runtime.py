@@ -33,6 +33,7 @@ MATRIX: list[dict[str, Any]] = [
     {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
     {"tp": 2, "pp": 2, "zero_stage": 1, "grad_accum": 2},
     {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "pipeline_schedule": "gpipe"},
+    {"pp": 2, "dp": 2, "zero_stage": 2, "grad_accum": 2},  # gradients reduced to their owners a micro-batch
     {"dp": 4, "zero_stage": 2, "grad_accum": 2},
     {"tp": 2, "dp": 2, "zero_stage": 3},
     {"tp": 2, "dp": 2, "sequence_parallel": True, "zero_stage": 1, "ckpt_ratio": 1.0},
@@ -46,6 +47,8 @@ MATRIX: list[dict[str, Any]] = [
 MIXED: list[tuple[str, dict[str, Any]]] = [
     ("llama-tiny", {"tp": 2, "pp": 2, "zero_stage": 1, "grad_accum": 2}),  # kv_heads 2 < heads 4
     ("gpt2-tiny", {"tp": 2, "dp": 2, "zero_stage": 3, "ckpt_ratio": 0.5}),
+    # ZeRO-2 over pipeline stages: the tied word embeddings stay whole, the rest go to their owners
+    ("gpt2-tiny", {"pp": 2, "dp": 2, "zero_stage": 2, "grad_accum": 2}),
     ("bert-tiny", {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "pipeline_schedule": "gpipe"}),
     ("opt-tiny", {"dp": 4, "zero_stage": 2, "grad_accum": 2}),
     ("roberta-tiny", {"tp": 2, "dp": 2, "sequence_parallel": True, "ckpt_ratio": 1.0}),

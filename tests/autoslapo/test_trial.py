@@ -60,9 +60,10 @@ def test_configurations_the_runtime_cannot_run_are_rejected_before_launch(
         run_trial(spec, config, steps=2, warmup=1, timeout_s=5, device="cpu")
 
 
-def test_pipelines_with_zero_2_are_rejected() -> None:
-    with pytest.raises(ConfigError, match="pipelines support ZeRO 0-1"):
-        ScheduleConfig(pp=2, grad_accum=2, zero_stage=2)
+def test_pipelines_with_zero_3_are_rejected_and_with_zero_2_accepted() -> None:
+    with pytest.raises(ConfigError, match="pipelines support ZeRO 0-2"):
+        ScheduleConfig(pp=2, grad_accum=2, zero_stage=3)
+    check_runnable(GPT2, ScheduleConfig(pp=2, dp=2, grad_accum=2, zero_stage=2, precision="fp32"), device="cpu")
 
 
 @pytest.mark.parametrize(("steps", "warmup"), [(2, 2), (3, -1), (1, 1)])
