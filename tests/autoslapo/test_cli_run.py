@@ -75,6 +75,7 @@ def test_parse_bytes() -> None:
     assert parse_bytes("123") == 123
 
 
+@pytest.mark.slow
 def test_run_with_repeats_reports_the_median_and_spread_over_runs() -> None:
     r = _run("gpt2-tiny", "--gpus", "1", "--steps", "3", "--seq-len", "32", "--json", "--device", "cpu",
              "--repeats", "3")

@@ -70,6 +70,7 @@ def test_user_space_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "no value of tp" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_nsga2_prints_its_pareto_front(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["tune", "bert", "--gpus", "64", "--sampler", "nsga2", "--trials", "40", "--no-baselines",
                "--top", "50", "--storage", f"sqlite:///{tmp_path / 'n.db'}"])

@@ -63,6 +63,7 @@ def test_wideresnet_tiny_tp2_passes() -> None:
     assert len(line) == 1 and "ok - tp=2 pp=1 ckpt_ratio=0.5" in line[0] and "4 layers" in line[0], out
 
 
+@pytest.mark.slow
 def test_pipelined_albert_and_wideresnet_pass() -> None:
     # ALBERT's shared layer over 2 stages; WideResNet's blocks over 2 stages (feature maps between them)
     for model in ("albert-tiny", "wideresnet-tiny"):
@@ -72,6 +73,7 @@ def test_pipelined_albert_and_wideresnet_pass() -> None:
         assert len(line) == 1 and "ok - tp=1 pp=2" in line[0] and "pipeline 2 stages" in line[0], out
 
 
+@pytest.mark.slow
 def test_uneven_stages_pass_for_presets_and_a_model_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 5 layers over 2 stages (2 + 3); WideResNet's, the worked model file's and T5's 4 blocks over 3
     # (1 + 2 + 1), with grad_accum = pp micro-batches by default

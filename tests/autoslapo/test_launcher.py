@@ -207,6 +207,7 @@ def test_a_sigkill_is_oom_only_with_evidence() -> None:
                       "(evidence: cgroup memory.events oom_kill 3 -> 4)")
 
 
+@pytest.mark.slow
 def test_a_hang_times_out_and_its_processes_and_shm_files_are_gone(tmp_path: Path) -> None:
     shm_before = set(os.listdir("/dev/shm"))
     t0 = time.monotonic()

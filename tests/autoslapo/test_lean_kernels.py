@@ -169,6 +169,7 @@ def test_training_losses_match_with_the_lean_kernels() -> None:
             ("llama-tiny", {"pp": 2, "dp": 2, "grad_accum": 2, "zero_stage": 1, **LEAN})])
 
 
+@pytest.mark.slow
 def test_zero3_leaves_the_products_selective_recomputation_keeps_alone(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # DeepSpeed's ZeRO-3 would replace F.linear for the process by one that adds the bias in place to

@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.hardening.harness import audit, start, tune_argv
 
 
@@ -18,6 +20,7 @@ def _rows(url: str, study: str) -> int:
         return store.count_trials(study) if store.has_study(study) else 0
 
 
+@pytest.mark.slow
 def test_kill_9_three_times_then_resume(tmp_path: Path) -> None:
     url, budget, rng = f"sqlite:///{tmp_path / 'k.db'}", 60, random.Random(1)
     injected = 0

@@ -216,6 +216,7 @@ def test_a_described_network_is_estimated_as_the_cli_does(client: TestClient, to
         StudyRequest.from_json({"model": "bert", "gpus": 64, "inter_node_gbps": 0})
 
 
+@pytest.mark.slow
 def test_remote_tune_sends_the_described_network(client: TestClient, tokens: dict[str, str], worker: object,
                                                  service_store: Store, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,6 +28,8 @@ from tests.service.test_app import wait_status
 from tests.service.test_processes import Processes, alive
 from tuner import tune
 
+#: An isolation switched off: the control that shows its test can fail (slow: the CI run has it).
+OFF = pytest.param("off", marks=pytest.mark.slow)
 TINY = net_source(width=16, blocks=4, layers="blocks")
 BASE = {"gpus": 8, "backend": "sim", "sampler": "tpe", "baselines": False}
 BROKEN = [
@@ -101,7 +103,8 @@ def test_a_file_that_runs_too_long_is_stopped_and_one_line() -> None:
 
 @pytest.mark.parametrize(("grab", "words"), [
     ("bytearray(1 << 30)", "needed more than 512 MiB to trace"),  # Python's own allocation
-    ("__import__('torch').ones(1 << 28, device='cpu')", "needed more than 512 MiB to trace"),  # torch's allocator, 1 GiB
+    pytest.param("__import__('torch').ones(1 << 28, device='cpu')", "needed more than 512 MiB to trace",
+                 marks=pytest.mark.slow),  # torch's allocator, 1 GiB
     ("open('big.bin', 'wb').write(bytes(80 << 20))", "wrote a file over 64 MiB in its trace"),
 ])
 def test_a_file_over_the_trace_limits_is_stopped_and_one_line(monkeypatch: pytest.MonkeyPatch, grab: str,
@@ -130,7 +133,7 @@ def test_a_file_that_starts_processes_is_held_to_the_limit_they_sum_to(monkeypat
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize("cgroup", ["on", "off"])
+@pytest.mark.parametrize("cgroup", ["on", OFF])
 def test_forked_helpers_count_the_pages_they_share_once(monkeypatch: pytest.MonkeyPatch, cgroup: str) -> None:
     # three forks of the tracer (~220 MiB resident, torch imported) that allocate nothing: their resident
     # sizes sum to ~880 MiB, their proportional ones (and a cgroup's charge) to the tracer's alone
@@ -182,7 +185,7 @@ def test_a_burst_between_two_polls_is_held_by_the_trace_cgroup(monkeypatch: pyte
     assert left == []  # each trace's group ends with it
 
 
-@pytest.mark.parametrize("isolation", ["on", "off"])
+@pytest.mark.parametrize("isolation", ["on", OFF])
 def test_the_trace_has_no_network_where_it_may_leave_it(monkeypatch: pytest.MonkeyPatch, isolation: str) -> None:
     # build() connects to a listener on the host's loopback: from its own network namespace it cannot
     import socket
@@ -212,7 +215,7 @@ def test_the_trace_has_no_network_where_it_may_leave_it(monkeypatch: pytest.Monk
     assert reached == (isolation == "off")
 
 
-@pytest.mark.parametrize("restricted", ["on", "off"])
+@pytest.mark.parametrize("restricted", ["on", OFF])
 def test_the_trace_writes_only_its_own_files_and_signals_no_one_outside(tmp_path: Path, restricted: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # build() writes a file beside the test's (the store's, say) and sends SIGTERM to a process of the
@@ -243,7 +246,7 @@ def test_the_trace_writes_only_its_own_files_and_signals_no_one_outside(tmp_path
         sleeper.wait()
 
 
-@pytest.mark.parametrize("restricted", ["on", "off"])
+@pytest.mark.parametrize("restricted", ["on", OFF])
 def test_the_trace_cannot_kill_its_supervisor(restricted: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # build() sends SIGKILL to its parent, the supervisor that ends what the file leaves running: under
     # Landlock it is out of the tracer's reach and the trace ends as usual; without, the trace is lost

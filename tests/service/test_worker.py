@@ -101,6 +101,7 @@ def test_a_budget_raised_while_the_study_runs_is_run_to_by_the_same_worker(servi
     assert service_store.get_study("grow").status == "complete"
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_budget_was_raised_stores_the_best_of_the_new_budget(service_store: Store,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     body = {"model": "bert", "gpus": 8, "backend": "sim", "baselines": False, "trials": 3}  # sim: a sweep

@@ -172,6 +172,7 @@ def test_resume_refuses_another_cluster(store: Store) -> None:
         tune(TuneOptions(model=BASE, cluster=ClusterSpec(gpus=8, gpu_type="v100-32gb"), trials=2, study="x", resume=True), store)
 
 
+@pytest.mark.slow
 def test_a_store_failing_mid_study_is_a_runtime_failure_and_keeps_what_is_stored(
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     from autoslapo.errors import StorageError, StorageLost
