@@ -61,6 +61,7 @@ def test_an_unsupported_model_type_exits_2_with_one_line(
     assert err.count("\n") == 1 and "'mamba'" in err and "mistral" in err and "qwen2" in err, err
 
 
+@pytest.mark.slow
 def test_tune_then_best_finds_the_study_by_the_config_contents(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

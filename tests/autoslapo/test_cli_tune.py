@@ -151,6 +151,7 @@ def test_a_local_study_prints_speedups_with_intervals_and_best_carries_them(tmp_
     assert doc["speedup_ci95"] and all(c["low"] <= c["speedup"] <= c["high"] for c in doc["speedup_ci95"].values())
 
 
+@pytest.mark.slow
 def test_a_study_on_a_described_network_keeps_its_links(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from store import open_store
 

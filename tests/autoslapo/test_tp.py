@@ -210,6 +210,7 @@ def test_tp2_world() -> None:
     _assert_all_ok(spawn(_tp_world, 2, 2, timeout=240), want=10)
 
 
+@pytest.mark.slow
 def test_tp4_world_representatives() -> None:
     _assert_all_ok(spawn(_tp_world, 4, 4, TP4_DEFAULT, timeout=240), want=len(TP4_DEFAULT))
 

@@ -190,6 +190,7 @@ def test_resume_continues_a_study_in_its_space(client: TestClient, tokens: dict[
     assert wait_status(client, "again", tokens["read"])["status"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_join_submits_follows_and_continues_a_study(service_store: Store, tokens: dict[str, str],
                                                    worker: Worker) -> None:
     from autoslapo.service import ServiceSettings, create_app, create_token

@@ -232,6 +232,7 @@ def test_remote_tune_sends_the_described_network(client: TestClient, tokens: dic
     assert service_store.get_study("net").cluster["inter_node_gbps"] == 6.25
 
 
+@pytest.mark.slow
 def test_best_over_http_keeps_to_a_described_network(client: TestClient, tokens: dict[str, str],
                                                      service_store: Store, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:

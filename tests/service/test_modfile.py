@@ -450,6 +450,7 @@ def test_the_client_sends_the_file_as_text_and_asks_by_signature(tmp_path: Path)
         model_field(str(tmp_path / "missing.py"))
 
 
+@pytest.mark.slow
 def test_remote_tune_and_best_of_a_model_file_against_a_running_server(tmp_path: Path, cache: Path) -> None:
     procs = Processes(tmp_path)
     procs.env["AUTOSLAPO_MODEL_CACHE"] = str(cache)

@@ -91,6 +91,7 @@ def _run_with_a_join_after_the_first_pass(store: Store, monkeypatch: pytest.Monk
     return passes
 
 
+@pytest.mark.slow
 def test_a_budget_raised_while_the_study_runs_is_run_to_by_the_same_worker(service_store: Store,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     body = {"model": "bert", "gpus": 8, "backend": "sim", "sampler": "tpe", "baselines": False, "trials": 2}

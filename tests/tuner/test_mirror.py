@@ -79,6 +79,7 @@ def test_mirror_is_written_in_batches(store: Store) -> None:
     assert seen == [5, 5, 2]  # two batches during the search, the rest at the end
 
 
+@pytest.mark.slow
 def test_in_memory_store_runs_without_a_mirror() -> None:
     store = open_store("sqlite://")
     try:
@@ -90,6 +91,7 @@ def test_in_memory_store_runs_without_a_mirror() -> None:
         store.close()
 
 
+@pytest.mark.slow
 def test_a_study_resumed_over_another_space_is_still_mirrored(store: Store) -> None:
     # A study searched over a small space, then resumed over the family's (a new space version,
     # other pins): Optuna refuses other choices for a param it has, so the mirror keeps its first

@@ -78,6 +78,7 @@ def test_a_probe_finds_the_optimum_the_prior_prunes(store: Store) -> None:
     assert len(runner.prober.probes) <= 25 // runner.prober.every
 
 
+@pytest.mark.slow
 def test_a_probe_that_runs_out_of_memory_ends_probing(store: Store) -> None:
     believed, _ = _squeezed(store)
     runner, _ = _study(store, believed, believed)  # the device has exactly what the prior believes
@@ -94,6 +95,7 @@ def test_a_probe_that_runs_out_of_memory_ends_probing(store: Store) -> None:
     assert not resumed.prober.probes
 
 
+@pytest.mark.slow
 def test_no_probe_beyond_the_band_nor_in_a_study_that_does_not_learn(store: Store) -> None:
     believed, favourite = _squeezed(store)
     far = replace(believed, memory_bytes=int(believed.memory_bytes / (1 + MEMORY_BAND)))  # favourite > band over

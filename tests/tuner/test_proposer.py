@@ -116,6 +116,7 @@ def test_baseline_configs_follow_their_recipes() -> None:
     store.close()
 
 
+@pytest.mark.slow
 def test_baselines_pick_their_micro_batch_and_zero_stage_like_their_users() -> None:
     from store import open_store
     from tuner import StudyRunner, TuneOptions
