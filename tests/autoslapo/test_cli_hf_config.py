@@ -93,6 +93,7 @@ def test_a_config_and_a_module_file_are_sent_to_a_service(
     assert "cannot reach the autoslapo server" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_verify_a_tiny_qwen2_config_with_tp2() -> None:
     proc = subprocess.run(
         [

@@ -102,6 +102,7 @@ def test_unknown_primitive_names_the_closest() -> None:
     assert schedule_mod.get_primitive("shard") is autoslapo.Schedule.shard
 
 
+@pytest.mark.slow
 def test_misspelled_primitive_fails_mypy(tmp_path: Path) -> None:
     # Schedule declares its primitives, so a type checker knows them; no __getattr__ -> Any hides a typo.
     snippet = tmp_path / "snippet.py"

@@ -22,6 +22,7 @@ def _run_together(url: str, n: int, budget: int, tmp_path: Path) -> None:
     assert a.duplicated == 0 and a.running == 0, a
 
 
+@pytest.mark.slow
 def test_two_tuners_on_one_sqlite_file(tmp_path: Path) -> None:
     _run_together(f"sqlite:///{tmp_path / 'shared.db'}", 2, 30, tmp_path)
 

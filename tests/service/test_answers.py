@@ -120,7 +120,7 @@ def _result(samples_per_s: float) -> dict[str, Any]:
             "peak_memory_bytes": 2**30, "measured": False}
 
 
-@pytest.mark.parametrize("cache_s", [0.0, 0.2])
+@pytest.mark.parametrize("cache_s", [0.0, pytest.param(0.2, marks=pytest.mark.slow)])
 def test_best_answer_follows_a_new_better_trial(service_store: Store, tokens: dict[str, str], cache_s: float) -> None:
     config = _study(service_store, "one")
     service_store.add_trial("one", 0, config, _result(100.0))

@@ -96,6 +96,7 @@ def test_every_sampler_runs_distinct_valid_trials(store: Store, sampler: str) ->
         ScheduleConfig.from_dict(t.config).validate(TINY, CPU4)
 
 
+@pytest.mark.slow
 def test_patience_and_timeout_stop_early(store: Store) -> None:
     out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=500, patience=5, baselines=False,
                            study="p", sweep=False), store)
@@ -118,6 +119,7 @@ class SlowSim:
         return self.inner.evaluate(config)
 
 
+@pytest.mark.slow
 def test_resume_retries_interrupted_trials_and_keeps_finished_ones(store: Store) -> None:
     opts = TuneOptions(model=BASE, cluster=V100_16, trials=8, study="r", baselines=False)
     tune(opts, store, evaluator=SlowSim(SimEvaluator(BASE, V100_16)))
@@ -143,6 +145,7 @@ def test_resume_retries_interrupted_trials_and_keeps_finished_ones(store: Store)
     assert out.launched == 20 and len(_launched(store, "r")) == 20
 
 
+@pytest.mark.slow
 def test_warm_start_from_a_nearby_gpu_count(store: Store) -> None:
     tune(TuneOptions(model=BASE, cluster=ClusterSpec(gpus=8, gpu_type="v100-32gb"), trials=10, study="w8", baselines=False, sweep=False), store)
     runner = StudyRunner(TuneOptions(model=BASE, cluster=V100_16, trials=5, study="w16", baselines=False, sweep=False),
