@@ -184,9 +184,10 @@ class GradientOwners:
     ``p.grad`` reduces it (summed over the dp group) to the owner, which adds it to its own sum,
     and frees it on every rank, so between micro-batches a rank holds only its own parameters'
     gradients (1/dp of them) and in backward no more than the parameters whose hooks are pending.
-    ``sharded``: the parameters so handled; ``skip``: those left to the caller (tied across stages: their gradients are summed over the
-    pipeline after the schedule, then averaged over dp as in ZeRO-1). :meth:`finish` hands each
-    owner its mean gradient after the pipeline's step.
+    ``sharded``: the parameters so handled (``sharded_ids``: their ids); ``skip``: those left to the
+    caller (tied across stages: their gradients are summed over the pipeline after the schedule,
+    then averaged over dp as in ZeRO-1). :meth:`finish` hands each owner its mean gradient after the
+    pipeline's step.
     """
 
     def __init__(self, params: list[nn.Parameter], optimizer: Any, group: Any, world: int,
@@ -195,7 +196,10 @@ class GradientOwners:
         self.group, self.world = group, world
         self.me = dist.get_rank(group)
         self.sharded = [p for p in params if id(p) not in (skip or set())]
+        self.sharded_ids = {id(p) for p in self.sharded}
         self.owner = {id(p): owner_of[p] for p in self.sharded}
+        # the owner's global rank, which ``dist.reduce`` takes as its destination
+        self.owner_rank = {key: dist.get_global_rank(group, r) for key, r in self.owner.items()}
         self.sums: dict[int, torch.Tensor] = {}
         for p in self.sharded:
             p.register_post_accumulate_grad_hook(self._reduce)
@@ -204,7 +208,7 @@ class GradientOwners:
         grad, owner = p.grad, self.owner[id(p)]
         if grad is None:
             return
-        dist.reduce(grad, dst=dist.get_global_rank(self.group, owner), group=self.group)
+        dist.reduce(grad, dst=self.owner_rank[id(p)], group=self.group)
         if owner == self.me:
             held = self.sums.get(id(p))
             self.sums[id(p)] = grad if held is None else held.add_(grad)

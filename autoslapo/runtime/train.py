@@ -190,8 +190,7 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
     owners = getattr(optimizer, "gradient_owners", None)
     if owners is not None:  # ZeRO-2: each owner has its parameters' gradient sums; the tied ones are whole
         owners.finish(config.grad_accum)
-        mine = {id(p) for p in owners.sharded}
-        params = [p for p in params if id(p) not in mine]
+        params = [p for p in params if id(p) not in owners.sharded_ids]
     average_gradients(params, groups.dp_group, config.dp)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
