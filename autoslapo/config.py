@@ -25,14 +25,14 @@ AttnKernel = Literal["eager", "sdpa", "flash"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
 CkptPlacement = Literal["front", "back", "spread"]
 Precision = Literal["fp32", "bf16", "fp16"]
-CkptGranularity = Literal["full", "selective"]
+CkptGranularity = Literal["full", "selective", "op"]
 LossKernel = Literal["eager", "chunked"]
 
 ATTN_KERNELS: tuple[str, ...] = ("eager", "sdpa", "flash")
 PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 CKPT_PLACEMENTS: tuple[str, ...] = ("front", "back", "spread")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
-CKPT_GRANULARITIES: tuple[str, ...] = ("full", "selective")
+CKPT_GRANULARITIES: tuple[str, ...] = ("full", "selective", "op")
 LOSS_KERNELS: tuple[str, ...] = ("eager", "chunked")
 #: Tokens per chunk of the chunked loss kernel (its schedule and its cost both read this): 1024 x a
 #: 50k-vocabulary shard is 200 MB of fp32 logits.
@@ -98,7 +98,9 @@ class ScheduleConfig:
         choices=PRECISIONS))
     ckpt_granularity: CkptGranularity = field(default="full", metadata=knob(
         "choice", "what a checkpointed layer recomputes: full (the whole layer, keeping its input) or "
-        "selective (only the attention core, keeping the linear layers' outputs; Korthikanti et al. 2022); "
+        "selective (only the attention core, keeping the linear layers' outputs; Korthikanti et al. 2022) or "
+        "op (per-op: keep the fused attention kernel's output and every other linear layer's, recompute the "
+        "rest; torchtitan's selective op policy); "
         "searched when free, but full when only --ckpt-ratio is pinned",
         "gran", choices=CKPT_GRANULARITIES, sweep=CKPT_GRANULARITIES, verify=True, since=2,
         inert=lambda k, _: float(k.get("ckpt_ratio", 0.0)) == 0.0, transformer_only=True, refines="ckpt_ratio"))

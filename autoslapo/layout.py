@@ -180,11 +180,18 @@ def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
                 "to it or use ckpt_granularity full")
     off = [k for k, on in (("sequence_parallel", config.sequence_parallel),
                            ("loss_kernel=chunked", config.loss_kernel == "chunked"),
-                           ("compile_layers", config.compile_layers))
+                           ("compile_layers", config.compile_layers),
+                           ("ckpt_granularity=op", config.ckpt_granularity == "op" and config.ckpt_ratio > 0))
            if on]
     if off:
         return f"a user's own module ({model.preset}) cannot take {', '.join(off)}; leave them at their defaults"
     return ""
+
+
+def op_ckpt_ok(model: ModelSpec) -> bool:
+    """Whether per-op recomputation (``ckpt_granularity="op"``) is offered for ``model``: the
+    decoder-only and encoder-only families (not T5, not a user's module, not a convolutional one)."""
+    return not (model.encoder_decoder or model.family == "user" or is_convolutional(model.family))
 
 
 def user_knob_ok(knob: str, value: object, model: ModelSpec) -> bool:
@@ -199,7 +206,7 @@ def user_knob_ok(knob: str, value: object, model: ModelSpec) -> bool:
     if knob == "ckpt_ratio":
         return value == 0.0 or bool(model.extra.get("layers"))
     if knob == "ckpt_granularity":
-        return value == "full" or bool(model.extra.get("kernels") and model.extra.get("layers"))
+        return value == "full" or (value == "selective" and bool(model.extra.get("kernels") and model.extra.get("layers")))
     if knob in ("attn_kernel", "fuse_bias_gelu") and not model.extra.get("kernels"):
         return value == {"attn_kernel": "sdpa", "fuse_bias_gelu": False}[knob]
     return True
@@ -266,6 +273,9 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             f"sequence_parallel is not supported for {model.family} (its cross-attention reads the whole "
             f"encoder output): got tp={config.tp} for {model.preset}; turn sequence_parallel off"
         )
+    if config.ckpt_granularity == "op" and config.ckpt_ratio > 0 and not op_ckpt_ok(model):
+        raise ConfigError(f"ckpt_granularity op is not supported for {model.family} (the cost model does not "
+                          f"price its per-op policy over two stacks): use full or selective")
     if config.attn_kernel == "flash" and model.encoder_decoder:
         raise ConfigError(f"attn_kernel flash is not supported for {model.family} (transformers has no "
                           f"FlashAttention path with T5's position bias): use sdpa or eager")

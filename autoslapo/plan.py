@@ -45,6 +45,11 @@ from autoslapo.pipeline import STAGE_BUILDER_KEY
 from autoslapo.schedule import Schedule, create_schedule
 from autoslapo.user_pipeline import block_output_arity, build_user_stages
 
+#: What a checkpointed module keeps for each ``ckpt_granularity`` (``primitives.checkpoint``'s ``keep``):
+#: selective keeps its attention module's linear outputs, op the layer's fused attention output and
+#: every other linear output, full nothing but the layer's input.
+CKPT_KEEP = {"full": "nothing", "selective": "linear", "op": "alternate"}
+
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
     from autoslapo.models.spec import ModelSpec
@@ -318,13 +323,14 @@ def apply_schedule(
         # one module runs every layer call (ALBERT): checkpoint the chosen calls of it
         selective = config.ckpt_granularity == "selective"
         target = layers[0][desc.attention] if selective else layers[0]
-        target.checkpoint(keep="linear" if selective else "nothing", calls=ckpt, period=spec.layers)
+        target.checkpoint(keep=CKPT_KEEP[config.ckpt_granularity], calls=ckpt, period=spec.layers)
     for i in [] if spec.shared_layers else ckpt:
         if config.ckpt_granularity == "selective":
             # Korthikanti et al.'s selective recomputation: only the attention core is recomputed.
             layers[i][calls[i][1].attention].checkpoint(keep="linear")
         else:
-            layers[i].checkpoint()
+            # the whole layer: recomputed from its input (full), or per op (what the policy keeps)
+            layers[i].checkpoint(keep=CKPT_KEEP[config.ckpt_granularity])
     if config.compile_layers:
         backend = "aot_eager" if compiler == "eager" else compiler
         for layer, _ in blocks:
@@ -377,7 +383,8 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
     selective = config.ckpt_granularity == "selective" and config.ckpt_ratio > 0
     unsupported = [name for name, on in (("sequence_parallel", config.sequence_parallel),
                                          ("loss_kernel=chunked", config.loss_kernel == "chunked"),
-                                         ("compile_layers", config.compile_layers))
+                                         ("compile_layers", config.compile_layers),
+                                         ("ckpt_granularity=op", config.ckpt_granularity == "op" and config.ckpt_ratio > 0))
                    if on]
     if unsupported:
         raise ScheduleError(f"a user's module ({um.module}.py) cannot take {', '.join(unsupported)}; "

@@ -175,6 +175,8 @@ def _statically_ok(knob: str, v: Any, model: ModelSpec, cluster: ClusterSpec, ru
         return not layout.pp_problem(v, model, cluster)
     if knob == "micro_batch":
         return bool(v <= rules["max_micro_batch"])
+    if knob == "ckpt_granularity" and v == "op":
+        return layout.op_ckpt_ok(model)
     if knob == "attn_kernel" and v == "flash":
         return cluster.device.flash_attention and not model.local_attention
     if knob == "precision" and v == "bf16":

@@ -54,6 +54,19 @@ and loss, ZeRO-1, 1F1B. This stack ran the same model and layout about 40 % slow
 and GPU than Megatron-LM's own later run (``korthikanti2022_table5``, 530B), which the model has no
 knob for: these rows report that difference, not a fit.
 
+``data/a100_heldout_torchtitan.csv``, ``torchtitan2024_a100``: torchtitan's ``docs/performance.md``
+(pytorch/torchtitan, April 2024, commits 395a526 and 1ea476e): Llama 3 8B / 70B (8,192-token
+sequences, vocabulary 128,256) and Llama 2 13B / 70B (4,096 tokens, 32,000) trained with FSDP2 on 64
+A100 80GB, bf16, tokens/s a GPU ("WPS") as published. Another stack (PyTorch FSDP2, torch's sdpa,
+an fp32 cross-entropy over the whole vocabulary) and another source than the rest: pinned as
+``zero_stage=3``, ``attn_kernel="sdpa"``, ``loss_kernel="eager"``, no compilation, the row's
+micro-batch; its activation checkpointing as knobs: "full" as ``ckpt_ratio=1``, "selective layer"
+(every second block, torchtitan's ``selective_ac_option = 2``) as ``ckpt_ratio=0.5``, "selective op"
+(its policy of that commit, ``parallelize_llama.py``: keep the outputs of the sdpa kernels and of
+every mm but each second one) as ``ckpt_granularity="op"``, "no" as ``ckpt_ratio=0``. The page also
+says that Llama 2 70B at local batch 2 with selective (op) checkpointing ran out of memory
+(``KNOWN_OOM``): a run the model must refuse.
+
 Each row pins its tp, pp, dp, global batch, precision, pipeline schedule and the knobs of its
 ``pinned`` column (JSON, checked by the knob declarations); what the source does not give
 (micro-batch, virtual stages, checkpointing and kernels for Llama 3) is picked as the tuner would:
@@ -70,7 +83,8 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.cluster import ClusterSpec
-from autoslapo.config import KNOB
+from autoslapo.config import KNOB, ScheduleConfig
+from autoslapo.cost.estimate import estimate
 from autoslapo.cost.field import FieldCheck
 from autoslapo.cost.field import load_rows as load_field_rows
 from autoslapo.cost.search import best_config
@@ -82,9 +96,14 @@ DATA = Path(__file__).with_name("data") / "h100_heldout_bf16.csv"
 MEGATRON_DATA = Path(__file__).with_name("data") / "a100_heldout_megatron.csv"
 V100_DATA = Path(__file__).with_name("data") / "v100_heldout_megatron.csv"
 DEEPSPEED_DATA = Path(__file__).with_name("data") / "a100_heldout_deepspeed.csv"
+TORCHTITAN_DATA = Path(__file__).with_name("data") / "a100_heldout_torchtitan.csv"
 #: Every held-out table ``check_all`` reads.
-DATA_FILES = (DATA, MEGATRON_DATA, V100_DATA, DEEPSPEED_DATA)
-METRICS = ("model_tflops_per_gpu", "iteration_time_s")
+DATA_FILES = (DATA, MEGATRON_DATA, V100_DATA, DEEPSPEED_DATA, TORCHTITAN_DATA)
+METRICS = ("model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu")
+#: A published run that ran out of memory (torchtitan's performance.md, footnote 1: Llama 2 70B on 64
+#: A100 80GB at local batch 2 with selective op checkpointing), as (row of its table with the same
+#: model and schedule, the knobs that differ from it).
+KNOWN_OOM = (("torchtitan2024_a100", "llama2-70b", "op"), {"micro_batch": 2})
 #: Chunks per pipeline rank tried for an interleaved row (the paper does not give its own).
 VIRTUAL_STAGES = (2, 4, 8)
 
@@ -144,6 +163,8 @@ def check_row(row: dict[str, str]) -> HeldOutCheck:
             e = best_config(model, cluster, global_batch=int(row["global_batch"]), virtual_stages=v, **fixed)
             if e.fits and e.samples_per_s > best.samples_per_s:
                 best = e
+    if row["metric"] == "tokens_per_s_per_gpu":
+        return HeldOutCheck(row=row, estimate=best, predicted=best.tokens_per_s / gpus, measured=float(row["value"]))
     if row["metric"] == "iteration_time_s":
         batch = int(row["global_batch"])
         return HeldOutCheck(row=row, estimate=best, predicted=batch / best.step_time_s,
@@ -154,3 +175,19 @@ def check_row(row: dict[str, str]) -> HeldOutCheck:
 def check_all(paths: tuple[Path, ...] | None = None) -> list[HeldOutCheck]:
     """``check_row`` over every row of the held-out tables (``DATA_FILES`` by default)."""
     return [check_row(r) for path in (paths or DATA_FILES) for r in load_rows(path)]
+
+
+def known_oom_fits() -> tuple[dict[str, str], bool, int, int]:
+    """The ``KNOWN_OOM`` run: (its table row, whether the model says it fits, predicted bytes a device,
+    capacity). The row is the one of its model and checkpointing; the run differs in ``KNOWN_OOM[1]``."""
+    (source, model, granularity), change = KNOWN_OOM
+    row = next(r for r in load_rows(TORCHTITAN_DATA)
+               if (r["source"], r["model"]) == (source, model) and granularity in r["pinned"])
+    pinned = {**json.loads(row["pinned"]), **change}
+    row = {**row, "pinned": json.dumps(pinned), "global_batch": str(int(row["dp"]) * int(pinned["micro_batch"]))}
+    gpus = int(row["gpus"])
+    knobs: dict[str, Any] = dict(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), grad_accum=1,
+                                 precision=row["precision"])
+    config = ScheduleConfig(**{**knobs, **pinned_knobs(row)})
+    est = estimate(row_model(row), config, ClusterSpec(gpus=gpus, gpu_type=row["gpu"], gpus_per_node=min(8, gpus)))
+    return row, est.fits, est.memory_per_device_bytes, est.memory_capacity_bytes

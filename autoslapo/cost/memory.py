@@ -252,16 +252,47 @@ def attention_core_bytes_per_token(model: ModelSpec, config: ScheduleConfig, dro
     return core / config.tp
 
 
+def layer_linears(model: ModelSpec) -> list[tuple[int, int, bool]]:
+    """The weight products of one layer in the order its forward runs them: ``(out, in, row_parallel)``
+    features before TP. q, k, v (GPT-2: one fused c_attn), the attention's output projection, then
+    the MLP (gated: gate, up, down; else fc1, fc2). A row-parallel product's output is the whole
+    ``out`` on every TP rank (a partial sum before its all-reduce); a column-parallel one's ``out/t``."""
+    h, f, kvd = model.hidden, model.ffn, model.kv_heads * model.head_dim
+    attn = [(h + 2 * kvd, h, False)] if model.family == "gpt2" else [(h, h, False), (kvd, h, False), (kvd, h, False)]
+    attn.append((h, h, True))
+    mlp = [(f, h, False), (f, h, False), (h, f, True)] if model.gated_mlp else [(f, h, False), (h, f, True)]
+    return attn + mlp
+
+
+def op_kept_linears(model: ModelSpec) -> list[tuple[int, int, bool]]:
+    """The products whose outputs per-op recomputation keeps: the 1st, 3rd, ... of ``layer_linears``
+    (``autoslapo.primitives.checkpoint``, ``keep="alternate"``); the others are recomputed."""
+    return layer_linears(model)[::2]
+
+
+def op_kept_bytes_per_token(model: ModelSpec, config: ScheduleConfig) -> float:
+    """Bytes a layer checkpointed per op keeps per token on one device besides its input: every other
+    linear output and, with a fused attention kernel, its output and log-sum-exp (an eager attention
+    core is recomputed whole)."""
+    e, t = element_bytes(config), config.tp
+    kept = sum(out * e / (1 if row else t) for out, _, row in op_kept_linears(model))
+    if config.attn_kernel != "eager":
+        kept += (model.hidden * e + model.heads * 4) / t
+    return kept
+
+
 def checkpointed_layer_bytes_per_token(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
                                        runtime: str = "megatron") -> float:
     """Bytes a checkpointed layer keeps per token: its input (``/t`` with sequence parallelism) under
     full recomputation; under selective recomputation everything but its attention core (Korthikanti
-    et al. 2022: ``34 s b h`` of the ``s b h (34 + 5 a s / h)`` bytes of a 16-bit layer)."""
+    et al. 2022: ``34 s b h`` of the ``s b h (34 + 5 a s / h)`` bytes of a 16-bit layer); per op,
+    its input and what ``op_kept_bytes_per_token`` counts."""
     if config.ckpt_granularity == "selective":
         return (layer_activation_bytes_per_token(model, config, dropout, runtime)
                 - attention_core_bytes_per_token(model, config, dropout, runtime))
-    b = model.hidden * element_bytes(config)
-    return b / config.tp if config.sequence_parallel else b
+    b: float = model.hidden * element_bytes(config)
+    b = b / config.tp if config.sequence_parallel else b
+    return b + (op_kept_bytes_per_token(model, config) if config.ckpt_granularity == "op" else 0.0)
 
 
 def checkpointed_layer_ids(model: ModelSpec, config: ScheduleConfig) -> list[int]:

@@ -71,6 +71,8 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
     for n in layout.inapplicable_knobs(model, KNOBS):  # a knob the family cannot use: its default only
         if n not in fixed:
             domains[n] = [KNOB[n].default]
+    if "ckpt_granularity" not in fixed and not layout.op_ckpt_ok(model):  # per-op: not offered (T5)
+        domains["ckpt_granularity"] = [v for v in domains["ckpt_granularity"] if v != "op"]
     # Free knobs that may change nothing (their ``inert`` rule): swept only at their default there.
     inert = [(n, rule) for n in others if (rule := KNOB[n].inert) is not None and n not in fixed]
     pinned_inert = [(n, rule) for n, v in fixed.items() if (rule := KNOB[n].inert) is not None

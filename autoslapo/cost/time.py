@@ -42,6 +42,7 @@ from autoslapo.cost.memory import (
     checkpointed_layer_ids,
     element_bytes,
     has_dropout,
+    op_kept_linears,
     stage_params,
 )
 from autoslapo.layout import chunk_sizes, rank_layers
@@ -339,6 +340,15 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
     return max((stage(rank) for rank in range(config.pp)), key=sum)
 
 
+def op_kept_seconds(model: ModelSpec, config: ScheduleConfig, r: _Rates, tokens: float) -> float:
+    """Seconds of the weight products whose outputs per-op recomputation keeps (not run again), one
+    micro-batch of ``tokens`` on one device: a column-parallel product's output is ``out/t`` wide, a
+    row-parallel one's inner dimension ``in/t``."""
+    t = config.tp
+    return sum(r.gemm(tokens, out, k / t) if row else r.gemm(tokens, out / t, k)
+               for out, k, row in op_kept_linears(model))
+
+
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
                   perf: DevicePerf, dropout: bool | None = None) -> TimeBreakdown:
     """Seconds of one optimizer step of ``config`` on ``cluster``, split by cause."""
@@ -371,6 +381,9 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     # full recomputation runs a layer's forward again (with its two collectives); selective only
     # its attention core (Korthikanti et al. 2022), the projections' outputs being kept
     again = core_l if config.ckpt_granularity == "selective" else fwd_l + 2 * tp_one
+    if config.ckpt_granularity == "op":
+        # per op: the layer again less the products and the fused attention kernel whose outputs it keeps
+        again -= op_kept_seconds(model, config, r, T) + (core_l if config.attn_kernel != "eager" else 0.0)
     ckpt = set(checkpointed_layer_ids(model, config))
 
     def rank_slot(layers: list[int], last: bool) -> tuple[float, float, float, int, int]:

@@ -13,13 +13,20 @@ recomputes everything else. On an attention module that is the attention core (s
 dropout, the product with v), the activations that grow with ``s^2``; the projections are not
 recomputed. Random ops are recomputed in their order from the restored RNG state, so dropout
 draws the same masks.
+
+``checkpoint(keep="alternate")`` is per-op selective recomputation as torchtitan's "selective op"
+policy does it (``_save_list`` in its llama parallelize module): keep the outputs of a fused
+attention kernel (``scaled_dot_product_*`` / flash-attn) and of every other matrix product with a
+weight (the 1st, 3rd, ... ``mm``/``addmm`` of the region, counted afresh in each forward and each
+recomputation), recompute everything else (norms, activations, the other products, an eager
+attention core). It keeps more than full recomputation and less than keeping the linear outputs.
 """
 
 from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,14 +37,14 @@ if TYPE_CHECKING:
     from autoslapo.schedule import Schedule
 from autoslapo.errors import ScheduleError
 
-__all__ = ["KEEP", "LINEAR_OPS", "checkpoint", "set_call_index"]
+__all__ = ["KEEP", "LINEAR_OPS", "checkpoint", "is_attention_kernel", "set_call_index"]
 
 _INNER = "_autoslapo_inner_forward"
 _FLAGS = "_autoslapo_ckpt_rng"
 _KEEP = "_autoslapo_ckpt_keep"
 _CALLS = "_autoslapo_ckpt_calls"  # (calls to checkpoint, calls per model forward) of a shared module
 _COUNT = "_autoslapo_ckpt_count"
-KEEP = ("nothing", "linear")
+KEEP = ("nothing", "linear", "alternate")
 # The products of activations with weights (nn.Linear, transformers' Conv1D): 2-D after flattening
 # tokens. The attention core's products are batched (bmm) or a fused SDPA kernel, so recomputed.
 LINEAR_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
@@ -50,6 +57,33 @@ def _keep_linear(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> torch_ckpt.
 
 
 _SELECTIVE = functools.partial(torch_ckpt.create_selective_checkpoint_contexts, _keep_linear)
+
+
+def is_attention_kernel(op: Any) -> bool:
+    """Whether ``op`` is a fused attention kernel (torch's sdpa backends, flash-attn's custom op)."""
+    name = str(op)
+    return "scaled_dot_product" in name or "flash_attn" in name
+
+
+def _alternate_contexts() -> tuple[Any, Any]:
+    """Fresh contexts for one checkpointed call: the products are counted per pass (the forward and
+    its recomputation each from 1), so both passes save the same ones."""
+    counts = {False: 0, True: 0}
+
+    def policy(ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> torch_ckpt.CheckpointPolicy:
+        if op in LINEAR_OPS:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 1:
+                return torch_ckpt.CheckpointPolicy.MUST_SAVE
+            return torch_ckpt.CheckpointPolicy.PREFER_RECOMPUTE
+        if is_attention_kernel(op):
+            return torch_ckpt.CheckpointPolicy.MUST_SAVE
+        return torch_ckpt.CheckpointPolicy.PREFER_RECOMPUTE
+
+    return torch_ckpt.create_selective_checkpoint_contexts(policy)
+
+
+_CONTEXTS: dict[str, Callable[[], tuple[Any, Any]]] = {"linear": _SELECTIVE, "alternate": _alternate_contexts}
 
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -68,9 +102,10 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     rng = self.__dict__[_FLAGS]
-    if self.__dict__.get(_KEEP) == "linear":
+    contexts = _CONTEXTS.get(self.__dict__.get(_KEEP, "nothing"))
+    if contexts is not None:
         return torch_ckpt.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=rng,
-                                     context_fn=_SELECTIVE, **kwargs)
+                                     context_fn=contexts, **kwargs)
     return torch_ckpt.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=rng, **kwargs)
 
 
@@ -93,8 +128,9 @@ def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool 
 
     Takes: ``enabled`` and ``preserve_rng_state`` (keep True when the module has dropout: turning it
     off saves a little time but the recomputed masks differ and so do the gradients); ``keep``:
-    "nothing" (recompute the whole module from its inputs) or "linear" (keep the linear layers'
-    outputs, recompute the rest: selective recomputation, see the module docstring); ``calls`` and
+    "nothing" (recompute the whole module from its inputs), "linear" (keep the linear layers'
+    outputs, recompute the rest: selective recomputation, see the module docstring) or "alternate"
+    (keep a fused attention kernel's output and every other linear output: per-op); ``calls`` and
     ``period`` for a module called ``period`` times per model forward (a shared layer): checkpoint
     only those calls (0-based; ``None``: every call). Calls are counted modulo ``period`` from the
     first, so every forward must call the module exactly ``period`` times.
@@ -103,7 +139,7 @@ def checkpoint(sch: Schedule, enabled: bool = True, *, preserve_rng_state: bool 
     """
     if keep not in KEEP:
         raise ScheduleError(f"checkpoint keep must be one of {', '.join(KEEP)}: got {keep!r}; "
-                            "'linear' is selective recomputation")
+                            "'linear' is selective recomputation, 'alternate' the per-op policy")
     mod = sch.mod
     if calls is not None:
         chosen = frozenset(int(c) for c in calls)

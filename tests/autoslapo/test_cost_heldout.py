@@ -71,8 +71,9 @@ def test_the_held_out_runs_fit_and_their_own_schedule_lands_within_ten_percent(c
         cluster = ClusterSpec(gpus=int(r["gpus"]), gpu_type=r["gpu"], gpus_per_node=8)
         own = estimate(row_model(r), _paper_schedule(c), cluster)
         assert abs(own.tflops_per_device / c.measured - 1) < 0.10, (r["gpus"], own.tflops_per_device)
-        # the model puts that schedule above 80 GB, so what fits recomputes layers and is slower
-        assert not own.fits and c.estimate.config.ckpt_ratio > 0 and c.error < -0.10
+        # the model puts that schedule above 80 GB, so what fits recomputes (per op: the cheapest
+        # recomputation that fits) and is slower, by about a tenth
+        assert not own.fits and c.estimate.config.ckpt_ratio > 0 and -0.11 < c.error < -0.05
 
 
 def test_the_a100_gemm_efficiency_would_overrate_h100(checks: list[HeldOutCheck]) -> None:
