@@ -122,7 +122,8 @@ def test_lean_kernels_match_the_unscheduled_model_on_one_rank(family: str, kerne
     assert sch.meta["plan"]["ckpt_granularity"] == "selective"
 
 
-def _verify_tp2(families: list[str]) -> dict[str, str]:
+def verify_tp2(families: list[str], knobs: dict[str, Any] = LEAN) -> dict[str, str]:
+    """On 2 gloo ranks: each family's tiny preset at TP 2 with ``knobs`` against the unscheduled model."""
     groups = build_groups(2, 1, 1)
     out = {}
     for family in families:
@@ -132,7 +133,7 @@ def _verify_tp2(families: list[str]) -> dict[str, str]:
         sch = create_schedule(model, group=groups.tp_group)
         try:
             with Verify(sch, batch, loss_fn=lambda o: o.loss) as v:
-                apply_schedule(sch, spec, ScheduleConfig(tp=2, precision="fp32", **LEAN), groups, compiler="eager")
+                apply_schedule(sch, spec, ScheduleConfig(tp=2, precision="fp32", **knobs), groups, compiler="eager")
             out[family] = f"ok {sum(c.startswith('gradient of') for c in v.checked)} gradients"
         except Exception as exc:
             out[family] = f"failed: {type(exc).__name__}: {exc}"
@@ -140,20 +141,21 @@ def _verify_tp2(families: list[str]) -> dict[str, str]:
 
 
 def test_lean_kernels_match_under_tensor_parallelism() -> None:
-    verdicts = spawn(_verify_tp2, 2, ["gpt2"], timeout=600)[0]
+    verdicts = spawn(verify_tp2, 2, ["gpt2"], timeout=600)[0]
     assert verdicts["gpt2"].startswith("ok"), verdicts
 
 
 @pytest.mark.slow
 def test_lean_kernels_match_under_tensor_parallelism_for_every_family() -> None:
-    verdicts = spawn(_verify_tp2, 2, LEAN_FAMILIES, timeout=900)[0]
+    verdicts = spawn(verify_tp2, 2, LEAN_FAMILIES, timeout=900)[0]
     assert all(v.startswith("ok") for v in verdicts.values()), verdicts
 
 
 MY_MODEL = Path(__file__).resolve().parents[2] / "experiments" / "my_model.py"
 
 
-def _train(runs: list[tuple[str, dict[str, Any]]]) -> None:
+def train_and_compare(runs: list[tuple[str, dict[str, Any]]]) -> None:
+    """Train each (preset, knobs) for 2 steps on 4 CPU ranks; its losses must equal the unscheduled model's."""
     configs = [(ModelSpec.from_name(n, seq_len=32), ScheduleConfig(precision="fp32", **kw)) for n, kw in runs]
     payload = {"runs": [{"spec": s.to_dict(), "config": c.to_dict(), "steps": 2, "warmup": 0} for s, c in configs]}
     out = launch("autoslapo.runtime.train:train_many_entry", 4, payload, timeout_s=900)
@@ -165,7 +167,7 @@ def _train(runs: list[tuple[str, dict[str, Any]]]) -> None:
 
 def test_training_losses_match_with_the_lean_kernels() -> None:
     # tp 2 (vocab-parallel chunked loss) and a pipeline (the chunked loss as the last stage's loss_fn)
-    _train([("gpt2-tiny", {"tp": 2, "dp": 2, **LEAN}),
+    train_and_compare([("gpt2-tiny", {"tp": 2, "dp": 2, **LEAN}),
             ("llama-tiny", {"pp": 2, "dp": 2, "grad_accum": 2, "zero_stage": 1, **LEAN})])
 
 
@@ -195,7 +197,7 @@ def test_training_losses_match_with_the_lean_kernels_for_every_family(family: st
     allowed = [kw for kw in runs if not layout.pp_problem(int(kw.get("pp", 1)), spec)]  # ALBERT, T5: no pipeline
     if spec.encoder_decoder:  # an encoder-decoder (T5) takes TP over all four ranks instead
         allowed.append({"tp": 4, **LEAN})
-    _train([(f"{family}-tiny", kw) for kw in allowed])
+    train_and_compare([(f"{family}-tiny", kw) for kw in allowed])
 
 
 def test_cost_model_predicts_the_savings() -> None:

@@ -10,22 +10,20 @@ import gc
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost.estimate import estimate
 from autoslapo.cost.memory import estimate_activation_bytes, layer_linears, op_kept_bytes_per_token
 from autoslapo.cost.search import best_config
-from autoslapo.dist import build_groups, spawn
+from autoslapo.dist import spawn
 from autoslapo.errors import ConfigError
 from autoslapo.models.build import build_model, example_batch
 from autoslapo.models.spec import FAMILIES, ModelSpec, is_convolutional
 from autoslapo.plan import apply_schedule
-from autoslapo.runtime.launcher import launch
-from autoslapo.runtime.train import reference_losses
 from autoslapo.schedule import create_schedule
 from autoslapo.verify import Verify
+from tests.autoslapo.test_lean_kernels import train_and_compare, verify_tp2
 
 OP = {"ckpt_ratio": 1.0, "ckpt_granularity": "op"}
 OP_FAMILIES = sorted(f for f in FAMILIES if not is_convolutional(f) and f != "t5")
@@ -104,44 +102,20 @@ def test_the_kept_products_alternate_in_the_forward_order() -> None:
         2 * (h / 2 + h / 2 + f / 2 + h) + (2 * h + 4 * llama.heads) / 2)
 
 
-def _verify_tp2(families: list[str]) -> dict[str, str]:
-    groups = build_groups(2, 1, 1)
-    out = {}
-    for family in families:
-        spec = ModelSpec.from_name(f"{family}-tiny")
-        model = build_model(spec, seed=5, dtype=torch.float32, dropout=0.0)
-        batch = example_batch(spec, 2, 16, seed=6)
-        sch = create_schedule(model, group=groups.tp_group)
-        try:
-            with Verify(sch, batch, loss_fn=lambda o: o.loss) as v:
-                apply_schedule(sch, spec, ScheduleConfig(tp=2, precision="fp32", **OP), groups, compiler="eager")
-            out[family] = f"ok {sum(c.startswith('gradient of') for c in v.checked)} gradients"
-        except Exception as exc:
-            out[family] = f"failed: {type(exc).__name__}: {exc}"
-    return out if dist.get_rank() == 0 else {}
-
-
 def test_op_recomputation_matches_under_tensor_parallelism() -> None:
-    verdicts = spawn(_verify_tp2, 2, ["gpt2", "llama"], timeout=600)[0]
+    verdicts = spawn(verify_tp2, 2, ["gpt2", "llama"], OP, timeout=600)[0]
     assert all(v.startswith("ok") for v in verdicts.values()), verdicts
 
 
 @pytest.mark.slow
 def test_op_recomputation_matches_under_tensor_parallelism_for_every_family() -> None:
-    verdicts = spawn(_verify_tp2, 2, OP_FAMILIES, timeout=900)[0]
+    verdicts = spawn(verify_tp2, 2, OP_FAMILIES, OP, timeout=900)[0]
     assert all(v.startswith("ok") for v in verdicts.values()), verdicts
 
 
 def test_training_losses_match_with_op_recomputation() -> None:
-    runs = [("gpt2-tiny", {"tp": 2, "dp": 2, **OP}),
-            ("llama-tiny", {"pp": 2, "dp": 2, "grad_accum": 2, "zero_stage": 1, **OP})]
-    configs = [(ModelSpec.from_name(n, seq_len=32), ScheduleConfig(precision="fp32", **kw)) for n, kw in runs]
-    payload = {"runs": [{"spec": s.to_dict(), "config": c.to_dict(), "steps": 2, "warmup": 0} for s, c in configs]}
-    out = launch("autoslapo.runtime.train:train_many_entry", 4, payload, timeout_s=900)
-    assert out.status == "complete", (out.reason, out.logs[0][-3000:])
-    for (name, kw), (spec, config), got in zip(runs, configs, out.values[0], strict=True):
-        want = reference_losses(spec, global_batch=config.global_batch, micro_batch=config.micro_batch, steps=2)
-        assert got["losses"] == pytest.approx(want, abs=1e-5), (name, kw)
+    train_and_compare([("gpt2-tiny", {"tp": 2, "dp": 2, **OP}),
+                       ("llama-tiny", {"pp": 2, "dp": 2, "grad_accum": 2, "zero_stage": 1, **OP})])
 
 
 def test_op_is_priced_between_full_recomputation_and_none() -> None:
