@@ -190,8 +190,9 @@ def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
 
 def op_ckpt_ok(model: ModelSpec) -> bool:
     """Whether per-op recomputation (``ckpt_granularity="op"``) is offered for ``model``: the
-    decoder-only and encoder-only families (not T5, not a user's module, not a convolutional one)."""
-    return not (model.encoder_decoder or model.family == "user" or is_convolutional(model.family))
+    transformer families (not a user's module, whose traced shape does not say its products, nor a
+    convolutional one)."""
+    return not (model.family == "user" or is_convolutional(model.family))
 
 
 def user_knob_ok(knob: str, value: object, model: ModelSpec) -> bool:
@@ -275,7 +276,7 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
         )
     if config.ckpt_granularity == "op" and config.ckpt_ratio > 0 and not op_ckpt_ok(model):
         raise ConfigError(f"ckpt_granularity op is not supported for {model.family} (the cost model does not "
-                          f"price its per-op policy over two stacks): use full or selective")
+                          f"price its per-op policy there): use full or selective")
     if config.attn_kernel == "flash" and model.encoder_decoder:
         raise ConfigError(f"attn_kernel flash is not supported for {model.family} (transformers has no "
                           f"FlashAttention path with T5's position bias): use sdpa or eager")

@@ -157,6 +157,41 @@ def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bo
     return per_block
 
 
+def block_linears(model: ModelSpec, decoder: bool) -> list[tuple[int, int, bool, bool]]:
+    """A T5 block's weight products in forward order: ``(out, in, row_parallel, over_source)``.
+
+    Self-attention q, k, v (``heads x d_kv`` wide), o; a decoder block's cross-attention then q (target
+    tokens), k and v (source tokens: the encoder output), o; the MLP wi (gated: wi_0, wi_1), wo.
+    ``over_source``: the product runs over the source tokens (every encoder product, and the
+    cross-attention's k and v), else over the target tokens."""
+    h, f, inner = model.hidden, model.ffn, _inner(model)
+    src = not decoder
+    attn = [(inner, h, False, src), (inner, h, False, src), (inner, h, False, src), (h, inner, True, src)]
+    if decoder:
+        attn += [(inner, h, False, False), (inner, h, False, True), (inner, h, False, True), (h, inner, True, False)]
+    mlp = [(f, h, False, src)] * (2 if model.gated_mlp else 1) + [(h, f, True, src)]
+    return attn + mlp
+
+
+def op_kept_block_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bool, runtime: str = "megatron") -> float:
+    """Bytes a T5 block checkpointed per op keeps for one micro-batch on one device: its input, every
+    other product's output (``block_linears``' 1st, 3rd, ...) and, with a fused attention kernel, each
+    attention's output and log-sum-exp (``memory.op_kept_bytes_per_token`` for one stack). On a GPU
+    sdpa runs T5's self-attention, whose position bias is a float mask, in its memory-efficient
+    kernel; torch's CPU sdpa (``runtime="autoslapo"``) only the cross-attention, which has no bias,
+    and the self-attention in its math path (products and softmax, recomputed)."""
+    e, t, b = _element_bytes(config), config.tp, config.micro_batch
+    s, u, h = model.seq_len, model.decoder_seq_len, model.hidden
+    mine = b * (u if decoder else s)
+    kept: float = mine * h * e
+    for out, _, row, over_source in block_linears(model, decoder)[::2]:
+        kept += (b * s if over_source else mine) * out * e / (1 if row else t)
+    if config.attn_kernel != "eager":
+        fused = (0 if runtime == "autoslapo" else 1) + (1 if decoder else 0)  # self-attention, cross-attention
+        kept += fused * mine * (_inner(model) * e + model.heads * 4) / t
+    return kept
+
+
 def encdec_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: bool | None = None,
                             runtime: str = "megatron", transients: bool = False, in_flight: float = 1.0,
                             heap: bool = False) -> int:
@@ -200,6 +235,8 @@ def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int,
         if i in ckpt and config.ckpt_granularity == "selective":
             attn_free = config if config.attn_kernel != "eager" else config.with_(attn_kernel="sdpa")
             kept = block_activation_bytes(model, attn_free, decoder, drop, runtime)
+        elif i in ckpt and config.ckpt_granularity == "op":
+            kept = op_kept_block_bytes(model, config, decoder, runtime)
         elif i in ckpt:
             kept = b * (u if decoder else s) * h * e
         else:

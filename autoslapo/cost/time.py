@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from autoslapo.cost.encdec import busiest_rank, checkpointed_blocks, stage_blocks
+from autoslapo.cost.encdec import block_linears, busiest_rank, checkpointed_blocks, stage_blocks
 from autoslapo.cost.kernels import (
     flash_softmax_s,
     flash_traffic_bytes,
@@ -325,14 +325,24 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
     head_f = r.gemm(Tu, model.vocab / t, h) + r.mem(Tu * model.vocab / t * (e + 3 * 4), 3)
     head_b = 2 * head_f + (r.gemm(Tu, model.vocab / t, h) if config.loss_kernel == "chunked" else 0.0)
     emb = r.mem((Ts + Tu) * h * (2 * e + 1), 3)
-    le, ckpt, selective = model.layers, checkpointed_blocks(model, config), config.ckpt_granularity == "selective"
+    le, ckpt = model.layers, checkpointed_blocks(model, config)
+    again_e, again_d = ef + 2 * tp_s, df + 3 * tp_u  # full recomputation: the block with its collectives
+    if config.ckpt_granularity == "selective":
+        again_e, again_d = ec, dc
+    elif config.ckpt_granularity == "op":
+        # per op: less the products whose outputs it keeps, and a fused attention kernel's
+        def kept_s(decoder: bool) -> float:
+            return sum(r.gemm(Ts if src else Tu, out, k / t) if row else r.gemm(Ts if src else Tu, out / t, k)
+                       for out, k, row, src in block_linears(model, decoder)[::2])
+        fused = config.attn_kernel != "eager"
+        again_e -= kept_s(False) + (ec if fused else 0.0)
+        again_d -= kept_s(True) + (dc if fused else 0.0)
 
     def stage(rank: int) -> tuple[float, float, float, float]:
         # a pipeline rank's blocks (all of them when pp = 1): embeddings on the first, head on the last
         blocks = stage_blocks(model, config, rank)
         ne, nd, ends = sum(i < le for i in blocks), sum(i >= le for i in blocks), (rank == 0, rank == config.pp - 1)
-        rec = sum((ec if selective else ef + 2 * tp_s) if i < le else (dc if selective else df + 3 * tp_u)
-                  for i in blocks if i in ckpt)
+        rec = sum(again_e if i < le else again_d for i in blocks if i in ckpt)
         return (ne * ef + nd * df + ends[1] * head_f + ends[0] * emb,
                 ne * eb + nd * db + ends[1] * head_b + ends[0] * 2 * emb, rec, ne * 4 * tp_s + nd * (6 * tp_u + tp_s))
 

@@ -7,26 +7,29 @@ from __future__ import annotations
 
 import ctypes
 import gc
+from pathlib import Path
 
 import pytest
 import torch
 
+from autoslapo import layout
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
+from autoslapo.cost.encdec import op_kept_block_bytes
 from autoslapo.cost.estimate import estimate
 from autoslapo.cost.memory import estimate_activation_bytes, layer_linears, op_kept_bytes_per_token
-from autoslapo.cost.search import best_config
 from autoslapo.dist import spawn
 from autoslapo.errors import ConfigError
 from autoslapo.models.build import build_model, example_batch
+from autoslapo.models.resolve import resolve_model
 from autoslapo.models.spec import FAMILIES, ModelSpec, is_convolutional
 from autoslapo.plan import apply_schedule
 from autoslapo.schedule import create_schedule
 from autoslapo.verify import Verify
-from tests.autoslapo.test_lean_kernels import train_and_compare, verify_tp2
+from tests.autoslapo.test_lean_kernels import MY_MODEL, train_and_compare, verify_tp2
 
 OP = {"ckpt_ratio": 1.0, "ckpt_granularity": "op"}
-OP_FAMILIES = sorted(f for f in FAMILIES if not is_convolutional(f) and f != "t5")
+OP_FAMILIES = sorted(f for f in FAMILIES if not is_convolutional(f))
 
 
 @pytest.mark.parametrize("family", OP_FAMILIES)
@@ -78,15 +81,22 @@ def test_op_keeps_what_the_cost_model_counts(family: str) -> None:
     except (OSError, AttributeError):
         pytest.skip("needs glibc 2.33+ (mallinfo2) to read the allocator's bytes in use")
     torch.manual_seed(0)
-    spec, s, b = ModelSpec.from_name(f"{family}-tiny"), 128, 4
+    spec, b = ModelSpec.from_name(f"{family}-tiny"), 4
+    s = spec.seq_len if spec.encoder_decoder else 128
     batch = example_batch(spec, b, s, seed=1)
     held = {}
     for gran in ("full", "op"):
         model = build_model(spec, attn_kernel="sdpa", seed=0, dropout=0.0)
-        config = ScheduleConfig(attn_kernel="sdpa", precision="fp32", ckpt_ratio=1.0, ckpt_granularity=gran)
+        config = ScheduleConfig(attn_kernel="sdpa", precision="fp32", ckpt_ratio=1.0, ckpt_granularity=gran,
+                                micro_batch=b)
         apply_schedule(model, spec, config)
         held[gran] = _held_after_forward(model, batch)
-    predicted = spec.layers * b * s * op_kept_bytes_per_token(spec, config)
+    if spec.encoder_decoder:  # T5: both stacks' blocks, less the input that full recomputation keeps too
+        inputs = {False: b * s * spec.hidden * 4, True: b * spec.decoder_seq_len * spec.hidden * 4}
+        predicted = sum(n * (op_kept_block_bytes(spec, config, dec, "autoslapo") - inputs[dec])
+                        for dec, n in ((False, spec.layers), (True, spec.decoder_layers)))
+    else:
+        predicted = spec.layers * b * s * op_kept_bytes_per_token(spec, config)
     assert held["op"] - held["full"] == pytest.approx(predicted, rel=0.03)
 
 
@@ -130,11 +140,24 @@ def test_op_is_priced_between_full_recomputation_and_none() -> None:
     assert estimate(model, none, cluster).time.recompute == 0
 
 
-def test_op_is_refused_where_it_is_not_priced() -> None:
-    t5 = ModelSpec.from_name("t5-tiny")
-    with pytest.raises(ConfigError, match="ckpt_granularity op is not supported for t5"):
-        ScheduleConfig(**OP).validate(t5)
-    # the sweep never proposes it for T5 (and a ratio of 0 makes the knob inert, so it is not refused)
-    best = best_config(t5, ClusterSpec(gpus=2), global_batch=8)
-    assert best.config.ckpt_granularity != "op"
-    ScheduleConfig(ckpt_granularity="op").validate(t5)
+def test_op_is_refused_where_it_is_not_priced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a user's module file: its traced shape does not say its products
+    monkeypatch.setenv("AUTOSLAPO_MODEL_CACHE", str(tmp_path / "cache"))
+    spec = resolve_model(str(MY_MODEL))
+    with pytest.raises(ConfigError, match="cannot take ckpt_granularity=op"):
+        ScheduleConfig(**OP).validate(spec)
+    assert not layout.user_knob_ok("ckpt_granularity", "op", spec)
+    ScheduleConfig(ckpt_granularity="op").validate(spec)  # inert without checkpointing: not refused
+    # a convolutional family has no products to alternate over
+    with pytest.raises(ConfigError, match="ckpt_granularity"):
+        ScheduleConfig(**OP).validate(ModelSpec.from_name("wideresnet-tiny"))
+
+
+def test_t5_op_is_priced_over_both_stacks() -> None:
+    t5 = ModelSpec.from_name("t5-base")
+    full = ScheduleConfig(dp=8, micro_batch=8, attn_kernel="sdpa", ckpt_ratio=1.0)
+    op = full.with_(ckpt_granularity="op")
+    assert estimate_activation_bytes(t5, full) < estimate_activation_bytes(t5, op) < estimate_activation_bytes(
+        t5, full.with_(ckpt_ratio=0.0))
+    cluster = ClusterSpec(gpus=8)
+    assert 0 < estimate(t5, op, cluster).time.recompute < estimate(t5, full, cluster).time.recompute
