@@ -3,7 +3,8 @@ for BERT-large and GPT-2-XL on one GPU.
 
 Lean kernels (first, so a short budget still checks them): at one micro-batch in fp32 (no TF32,
 so the comparison is tight) with eager attention, the unscheduled model, selective recomputation
-(``--ckpt-ratio 1 --ckpt-granularity selective``) and the chunked loss (``--loss-kernel chunked``)
+(``--ckpt-ratio 1 --ckpt-granularity selective``), per-op recomputation (``--ckpt-granularity op``) and
+the chunked loss (``--loss-kernel chunked``)
 each train a few steps on the same weights and data; each kernel's losses must equal the
 unscheduled model's (relative ``LOSS_RTOL`` at every step: the script exits 1 otherwise), and its
 memory saving (``torch.cuda.max_memory_allocated``) is printed beside the cost model's prediction.
@@ -140,7 +141,7 @@ def check_model(name: str, args: argparse.Namespace, budget: Budget, out: list[R
 
 
 def check_kernels(name: str, args: argparse.Namespace, budget: Budget, out: list[Row], preset: str) -> list[str]:
-    """Selective recomputation and the chunked loss against the unscheduled model: one verdict line each.
+    """Selective and per-op recomputation and the chunked loss against the unscheduled model: one verdict line each.
 
     A verdict starts with ``PASS`` (losses equal at every step), ``FAIL`` (they differ, or the
     kernel failed where the unscheduled model ran) or ``SKIP`` (budget, or no unscheduled run).
@@ -151,6 +152,7 @@ def check_kernels(name: str, args: argparse.Namespace, budget: Budget, out: list
     base = ScheduleConfig(precision="fp32", attn_kernel="eager", micro_batch=KERNEL_BATCH[name])
     runs = [("unscheduled, fp32", base),
             ("selective recompute, fp32", base.with_(ckpt_ratio=1.0, ckpt_granularity="selective")),
+            ("per-op recompute, fp32", base.with_(ckpt_ratio=1.0, ckpt_granularity="op")),
             ("chunked loss, fp32", base.with_(loss_kernel="chunked"))]
     rows: list[Row] = []
     for label, cfg in runs:
