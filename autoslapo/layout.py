@@ -14,6 +14,7 @@ Pure: no torch, no I/O. Messages name the rule, the values and the fix.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import fields
@@ -122,19 +123,30 @@ def chunk_sizes(layers: int, chunks: int) -> list[int]:
 
 def chunk_bounds(layers: int, chunks: int) -> list[tuple[int, int]]:
     """``[start, stop)`` of each pipeline chunk's layers (``chunk_sizes``)."""
+    return list(_chunk_bounds(layers, chunks))
+
+
+@functools.cache
+def _chunk_bounds(layers: int, chunks: int) -> tuple[tuple[int, int], ...]:
+    # cached: a sweep asks for the same few splits hundreds of thousands of times
     out, start = [], 0
     for n in chunk_sizes(layers, chunks):
         out.append((start, start + n))
         start += n
-    return out
+    return tuple(out)
 
 
 def rank_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[list[int]]:
     """The layers each pipeline rank runs, by rank: its chunks' (chunk ``c`` on rank ``c % pp``), in order."""
+    return [list(r) for r in _rank_layers(layers, pp, virtual_stages)]
+
+
+@functools.cache
+def _rank_layers(layers: int, pp: int, virtual_stages: int) -> tuple[tuple[int, ...], ...]:
     ranks: list[list[int]] = [[] for _ in range(pp)]
-    for c, (a, b) in enumerate(chunk_bounds(layers, pp * virtual_stages)):
+    for c, (a, b) in enumerate(_chunk_bounds(layers, pp * virtual_stages)):
         ranks[c % pp].extend(range(a, b))
-    return ranks
+    return tuple(tuple(r) for r in ranks)
 
 
 def stage_imbalance(layers: int, pp: int, virtual_stages: int = 1) -> float:

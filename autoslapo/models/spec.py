@@ -7,6 +7,7 @@ Pure: no torch or transformers import. Building the actual ``nn.Module`` from a 
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -67,8 +68,12 @@ def family_flags(family: str) -> dict[str, bool]:
 FLAGS_ON_BY_DEFAULT = ("qkv_bias", "sequence_parallel")
 
 
+@functools.cache
 def family_flag(family: str, flag: str) -> bool:
-    """A family's flag; one a family does not list is off, unless in ``FLAGS_ON_BY_DEFAULT``."""
+    """A family's flag; one a family does not list is off, unless in ``FLAGS_ON_BY_DEFAULT``.
+
+    Cached: the families' flags are constants, and the cost model asks for them millions of times in
+    a sweep."""
     return bool(family_flags(family).get(flag, flag in FLAGS_ON_BY_DEFAULT))
 
 
@@ -274,7 +279,13 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights and biases, norms included); of a WideResNet,
-        the mean over its blocks; of T5, one encoder block."""
+        the mean over its blocks; of T5, one encoder block. Computed once a spec (it is immutable)."""
+        cached = self.__dict__.get("_layer_params")
+        if cached is None:
+            cached = self.__dict__["_layer_params"] = self._layer_params()
+        return int(cached)
+
+    def _layer_params(self) -> int:
         if self.family == "wideresnet":
             return (wrn_params(self.hidden, self.ffn, self.layers, self.vocab) - self.embedding_params()) // self.layers
         if self.encoder_decoder:
@@ -300,7 +311,14 @@ class ModelSpec:
         ALBERT: tables of width E, its two token types and embedding LayerNorm, and the E -> hidden map.
         T5: one table shared by both stacks, and each stack's relative-position table.
         A user's module: every parameter outside its repeated blocks. A WideResNet's stem and classifier.
+        Computed once a spec (it is immutable).
         """
+        cached = self.__dict__.get("_embedding_params")
+        if cached is None:
+            cached = self.__dict__["_embedding_params"] = self._embedding_params()
+        return int(cached)
+
+    def _embedding_params(self) -> int:
         if self.family == "wideresnet":
             return wrn_end_params(self.hidden, self.layers, self.vocab)
         if self.family == "user":
