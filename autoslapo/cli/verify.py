@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     shape = f"{spec.num_params():,} parameters" if spec.family == "user" else f"hidden {spec.hidden}"
     print(
         f"verify {args.model}: ok - tp={config.tp} pp={config.pp} ckpt_ratio={config.ckpt_ratio:g}"
-        f"{' selective' if config.ckpt_granularity == 'selective' and config.ckpt_ratio > 0 else ''} "
+        f"{' ' + config.ckpt_granularity if config.ckpt_granularity != 'full' and config.ckpt_ratio > 0 else ''} "
         f"attn={config.attn_kernel}{' sp' if config.sequence_parallel else ''}"
         f"{' chunked-loss' if config.loss_kernel == 'chunked' else ''}"
         f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}; {shape}, {depth}, "
