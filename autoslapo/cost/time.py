@@ -481,7 +481,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     # forward's kernels) and recomputation; a micro-batch whose kernels run for less than the host
     # takes to issue them waits on the host, in every slot of the pipeline
     if perf.host_op_s > 0:
-        issued = per_stage * kernels_l * 3 + n_ckpt * (kernels_l if config.ckpt_granularity == "full" else 1)
+        issued = per_stage * kernels_l * 3 + n_ckpt * (1 if config.ckpt_granularity == "selective" else kernels_l)
         overhead += (m + slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 
     return TimeBreakdown(
