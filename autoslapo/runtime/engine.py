@@ -176,93 +176,47 @@ def average_gradients(params: list[nn.Parameter], group: Any, world: int) -> Non
             g.copy_(synced)
 
 
-#: Bytes of gradients ``GradientOwners`` gathers for one owner before it reduces them in one call
-#: (DDP's default bucket: 25 MiB), and how many of those reduces may be in flight at once.
-OWNER_BUCKET_BYTES = 25 * 2**20
-OWNER_INFLIGHT = 4
-
-
 class GradientOwners:
     """ZeRO-2 for a pipeline stage: each parameter's gradient lives on its owner only.
 
     ``optimizer`` is the stage's ``ZeroRedundancyOptimizer``: its partition says which dp rank
-    updates (owns) each parameter. A hook after backward has accumulated a micro-batch's gradient
-    into ``p.grad`` moves it into its owner's bucket and frees ``p.grad``; a bucket of
-    ``bucket_bytes`` (by owner and dtype) goes to its owner in one asynchronous reduce (summed over
-    the dp group) while backward goes on, at most ``inflight`` reduces at a time, as DDP's buckets do;
-    the owner adds what it receives to its own sums. So between micro-batches a rank holds its own
-    parameters' gradient sums (1/dp of them) and at most the buckets being filled or in flight.
-    Every dp rank of a stage runs the same backward, so their buckets fill and leave in the same
-    order. ``sharded``: the parameters so handled (``sharded_ids``: their ids); ``skip``: those left
-    to the caller (tied across stages: their gradients are summed over the pipeline after the
-    schedule, then averaged over dp as in ZeRO-1). :meth:`finish` sends the partly filled buckets,
-    waits for every reduce, and hands each owner its mean gradient after the pipeline's step.
+    updates (owns) each parameter. A hook after backward accumulates a micro-batch's gradient into
+    ``p.grad`` reduces it (summed over the dp group) to the owner, which adds it to its own sum,
+    and frees it on every rank, so between micro-batches a rank holds only its own parameters'
+    gradients (1/dp of them) and in backward no more than the parameters whose hooks are pending.
+    ``sharded``: the parameters so handled (``sharded_ids``: their ids); ``skip``: those left to the
+    caller (tied across stages: their gradients are summed over the pipeline after the schedule,
+    then averaged over dp as in ZeRO-1). :meth:`finish` hands each owner its mean gradient after the
+    pipeline's step.
     """
 
     def __init__(self, params: list[nn.Parameter], optimizer: Any, group: Any, world: int,
-                 skip: set[int] | None = None, bucket_bytes: int = OWNER_BUCKET_BYTES,
-                 inflight: int = OWNER_INFLIGHT) -> None:
+                 skip: set[int] | None = None) -> None:
         owner_of = optimizer._param_to_rank  # the optimizer's own partition (torch 2.x)
         self.group, self.world = group, world
         self.me = dist.get_rank(group)
         self.sharded = [p for p in params if id(p) not in (skip or set())]
         self.sharded_ids = {id(p) for p in self.sharded}
         self.owner = {id(p): owner_of[p] for p in self.sharded}
-        # each owner's global rank, which ``dist.reduce`` takes as its destination
-        self.owner_rank = {r: dist.get_global_rank(group, r) for r in set(self.owner.values())}
-        self.bucket_bytes, self.inflight = bucket_bytes, inflight
+        # the owner's global rank, which ``dist.reduce`` takes as its destination
+        self.owner_rank = {key: dist.get_global_rank(group, r) for key, r in self.owner.items()}
         self.sums: dict[int, torch.Tensor] = {}
-        # (owner, dtype) -> the gradients waiting in that bucket, with their byte count
-        self.buckets: dict[tuple[int, torch.dtype], list[tuple[int, torch.Tensor]]] = {}
-        self.filled: dict[tuple[int, torch.dtype], int] = {}
-        # reduces in flight, oldest first: (work, owner, flat buffer, (param id, shape) of each piece)
-        self.pending: list[tuple[Any, int, torch.Tensor, list[tuple[int, torch.Size]]]] = []
         for p in self.sharded:
             p.register_post_accumulate_grad_hook(self._reduce)
 
     def _reduce(self, p: torch.Tensor) -> None:
-        grad = p.grad
+        grad, owner = p.grad, self.owner[id(p)]
         if grad is None:
             return
+        dist.reduce(grad, dst=self.owner_rank[id(p)], group=self.group)
+        if owner == self.me:
+            held = self.sums.get(id(p))
+            self.sums[id(p)] = grad if held is None else held.add_(grad)
         p.grad = None
-        key = (self.owner[id(p)], grad.dtype)
-        self.buckets.setdefault(key, []).append((id(p), grad))
-        self.filled[key] = self.filled.get(key, 0) + grad.numel() * grad.element_size()
-        if self.filled[key] >= self.bucket_bytes:
-            self._send(key)
-
-    def _send(self, key: tuple[int, torch.dtype]) -> None:
-        """One asynchronous reduce of a bucket to its owner; the oldest reduces are finished first
-        when more than ``inflight`` would be in flight."""
-        pieces = self.buckets.pop(key)
-        self.filled.pop(key, None)
-        flat = torch.cat([g.reshape(-1) for _, g in pieces])
-        work = dist.reduce(flat, dst=self.owner_rank[key[0]], group=self.group, async_op=True)
-        self.pending.append((work, key[0], flat, [(pid, g.shape) for pid, g in pieces]))
-        while len(self.pending) > self.inflight:
-            self._complete(self.pending.pop(0))
-
-    def _complete(self, sent: tuple[Any, int, torch.Tensor, list[tuple[int, torch.Size]]]) -> None:
-        work, owner, flat, layout = sent
-        work.wait()
-        if owner != self.me:
-            return
-        offset = 0
-        for pid, shape in layout:
-            n = shape.numel()
-            piece = flat[offset:offset + n].view(shape)
-            offset += n
-            held = self.sums.get(pid)
-            self.sums[pid] = piece.clone() if held is None else held.add_(piece)
 
     def finish(self, micro_batches: int) -> None:
-        """After a step's ``micro_batches``: send what the buckets still hold, wait for every reduce,
-        and give each owned parameter its gradient, the mean over the micro-batches and dp ranks
-        (their sum divided by both counts); the others keep none."""
-        for key in list(self.buckets):
-            self._send(key)
-        while self.pending:
-            self._complete(self.pending.pop(0))
+        """After a step's ``micro_batches``: give each owned parameter its gradient, the mean over the
+        micro-batches and dp ranks (their sum divided by both counts); the others keep none."""
         for p in self.sharded:
             held = self.sums.pop(id(p), None)
             p.grad = held.div_(micro_batches * self.world) if held is not None else None
