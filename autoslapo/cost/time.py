@@ -332,8 +332,8 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
     elif config.ckpt_granularity == "op":
         # per op: less the products whose outputs it keeps, and a fused attention kernel's
         def kept_s(decoder: bool) -> float:
-            return sum(r.gemm(Ts if src else Tu, out, k / t) if row else r.gemm(Ts if src else Tu, out / t, k)
-                       for out, k, row, src in block_linears(model, decoder)[::2])
+            return products_s(r, t, [(Ts if src else Tu, out, k, row)
+                                     for out, k, row, src in block_linears(model, decoder)[::2]])
         fused = config.attn_kernel != "eager"
         again_e -= kept_s(False) + (ec if fused else 0.0)
         again_d -= kept_s(True) + (dc if fused else 0.0)
@@ -350,13 +350,16 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
     return max((stage(rank) for rank in range(config.pp)), key=sum)
 
 
+def products_s(r: _Rates, tp: int, products: list[tuple[float, int, int, bool]]) -> float:
+    """Seconds of weight products ``(tokens, out, in, row_parallel)`` on one device under ``tp``: a
+    column-parallel product's output is ``out/tp`` wide, a row-parallel one's inner dimension ``in/tp``."""
+    return sum(r.gemm(n, out, k / tp) if row else r.gemm(n, out / tp, k) for n, out, k, row in products)
+
+
 def op_kept_seconds(model: ModelSpec, config: ScheduleConfig, r: _Rates, tokens: float) -> float:
     """Seconds of the weight products whose outputs per-op recomputation keeps (not run again), one
-    micro-batch of ``tokens`` on one device: a column-parallel product's output is ``out/t`` wide, a
-    row-parallel one's inner dimension ``in/t``."""
-    t = config.tp
-    return sum(r.gemm(tokens, out, k / t) if row else r.gemm(tokens, out / t, k)
-               for out, k, row in op_kept_linears(model))
+    micro-batch of ``tokens`` on one device."""
+    return products_s(r, config.tp, [(tokens, out, k, row) for out, k, row in op_kept_linears(model)])
 
 
 def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
