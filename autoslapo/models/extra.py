@@ -6,6 +6,8 @@ Pure: no torch or transformers import; ``ModelSpec`` is imported for typing only
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.errors import ConfigError
@@ -91,3 +93,17 @@ def t5_block_params(spec: ModelSpec) -> tuple[int, int]:
     attn = 4 * h * inner
     mlp = (3 if spec.t5("gated") else 2) * h * f
     return attn + mlp + 2 * h, 2 * attn + mlp + 3 * h
+
+
+def memo_count(fn: Callable[[Any], int]) -> Callable[[Any], int]:
+    """A spec's count computed once (a spec is immutable), kept in its instance ``__dict__``, which
+    the frozen dataclass's fields, equality and ``to_dict`` ignore: a sweep asks for it millions of times."""
+    key = "_memo_" + fn.__name__
+
+    @functools.wraps(fn)
+    def once(self: Any) -> int:
+        if key not in self.__dict__:
+            self.__dict__[key] = fn(self)
+        return int(self.__dict__[key])
+
+    return once

@@ -7,7 +7,6 @@ Pure: no torch or transformers import. Building the actual ``nn.Module`` from a 
 from __future__ import annotations
 
 import difflib
-import functools
 import hashlib
 import json
 import math
@@ -16,7 +15,7 @@ from typing import Any
 
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.extra import FAMILY_EXTRA as FAMILY_EXTRA
-from autoslapo.models.extra import T5_EXTRA, check_extra, t5_block_params
+from autoslapo.models.extra import T5_EXTRA, check_extra, memo_count, t5_block_params
 from autoslapo.models.wrn_shape import wrn_end_params, wrn_params
 
 # Families autoslapo can build and schedule. ``causal``: decoder-only LM (causal mask, next-token
@@ -68,12 +67,8 @@ def family_flags(family: str) -> dict[str, bool]:
 FLAGS_ON_BY_DEFAULT = ("qkv_bias", "sequence_parallel")
 
 
-@functools.cache
 def family_flag(family: str, flag: str) -> bool:
-    """A family's flag; one a family does not list is off, unless in ``FLAGS_ON_BY_DEFAULT``.
-
-    Cached: the families' flags are constants, and the cost model asks for them millions of times in
-    a sweep."""
+    """A family's flag; one a family does not list is off, unless in ``FLAGS_ON_BY_DEFAULT``."""
     return bool(family_flags(family).get(flag, flag in FLAGS_ON_BY_DEFAULT))
 
 
@@ -277,15 +272,10 @@ class ModelSpec:
             return bool(self.t5("tied"))
         return bool(self.extra.get("tie_word_embeddings", self.family != "llama"))
 
+    @memo_count
     def layer_params(self) -> int:
         """Parameters of one transformer layer (weights and biases, norms included); of a WideResNet,
-        the mean over its blocks; of T5, one encoder block. Computed once a spec (it is immutable)."""
-        cached = self.__dict__.get("_layer_params")
-        if cached is None:
-            cached = self.__dict__["_layer_params"] = self._layer_params()
-        return int(cached)
-
-    def _layer_params(self) -> int:
+        the mean over its blocks; of T5, one encoder block."""
         if self.family == "wideresnet":
             return (wrn_params(self.hidden, self.ffn, self.layers, self.vocab) - self.embedding_params()) // self.layers
         if self.encoder_decoder:
@@ -305,20 +295,14 @@ class ModelSpec:
         biases = qkv_bias + h + f + h
         return attn + mlp + biases + 4 * h  # two LayerNorms (weight + bias)
 
+    @memo_count
     def embedding_params(self) -> int:
         """Token (and learned position) embeddings; the LM head is tied where the family ties it.
 
         ALBERT: tables of width E, its two token types and embedding LayerNorm, and the E -> hidden map.
         T5: one table shared by both stacks, and each stack's relative-position table.
         A user's module: every parameter outside its repeated blocks. A WideResNet's stem and classifier.
-        Computed once a spec (it is immutable).
         """
-        cached = self.__dict__.get("_embedding_params")
-        if cached is None:
-            cached = self.__dict__["_embedding_params"] = self._embedding_params()
-        return int(cached)
-
-    def _embedding_params(self) -> int:
         if self.family == "wideresnet":
             return wrn_end_params(self.hidden, self.layers, self.vocab)
         if self.family == "user":
