@@ -286,9 +286,6 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             f"sequence_parallel is not supported for {model.family} (its cross-attention reads the whole "
             f"encoder output): got tp={config.tp} for {model.preset}; turn sequence_parallel off"
         )
-    if config.ckpt_granularity == "op" and config.ckpt_ratio > 0 and not op_ckpt_ok(model):
-        raise ConfigError(f"ckpt_granularity op is not supported for {model.family} (the cost model does not "
-                          f"price its per-op policy there): use full or selective")
     if config.attn_kernel == "flash" and model.encoder_decoder:
         raise ConfigError(f"attn_kernel flash is not supported for {model.family} (transformers has no "
                           f"FlashAttention path with T5's position bias): use sdpa or eager")
