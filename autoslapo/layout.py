@@ -190,14 +190,20 @@ def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
         return (f"selective recomputation needs the model file to declare family (where a block's attention is): "
                 f"got ckpt_granularity=selective for {model.preset}.py; add family = autoslapo.FamilyDescription(...) "
                 "to it or use ckpt_granularity full")
-    off = [k for k, on in (("sequence_parallel", config.sequence_parallel),
-                           ("loss_kernel=chunked", config.loss_kernel == "chunked"),
-                           ("compile_layers", config.compile_layers),
-                           ("ckpt_granularity=op", config.ckpt_granularity == "op" and config.ckpt_ratio > 0))
-           if on]
+    off = user_unsupported(config)
     if off:
         return f"a user's own module ({model.preset}) cannot take {', '.join(off)}; leave them at their defaults"
     return ""
+
+
+def user_unsupported(config: ScheduleConfig) -> list[str]:
+    """The knob settings of ``config`` that a user's own module never takes (its loss, products and
+    layers' insides are its own): the one list ``user_problem`` and the user schedule refuse by."""
+    return [k for k, on in (("sequence_parallel", config.sequence_parallel),
+                            ("loss_kernel=chunked", config.loss_kernel == "chunked"),
+                            ("compile_layers", config.compile_layers),
+                            ("ckpt_granularity=op", config.ckpt_granularity == "op" and config.ckpt_ratio > 0))
+            if on]
 
 
 def op_ckpt_ok(model: ModelSpec) -> bool:

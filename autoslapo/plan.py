@@ -381,11 +381,7 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
     um = load_user_model(spec)
     desc = um.family
     selective = config.ckpt_granularity == "selective" and config.ckpt_ratio > 0
-    unsupported = [name for name, on in (("sequence_parallel", config.sequence_parallel),
-                                         ("loss_kernel=chunked", config.loss_kernel == "chunked"),
-                                         ("compile_layers", config.compile_layers),
-                                         ("ckpt_granularity=op", config.ckpt_granularity == "op" and config.ckpt_ratio > 0))
-                   if on]
+    unsupported = layout.user_unsupported(config)
     if unsupported:
         raise ScheduleError(f"a user's module ({um.module}.py) cannot take {', '.join(unsupported)}; "
                             "leave those knobs at their defaults")

@@ -64,7 +64,9 @@ def test_mirror_holds_exactly_the_studys_finished_trials(store: Store) -> None:
 
 def test_mirror_is_written_in_batches(store: Store) -> None:
     # sampled, one trial at a time (a sweep stores its trials in one write)
-    opts = TuneOptions(model=BERT, cluster=A100_64, trials=12, baselines=False, mirror_every=5, sweep=False)
+    # 8 devices: the prior ranks the whole space first, and the batches, not the space, are the point
+    opts = TuneOptions(model=BERT, cluster=ClusterSpec(gpus=8, gpu_type="a100-80gb"), trials=12, baselines=False,
+                       mirror_every=5, sweep=False)
     runner = StudyRunner(opts, store)
     seen: list[int] = []
     orig = runner.mirror.sync  # type: ignore[union-attr]
