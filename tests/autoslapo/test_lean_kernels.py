@@ -167,7 +167,8 @@ def train_and_compare(runs: list[tuple[str, dict[str, Any]]]) -> None:
 
 @pytest.mark.slow
 def test_training_losses_match_with_the_lean_kernels() -> None:
-    # in the default run by test_runtime's MIXED (LLaMA tp 2 x pp 2 with both kernels); here: tp 2 (vocab-parallel chunked loss) and a pipeline (the chunked loss as the last stage's loss_fn)
+    # in the default run as a row of test_runtime's MIXED (LLaMA tp 2 x pp 2 with both kernels); here:
+    # tp 2 (vocab-parallel chunked loss) and a pipeline (the chunked loss as the last stage's loss_fn)
     train_and_compare([("gpt2-tiny", {"tp": 2, "dp": 2, **LEAN}),
             ("llama-tiny", {"pp": 2, "dp": 2, "grad_accum": 2, "zero_stage": 1, **LEAN})])
 
