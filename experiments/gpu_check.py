@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autoslapo.cluster import DEVICES, ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
+from autoslapo.cost.device import device_perf, for_autoslapo_runtime
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from autoslapo.runtime import run_trial
@@ -76,10 +77,13 @@ def _peak_tflops(preset: str) -> float:
 
 
 def _predicted_bytes(row: Row, preset: str) -> int:
-    """The cost model's memory per device for ``row`` on one device of ``preset``."""
+    """The cost model's memory per device for ``row`` on one device of ``preset``, for the stack the
+    trial ran: autoslapo's runtime (fp32 weights under autocast), not the published runs' a GPU
+    preset describes."""
     cluster = ClusterSpec(gpus=1, gpu_type=preset, gpus_per_node=1)
     spec = ModelSpec.from_name(row.model)
-    return estimate(spec, row.config, cluster, validate=False, dropout=row.dropout).memory_per_device_bytes
+    perf = for_autoslapo_runtime(device_perf(cluster))
+    return estimate(spec, row.config, cluster, perf=perf, validate=False, dropout=row.dropout).memory_per_device_bytes
 
 
 class Budget:

@@ -47,13 +47,19 @@ def cost_prior(model: ModelSpec, cluster: ClusterSpec, *, runtime_device: str | 
 
     With ``runtime_device`` ("cpu" or "cuda") a configuration the real runtime refuses on that
     device (``check_runnable``: fp16, flash without CUDA, fewer micro-batches than stages...) is
-    predicted not to fit either, so a real study never spends a trial on it. ``correction``: the
-    cluster's calibration (``autoslapo.cost.correction``), applied to the device's figures.
+    predicted not to fit either, so a real study never spends a trial on it, and the memory is
+    autoslapo's runtime's (``for_autoslapo_runtime``: fp32 weights under autocast, transformers'
+    modules), which the real trial runs, not the published stack a GPU preset describes.
+    ``correction``: the cluster's calibration (``autoslapo.cost.correction``), applied to the
+    device's figures.
     """
     from autoslapo.cost import estimate
     from autoslapo.cost.correction import corrected_cluster, corrected_perf
+    from autoslapo.cost.device import for_autoslapo_runtime
 
     perf = corrected_perf(cluster, correction)
+    if runtime_device is not None:
+        perf = for_autoslapo_runtime(perf)
     links = corrected_cluster(cluster, correction)  # the memory capacity stays the cluster's
     check: Callable[..., None] | None = None
     if runtime_device is not None:

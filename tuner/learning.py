@@ -28,7 +28,7 @@ import numpy as np
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import KNOBS, ScheduleConfig
 from autoslapo.cost.correction import Correction, Observation, fit_correction
-from autoslapo.cost.device import device_perf
+from autoslapo.cost.device import device_perf, for_autoslapo_runtime
 from autoslapo.errors import ConfigError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
@@ -141,7 +141,10 @@ class PriorLearner:
         self.runtime_device = runtime_device
         self.prior_weight = prior_weight
         self.fingerprint = cluster.fingerprint()
+        # what the refit corrects: the stack the study's trials run (``cost_prior``)
         self.base = device_perf(cluster)
+        if runtime_device is not None:
+            self.base = for_autoslapo_runtime(self.base)
         self.knob_effects = knob_effects
         self.correction = Correction()
         self.effects = KnobEffects()

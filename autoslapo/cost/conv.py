@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoslapo.cost.device import DevicePerf
+from autoslapo.cost.device import DevicePerf, is_autoslapo_runtime
 from autoslapo.cost.memory import (
     MemoryBreakdown,
     checkpointed_layer_ids,
@@ -126,7 +126,7 @@ def estimate_conv_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
     w, g, o = state_bytes_per_param(config, rt)
     dp, z = config.dp, config.zero_stage
     wb, gb, ob = int(n * w / (dp if z >= 3 else 1)), int(n * g / (dp if z >= 2 else 1)), int(n * o / (dp if z >= 1 else 1))
-    if rt == "autoslapo" and config.precision != "fp32":
+    if is_autoslapo_runtime(rt) and config.precision != "fp32":
         wb += int(n * element_bytes(config))  # autocast's 16-bit weight copies
     act = int(estimate_conv_activation_bytes(model, config, transients=True) * perf.activation_slack)
     during, after = zero_buffer_bytes(model, config, rt)

@@ -18,6 +18,15 @@ if TYPE_CHECKING:
 MiB = 1024**2
 GiB = 1024**3
 
+#: ``DevicePerf.runtime`` of autoslapo's own runtime on a CPU rank and on a GPU (see ``DevicePerf``).
+AUTOSLAPO_CPU = "autoslapo"
+AUTOSLAPO_GPU = "autoslapo-gpu"
+
+
+def is_autoslapo_runtime(runtime: str) -> bool:
+    """Whether ``runtime`` is autoslapo's own (on a CPU or a GPU), not the published runs' stack."""
+    return runtime in (AUTOSLAPO_CPU, AUTOSLAPO_GPU)
+
 
 @dataclass(frozen=True)
 class DevicePerf:
@@ -35,10 +44,13 @@ class DevicePerf:
     ``runtime``: which software stack a step runs on. ``"megatron"`` (the GPU presets): the
     Megatron-LM / DeepSpeed layout of the published runs (16-bit weights with fp32 master copies in
     the optimizer, vocab-parallel cross-entropy, DeepSpeed buffers sized by their config).
-    ``"autoslapo"``: autoslapo's own runtime on this machine (``autoslapo.runtime``): transformers
-    modules, fp32 weights (autocast for 16-bit),
-    DeepSpeed's engine per micro-batch and its lazily touched buffers. GPU physics stays the same;
-    only what the stack adds differs (see ``autoslapo.cost.memory`` and ``autoslapo.cost.time``).
+    ``"autoslapo"``: autoslapo's own runtime (``autoslapo.runtime``) on a CPU rank: transformers
+    modules, fp32 weights (autocast for 16-bit), DeepSpeed's engine per micro-batch and its
+    buffers, touched lazily (a CPU counts the pages a copy wrote). ``"autoslapo-gpu"``: the same
+    runtime on a GPU, whose caching allocator holds a buffer whole (``for_autoslapo_runtime``: what
+    a real trial of the ``local`` or ``ray`` backend runs, where the presets describe the published
+    stack). GPU physics stays the same; only what the stack adds differs (see
+    ``autoslapo.cost.memory`` and ``autoslapo.cost.time``).
     ``step_overhead_s`` / ``microbatch_overhead_s``: the runtime's fixed cost a step and a
     micro-batch, whatever the model's size (Python, DeepSpeed's engine, barriers); measured by
     ``autoslapo profile`` with a tiny real trial.
@@ -137,9 +149,15 @@ PERF: dict[str, DevicePerf] = {
     # gloo and compute share the cores, so communication does not overlap.
     "cpu": DevicePerf("cpu", gemm_eff=0.7, k_half=16.0, sms=1, tile=1, hbm_gbps=8.0, bw_eff=1.0,
                       op_latency_s=20e-6, op_latency_additive=True, coll_latency_s=60e-6, comm_eff=1.0,
-                      overlap=0.0, fixed_overhead_bytes=400 * MiB, runtime="autoslapo",
+                      overlap=0.0, fixed_overhead_bytes=400 * MiB, runtime=AUTOSLAPO_CPU,
                       step_overhead_s=0.03, microbatch_overhead_s=0.01),
 }
+
+
+def for_autoslapo_runtime(perf: DevicePerf) -> DevicePerf:
+    """``perf`` with autoslapo's own runtime as its stack: what a real trial runs (a GPU preset
+    describes the published runs' Megatron-LM / DeepSpeed stack; a CPU's is autoslapo's already)."""
+    return perf if is_autoslapo_runtime(perf.runtime) else replace(perf, runtime=AUTOSLAPO_GPU)
 
 
 def device_perf(cluster: ClusterSpec, profile: dict[str, Any] | None = None) -> DevicePerf:

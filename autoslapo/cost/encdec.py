@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autoslapo import layout
+from autoslapo.cost.device import AUTOSLAPO_CPU, is_autoslapo_runtime
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -133,7 +134,7 @@ def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bo
     """
     e, t = _element_bytes(config), config.tp
     h, f, inner, heads = model.hidden, model.ffn, _inner(model), model.heads
-    ours = runtime == "autoslapo"
+    ours = is_autoslapo_runtime(runtime)
     s, u = model.seq_len, model.decoder_seq_len
     tokens = config.micro_batch * (u if decoder else s)
     norms = 3 if decoder else 2
@@ -178,7 +179,7 @@ def op_kept_block_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bool,
     other product's output (``block_linears``' 1st, 3rd, ...) and, with a fused attention kernel, each
     attention's output and log-sum-exp (``memory.op_kept_bytes_per_token`` for one stack). On a GPU
     sdpa runs T5's self-attention, whose position bias is a float mask, in its memory-efficient
-    kernel; torch's CPU sdpa (``runtime="autoslapo"``) only the cross-attention, which has no bias,
+    kernel; torch's CPU sdpa (autoslapo's runtime on a CPU) only the cross-attention, which has no bias,
     and the self-attention in its math path (products and softmax, recomputed)."""
     e, t, b = _element_bytes(config), config.tp, config.micro_batch
     s, u, h = model.seq_len, model.decoder_seq_len, model.hidden
@@ -187,7 +188,7 @@ def op_kept_block_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bool,
     for out, _, row, over_source in block_linears(model, decoder)[::2]:
         kept += (b * s if over_source else mine) * out * e / (1 if row else t)
     if config.attn_kernel != "eager":
-        fused = (0 if runtime == "autoslapo" else 1) + (1 if decoder else 0)  # self-attention, cross-attention
+        fused = (0 if runtime == AUTOSLAPO_CPU else 1) + (1 if decoder else 0)  # self-attention, cross-attention
         kept += fused * mine * (_inner(model) * e + model.heads * 4) / t
     return kept
 
@@ -256,7 +257,7 @@ def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int,
     encoder_out = b * s * h * e * (in_flight if any(i >= model.layers for i in blocks) else 0)
     from autoslapo.cost.memory import loss_tensor_bytes  # memory imports this module
 
-    logits = loss_tensor_bytes(model, config, b * u, transients, heap) if last else 0
+    logits = loss_tensor_bytes(model, config, b * u, transients, heap, runtime) if last else 0
     return int(max(fwd_end + logits, bwd_peak) + emb + encoder_out)
 
 

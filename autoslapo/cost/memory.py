@@ -16,9 +16,9 @@ grouped-query attention, fp32 and memory-efficient (flash) attention, which stor
 matrix.
 
 What the software stack adds is kept apart by ``DevicePerf.runtime``: ``"megatron"`` is the layout
-of the published runs; ``"autoslapo"`` is autoslapo's runtime (fp32 parameters under autocast, the
-transformers modules' extra saved tensors, DeepSpeed's buffers touched
-lazily on a CPU). See ``state_bytes_per_param``, ``layer_activation_bytes_per_token`` and
+of the published runs; ``"autoslapo"`` (on a CPU) and ``"autoslapo-gpu"`` are autoslapo's runtime
+(fp32 parameters under autocast, the transformers modules' extra saved tensors, DeepSpeed's buffers
+touched lazily on a CPU, held whole on a GPU). See ``state_bytes_per_param``, ``layer_activation_bytes_per_token`` and
 ``zero_buffer_bytes``.
 """
 
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo import layout
 from autoslapo.config import LOSS_CHUNK_TOKENS
+from autoslapo.cost.device import AUTOSLAPO_CPU, is_autoslapo_runtime
 from autoslapo.cost.encdec import encdec_activation_bytes, encdec_stage_params
 from autoslapo.models.spec import is_convolutional
 from autoslapo.models.wrn_shape import wrn_rank_params
@@ -70,11 +71,11 @@ def state_bytes_per_param(config: ScheduleConfig, runtime: str = "megatron") -> 
 
     fp32 with ZeRO >= 1: DeepSpeed's ZeRO optimizer keeps its own fp32 partition of the weights
     (``single_partition_of_fp32_groups``, a clone even when the model is fp32), so 4 + 8.
-    ``runtime="autoslapo"``: the parameters and gradients stay fp32 whatever the precision (16-bit
+    autoslapo's runtime (``is_autoslapo_runtime``): the parameters and gradients stay fp32 whatever the precision (16-bit
     is autocast's compute only), so 4 + 4 + 8, plus DeepSpeed's fp32 partition with ZeRO >= 1 when
     its engine runs (pp == 1); a pipeline's ``ZeroRedundancyOptimizer`` keeps no such copy.
     """
-    if runtime == "autoslapo":
+    if is_autoslapo_runtime(runtime):
         return 4, 4, (12 if config.zero_stage >= 1 and config.pp == 1 else 8)
     if config.precision == "fp32":
         return 4, 4, (12 if config.zero_stage >= 1 else 8)
@@ -148,7 +149,7 @@ def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig, runtime: str = 
     more intermediates of that width unless the layer is fused (``fuse_bias_gelu``/compiled) (5).
     """
     if model.gated_mlp:
-        return 3 if config.compile_layers and runtime != "autoslapo" else 4
+        return 3 if config.compile_layers and not is_autoslapo_runtime(runtime) else 4
     if model.family == "opt":
         return 1
     if model.family in TANH_GELU_FAMILIES and not (config.fuse_bias_gelu or config.compile_layers):
@@ -160,7 +161,7 @@ def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
                                      dropout: bool | None = None, runtime: str = "megatron") -> float:
     """Bytes one non-checkpointed layer stores per token, on one device (Korthikanti's terms).
 
-    ``runtime="autoslapo"`` (transformers modules under autoslapo's runtime) differs in what the
+    autoslapo's runtime (transformers modules, ``is_autoslapo_runtime``) differs in what the
     code keeps: LayerNorm runs in fp32 under autocast, so each norm keeps its fp32 input and the
     16-bit cast of its output that the next projection saves (``2 (4 + e) h``); the sdpa/flash
     kernel's output is saved for its backward *and* copied by the heads' merge (``transpose +
@@ -172,7 +173,7 @@ def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
     h, f = model.hidden, model.ffn
     kvd = model.kv_heads * model.head_dim
     dropout = has_dropout(model, dropout)
-    ours = runtime == "autoslapo"
+    ours = is_autoslapo_runtime(runtime)
     # Replicated over TP unless sequence-parallel: two norm inputs, the q/k/v and fc1 inputs
     # (norm outputs), and the two 1-byte dropout masks.
     norms = 2 * h * (4 + e) if ours else 4 * h * e
@@ -217,13 +218,23 @@ MMAP_THRESHOLD_MAX = 32 * 2**20
 
 
 def loss_tensor_bytes(model: ModelSpec, config: ScheduleConfig, tokens: int, transients: bool = False,
-                      heap: bool = False) -> float:
+                      heap: bool = False, runtime: str = "megatron") -> float:
     """Bytes the loss holds at once: the (chunk's) logits and the fp32 softmax the cross-entropy keeps
     (``head_tensor_bytes_per_token``), the chunked kernel's fp32 log-sum-exp a token, and with
     ``transients`` the fp32 gradient of the logits. ``heap``: only the tensors a CPU's allocator
-    serves from its heap (each under ``MMAP_THRESHOLD_MAX``)."""
+    serves from its heap (each under ``MMAP_THRESHOLD_MAX``).
+
+    A vocab-parallel loss (Megatron's; autoslapo's at tp > 1 or chunked) turns its saved softmax into
+    the logits' gradient in place. At tp 1 autoslapo's runtime leaves the eager loss to the model's
+    own: torch's cross-entropy over fp32 logits (transformers' causal-LM loss upcasts them; autocast
+    runs ``log_softmax`` in fp32), whose backward holds three fp32 tensors of ``tokens x V`` at once:
+    the saved log-softmax, its gradient (``nll_loss``'s, dense) and the logits' gradient. In 16-bit
+    training the first of the three counted here is therefore fp32, not the 16-bit logits.
+    """
     rows = logit_rows(model, config, tokens)
     logits, softmax = head_tensor_bytes_per_token(model, config)
+    if transients and config.tp == 1 and config.loss_kernel == "eager" and is_autoslapo_runtime(runtime):
+        logits = softmax  # torch's cross-entropy: three fp32 tensors in backward
     sizes = [rows * logits, rows * softmax]
     if config.loss_kernel == "chunked":
         sizes.append(tokens * 4.0)
@@ -245,10 +256,10 @@ def attention_core_bytes_per_token(model: ModelSpec, config: ScheduleConfig, dro
     log-sum-exp (and, in autoslapo's runtime, the kernel's output) with a memory-efficient one."""
     e = element_bytes(config)
     if config.attn_kernel == "eager":
-        probs = e + 4 if runtime == "autoslapo" and e < 4 else e
+        probs = e + 4 if is_autoslapo_runtime(runtime) and e < 4 else e
         per_score = (probs + e + 1) if has_dropout(model, dropout) else probs
         return model.heads * model.seq_len * per_score / config.tp
-    core = model.heads * 4 + (model.hidden * e if runtime == "autoslapo" else 0)
+    core = model.heads * 4 + (model.hidden * e if is_autoslapo_runtime(runtime) else 0)
     return core / config.tp
 
 
@@ -359,7 +370,7 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     # Embedding output and its dropout mask on the first stage; on the last the head's logits
     # (16-bit, plus the fp32 softmax the cross-entropy keeps), freed once the loss's backward ran.
     emb = tokens * model.hidden * (e + (1 if has_dropout(model, dropout) else 0))
-    logits = loss_tensor_bytes(model, config, tokens, transients, heap)
+    logits = loss_tensor_bytes(model, config, tokens, transients, heap, runtime)
     fwd_first, bwd_first = stage(ranks[0], in_flight_microbatches(config))
     if config.pp == 1:
         return int(max(fwd_first + logits, bwd_first) + emb)
@@ -394,7 +405,7 @@ def zero_buffer_bytes(model: ModelSpec, config: ScheduleConfig, runtime: str = "
     """
     n = max(stage_params(model, config))
     g = state_bytes_per_param(config, runtime)[1]
-    ours = runtime == "autoslapo"
+    ours = is_autoslapo_runtime(runtime)
     if config.dp == 1 and config.zero_stage == 0:
         return 0, 0
     if config.pp > 1 and config.zero_stage == 2:
@@ -402,7 +413,7 @@ def zero_buffer_bytes(model: ModelSpec, config: ScheduleConfig, runtime: str = "
         return 0, 0
     if config.pp > 1 or config.zero_stage == 0:
         return 0, int(n * g) if ours else 0
-    bucket = min(REDUCE_BUCKET_ELEMENTS, n) if ours else REDUCE_BUCKET_ELEMENTS
+    bucket = min(REDUCE_BUCKET_ELEMENTS, n) if runtime == AUTOSLAPO_CPU else REDUCE_BUCKET_ELEMENTS
     if config.zero_stage in (1, 2):
         after = int(n * 4 / config.dp) if config.zero_stage == 1 else 0
         return int(bucket * g), after
@@ -424,7 +435,7 @@ def estimate_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
         return estimate_user_memory(model, config, perf)
     rt = perf.runtime
     w, g, o = estimate_state_bytes(model, config, rt)
-    if rt == "autoslapo" and config.precision != "fp32":
+    if is_autoslapo_runtime(rt) and config.precision != "fp32":
         # autocast caches a 16-bit copy of every weight it casts, kept until backward used it
         w += int(max(stage_params(model, config)) * element_bytes(config))
     act = int(estimate_activation_bytes(model, config, dropout, rt, transients=True) * perf.activation_slack)
@@ -462,7 +473,7 @@ def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
     w = n * wb / (dp if z >= 3 else 1)
     g = n * gb / (dp if z >= 2 else 1)
     o = n * ob / (dp if z >= 1 else 1)
-    if rt == "autoslapo" and config.precision != "fp32":
+    if is_autoslapo_runtime(rt) and config.precision != "fp32":
         w += n * element_bytes(config)  # autocast's 16-bit weight copies
     scale = element_bytes(config) / 4
     layer = float(x["layer_act_bytes"]) * scale * (10 + 24 / config.tp) / 34
@@ -487,9 +498,9 @@ def estimate_user_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
         act += int(per_stage_bytes(False) * perf.heap_retention)
     buffers = 0
     if dp > 1 or z > 0:
-        bucket = min(REDUCE_BUCKET_ELEMENTS, n) if rt == "autoslapo" else REDUCE_BUCKET_ELEMENTS
+        bucket = min(REDUCE_BUCKET_ELEMENTS, n) if rt == AUTOSLAPO_CPU else REDUCE_BUCKET_ELEMENTS
         if z == 0:
-            buffers = max(0, int(n * gb) - act) if rt == "autoslapo" else 0
+            buffers = max(0, int(n * gb) - act) if is_autoslapo_runtime(rt) else 0
         else:
             buffers = int(bucket * gb) + (int(n * 4 / dp) if z == 1 else 0)
             if z == 3:

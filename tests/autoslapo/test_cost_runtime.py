@@ -1,5 +1,5 @@
 """Cost-model properties the tuner relies on: kernels, fusion, ZeRO-3's real costs, and the
-``autoslapo`` runtime flavour (what autoslapo's own runtime keeps and spends on CPU ranks)."""
+``autoslapo`` runtime flavour (what autoslapo's own runtime keeps and spends on CPU ranks and GPUs)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,20 @@ import pytest
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
-from autoslapo.cost.device import PERF, DevicePerf
+from autoslapo.cost.device import AUTOSLAPO_GPU, PERF, DevicePerf, device_perf, for_autoslapo_runtime
 from autoslapo.cost.memory import (
     REDUCE_BUCKET_ELEMENTS,
     checkpointed_layer_ids,
     estimate_activation_bytes,
     estimate_state_bytes,
     head_activation_bytes_per_token,
+    loss_tensor_bytes,
     stage_params,
     zero_buffer_bytes,
 )
 from autoslapo.models.spec import ModelSpec
+from tuner.evaluators import cost_prior
+from tuner.learning import PriorLearner
 
 BERT = ModelSpec.from_name("bert")
 A100x64 = ClusterSpec(gpus=64, gpu_type="a100-80gb")
@@ -168,3 +171,47 @@ def test_calibrate_runtime_measures_fixed_costs() -> None:
     # a process of the training stack holds some hundreds of MiB whatever the model
     assert 100 * 2**20 < out["fixed_overhead_bytes"] < 4 * 2**30
     assert out["zero_overhead_bytes"] >= 0
+
+
+def test_a_real_trial_on_a_gpu_is_priced_for_autoslapos_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A GPU preset describes the published runs' stack (16-bit weights); a real trial runs autoslapo's
+    # runtime: fp32 weights and gradients, autocast's 16-bit copies, DeepSpeed's bucket held whole.
+    h100 = ClusterSpec(gpus=2, gpu_type="h100-80gb", gpus_per_node=2)
+    ours = for_autoslapo_runtime(device_perf(h100))
+    assert ours.runtime == AUTOSLAPO_GPU and device_perf(h100).runtime == "megatron"
+    assert for_autoslapo_runtime(PERF["cpu"]) is PERF["cpu"]  # a CPU's is autoslapo's already
+    cfg = ScheduleConfig(dp=2, micro_batch=4, zero_stage=1, precision="bf16")
+    n = max(stage_params(SMALL, cfg))
+    published = estimate(SMALL, cfg, h100, dropout=False).memory
+    mine = estimate(SMALL, cfg, h100, perf=ours, dropout=False).memory
+    assert (published.params, mine.params) == (int(n * 2), int(n * 4) + int(n * 2))
+    assert mine.grads == int(n * 4)
+    assert zero_buffer_bytes(SMALL, cfg, AUTOSLAPO_GPU)[0] == REDUCE_BUCKET_ELEMENTS * 4  # not min(bucket, n)
+    # the tuner's prior for real trials on a GPU predicts that stack, and its refit corrects it; a sim
+    # study's the published one (the runtime's own check, which counts this host's GPUs, let pass)
+    import autoslapo.runtime
+
+    monkeypatch.setattr(autoslapo.runtime, "check_runnable", lambda *a, **k: None)
+    prior = cost_prior(SMALL, h100, runtime_device="cuda")(cfg)
+    assert PriorLearner(None, SMALL, h100, enabled=True, runtime_device="cuda").base == ours
+    assert PriorLearner(None, SMALL, h100, enabled=True).base == device_perf(h100)
+    assert prior.memory_bytes == estimate(SMALL, cfg, h100, perf=ours, validate=False).memory_per_device_bytes
+    assert cost_prior(SMALL, h100)(cfg).memory_bytes == estimate(SMALL, cfg, h100).memory_per_device_bytes
+
+
+def test_torch_cross_entropy_holds_three_fp32_tensors_at_tp_1() -> None:
+    # autoslapo's runtime leaves the eager loss at tp 1 to the model's own: torch's cross-entropy over
+    # fp32 logits keeps the log-softmax and, in backward, its gradient and the logits' (measured on
+    # CPU: 4,096 tokens x 8,192 bf16 logits, backward peak +394 MiB against three fp32 tensors' 384).
+    # A vocab-parallel loss (tp > 1, Megatron's) works in place: 16-bit logits and two fp32 tensors.
+    model = SMALL.with_overrides(vocab=8192)
+    cfg, tokens = ScheduleConfig(micro_batch=4, precision="bf16"), 4 * 128
+    rows = tokens * model.vocab
+    assert loss_tensor_bytes(model, cfg, tokens, transients=True, runtime=AUTOSLAPO_GPU) == rows * 12
+    assert loss_tensor_bytes(model, cfg, tokens, transients=True) == rows * (2 + 8)
+    tp2 = cfg.with_(tp=2)
+    assert (loss_tensor_bytes(model, tp2, tokens, transients=True, runtime=AUTOSLAPO_GPU)
+            == loss_tensor_bytes(model, tp2, tokens, transients=True) == rows / 2 * (2 + 8))
+    fp32 = cfg.with_(precision="fp32")  # no upcast: the count was already three fp32 tensors
+    assert (loss_tensor_bytes(model, fp32, tokens, transients=True, runtime=AUTOSLAPO_GPU)
+            == loss_tensor_bytes(model, fp32, tokens, transients=True) == rows * 12)
