@@ -23,10 +23,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autoslapo.cost.device import DevicePerf, is_autoslapo_runtime
+from autoslapo.cost.head import element_bytes
 from autoslapo.cost.memory import (
     MemoryBreakdown,
     checkpointed_layer_ids,
-    element_bytes,
     in_flight_microbatches,
     state_bytes_per_param,
     zero_buffer_bytes,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from autoslapo import layout
 from autoslapo.cost.device import AUTOSLAPO_CPU, is_autoslapo_runtime
+from autoslapo.cost.head import element_bytes, loss_tensor_bytes
 
 if TYPE_CHECKING:
     from autoslapo.config import ScheduleConfig
@@ -117,10 +118,6 @@ def encdec_stage_params(model: ModelSpec, config: ScheduleConfig) -> tuple[float
     return first / config.tp, (body(config.pp - 1) + word + rest) / config.tp
 
 
-def _element_bytes(config: ScheduleConfig) -> int:
-    return 4 if config.precision == "fp32" else 2
-
-
 def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bool, dropout: bool = True,
                            runtime: str = "megatron") -> float:
     """Bytes one non-checkpointed block of a micro-batch keeps for backward, on one device.
@@ -132,7 +129,7 @@ def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bo
     cross-attention: q and its output per target token, k and v per source token, scores over the
     source.
     """
-    e, t = _element_bytes(config), config.tp
+    e, t = element_bytes(config), config.tp
     h, f, inner, heads = model.hidden, model.ffn, _inner(model), model.heads
     ours = is_autoslapo_runtime(runtime)
     s, u = model.seq_len, model.decoder_seq_len
@@ -181,7 +178,7 @@ def op_kept_block_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bool,
     sdpa runs T5's self-attention, whose position bias is a float mask, in its memory-efficient
     kernel; torch's CPU sdpa (autoslapo's runtime on a CPU) only the cross-attention, which has no bias,
     and the self-attention in its math path (products and softmax, recomputed)."""
-    e, t, b = _element_bytes(config), config.tp, config.micro_batch
+    e, t, b = element_bytes(config), config.tp, config.micro_batch
     s, u, h = model.seq_len, model.decoder_seq_len, model.hidden
     mine = b * (u if decoder else s)
     kept: float = mine * h * e
@@ -223,7 +220,7 @@ def encdec_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout: b
 def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int, in_flight: float,
                             dropout: bool | None, runtime: str, transients: bool, heap: bool = False) -> int:
     drop = True if dropout is None else dropout
-    e, b = _element_bytes(config), config.micro_batch
+    e, b = element_bytes(config), config.micro_batch
     s, u, h = model.seq_len, model.decoder_seq_len, model.hidden
     ckpt = checkpointed_blocks(model, config)
     blocks = stage_blocks(model, config, rank)
@@ -255,8 +252,6 @@ def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int,
     emb = b * (s + u) * h * (e + (1 if drop else 0)) if first else in_flight * b * (s + u) * h * e
     # the encoder output every cross-attention reads (held where decoder blocks run)
     encoder_out = b * s * h * e * (in_flight if any(i >= model.layers for i in blocks) else 0)
-    from autoslapo.cost.memory import loss_tensor_bytes  # memory imports this module
-
     logits = loss_tensor_bytes(model, config, b * u, transients, heap, runtime) if last else 0
     return int(max(fwd_end + logits, bwd_peak) + emb + encoder_out)
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost.encdec import block_linears, busiest_rank, checkpointed_blocks, stage_blocks
+from autoslapo.cost.head import element_bytes
 from autoslapo.cost.kernels import (
     flash_softmax_s,
     flash_traffic_bytes,
@@ -40,7 +41,6 @@ from autoslapo.cost.kernels import (
 from autoslapo.cost.memory import (
     TANH_GELU_FAMILIES,
     checkpointed_layer_ids,
-    element_bytes,
     has_dropout,
     op_kept_linears,
     stage_params,

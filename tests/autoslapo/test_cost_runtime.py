@@ -9,13 +9,12 @@ from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
 from autoslapo.cost.device import AUTOSLAPO_GPU, PERF, DevicePerf, device_perf, for_autoslapo_runtime
+from autoslapo.cost.head import head_activation_bytes_per_token, loss_tensor_bytes
 from autoslapo.cost.memory import (
     REDUCE_BUCKET_ELEMENTS,
     checkpointed_layer_ids,
     estimate_activation_bytes,
     estimate_state_bytes,
-    head_activation_bytes_per_token,
-    loss_tensor_bytes,
     stage_params,
     zero_buffer_bytes,
 )

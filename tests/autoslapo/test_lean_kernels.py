@@ -18,7 +18,8 @@ from autoslapo.cluster import ClusterSpec
 from autoslapo.config import LOSS_CHUNK_TOKENS, ScheduleConfig
 from autoslapo.cost.device import PERF, DevicePerf
 from autoslapo.cost.estimate import estimate
-from autoslapo.cost.memory import estimate_activation_bytes, estimate_memory, logit_rows, loss_tensor_bytes
+from autoslapo.cost.head import logit_rows, loss_tensor_bytes
+from autoslapo.cost.memory import estimate_activation_bytes, estimate_memory
 from autoslapo.dist import build_groups, spawn
 from autoslapo.errors import ScheduleError
 from autoslapo.models.build import build_model, example_batch
