@@ -83,7 +83,8 @@ def _predicted_bytes(row: Row, preset: str) -> int:
     cluster = ClusterSpec(gpus=1, gpu_type=preset, gpus_per_node=1)
     spec = ModelSpec.from_name(row.model)
     perf = for_autoslapo_runtime(device_perf(cluster))
-    return estimate(spec, row.config, cluster, perf=perf, validate=False, dropout=row.dropout).memory_per_device_bytes
+    est = estimate(spec, row.config, cluster, perf=perf, validate=False, dropout=row.dropout)
+    return est.memory_per_device_bytes
 
 
 class Budget:

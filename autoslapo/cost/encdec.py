@@ -185,7 +185,8 @@ def op_kept_block_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bool,
     for out, _, row, over_source in block_linears(model, decoder)[::2]:
         kept += (b * s if over_source else mine) * out * e / (1 if row else t)
     if config.attn_kernel != "eager":
-        fused = (0 if runtime == AUTOSLAPO_CPU else 1) + (1 if decoder else 0)  # self-attention, cross-attention
+        # self-attention (not on a CPU, see above), cross-attention
+        fused = (0 if runtime == AUTOSLAPO_CPU else 1) + (1 if decoder else 0)
         kept += fused * mine * (_inner(model) * e + model.heads * 4) / t
     return kept
 

@@ -18,8 +18,8 @@ matrix.
 What the software stack adds is kept apart by ``DevicePerf.runtime``: ``"megatron"`` is the layout
 of the published runs; ``"autoslapo"`` (on a CPU) and ``"autoslapo-gpu"`` are autoslapo's runtime
 (fp32 parameters under autocast, the transformers modules' extra saved tensors, DeepSpeed's buffers
-touched lazily on a CPU, held whole on a GPU). See ``state_bytes_per_param``, ``layer_activation_bytes_per_token`` and
-``zero_buffer_bytes``.
+touched lazily on a CPU, held whole on a GPU). See ``state_bytes_per_param``,
+``layer_activation_bytes_per_token`` and ``zero_buffer_bytes``.
 """
 
 from __future__ import annotations
@@ -66,9 +66,10 @@ def state_bytes_per_param(config: ScheduleConfig, runtime: str = "megatron") -> 
 
     fp32 with ZeRO >= 1: DeepSpeed's ZeRO optimizer keeps its own fp32 partition of the weights
     (``single_partition_of_fp32_groups``, a clone even when the model is fp32), so 4 + 8.
-    autoslapo's runtime (``is_autoslapo_runtime``): the parameters and gradients stay fp32 whatever the precision (16-bit
-    is autocast's compute only), so 4 + 4 + 8, plus DeepSpeed's fp32 partition with ZeRO >= 1 when
-    its engine runs (pp == 1); a pipeline's ``ZeroRedundancyOptimizer`` keeps no such copy.
+    autoslapo's runtime (``is_autoslapo_runtime``): the parameters and gradients stay fp32 whatever
+    the precision (16-bit is autocast's compute only), so 4 + 4 + 8, plus DeepSpeed's fp32 partition
+    with ZeRO >= 1 when its engine runs (pp == 1); a pipeline's ``ZeroRedundancyOptimizer`` keeps no
+    such copy.
     """
     if is_autoslapo_runtime(runtime):
         return 4, 4, (12 if config.zero_stage >= 1 and config.pp == 1 else 8)
