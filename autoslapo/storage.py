@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autoslapo.errors import UsageError
 
@@ -16,7 +16,20 @@ if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
     from store import Store
 
-__all__ = ["open_existing_store", "require_store", "study_cluster"]
+__all__ = ["StudyCluster", "open_existing_store", "require_store", "study_cluster"]
+
+#: A study run with these backends measured real trials on autoslapo's own runtime.
+REAL_BACKENDS = ("local", "ray")
+
+
+class StudyCluster(NamedTuple):
+    """A stored study's cluster, its cluster's calibration (None when none is stored yet) and whether
+    the study ran real trials (``local``, ``ray``): then what it measured, and the calibration they
+    fitted, are of autoslapo's own runtime, not of the published stack a GPU preset describes."""
+
+    cluster: ClusterSpec
+    calibration: dict[str, Any] | None
+    real_trials: bool
 
 
 def open_existing_store(url: str | None) -> Store | None:
@@ -55,9 +68,10 @@ def require_store(url: str | None) -> Store:
 
 
 def study_cluster(store: Store, study: str, given: Mapping[str, Any],
-                  name: Callable[[str], str]) -> tuple[ClusterSpec, dict[str, Any] | None]:
-    """The cluster of the stored ``study`` and its cluster's calibration (None when none is stored yet):
-    what ``estimate --cluster-from`` and ``POST /v1/estimate`` with ``cluster_from`` estimate on.
+                  name: Callable[[str], str]) -> StudyCluster:
+    """The cluster of the stored ``study``, its cluster's calibration and whether its trials were real
+    (``StudyCluster``): what ``estimate --cluster-from`` and ``POST /v1/estimate`` with ``cluster_from``
+    estimate on.
 
     ``given``: cluster fields the caller was also given (``gpus``, ``gpu_type`` ...; None when not
     given), each of which must agree with the study's; ``name(field)`` is how the caller's user
@@ -74,4 +88,4 @@ def study_cluster(store: Store, study: str, given: Mapping[str, Any],
             raise UsageError(f"{name('cluster_from')} {study} estimates on that study's cluster: got {name(key)} "
                              f"{json.dumps(value)}, the study has {json.dumps(has)}; leave {name(key)} out or "
                              "pick another study")
-    return cluster, store.calibration(record.cluster_fingerprint)
+    return StudyCluster(cluster, store.calibration(record.cluster_fingerprint), record.backend in REAL_BACKENDS)

@@ -21,11 +21,12 @@ from autoslapo.cli._knobs import add_knob_arguments, knob_values
 from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import KNOBS
+from autoslapo.cost.device import AUTOSLAPO_GPU
 from autoslapo.errors import UsageError
 from autoslapo.models.spec import is_convolutional
 
 if TYPE_CHECKING:
-    from autoslapo.cluster import ClusterSpec
+    from autoslapo.storage import StudyCluster
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,8 +68,9 @@ def _profile(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
     return None, ""
 
 
-def _study_cluster(args: argparse.Namespace) -> tuple[ClusterSpec, dict[str, Any] | None]:
-    """``--cluster-from STUDY``: the study's cluster and its stored calibration (None if none yet)."""
+def _study_cluster(args: argparse.Namespace) -> StudyCluster:
+    """``--cluster-from STUDY``: the study's cluster, its stored calibration (None if none yet) and
+    whether its trials were real."""
     from autoslapo.storage import require_store, study_cluster
 
     given = {"gpus": args.gpus, "gpu_type": args.gpu_type, "gpus_per_node": args.gpus_per_node,
@@ -87,8 +89,9 @@ def run(args: argparse.Namespace) -> int:
 
     model = resolve_model(args.model, **shape_overrides(args))
     calibration: dict[str, Any] | None = None
+    real_trials = False
     if args.cluster_from is not None:
-        cluster, calibration = _study_cluster(args)
+        cluster, calibration, real_trials = _study_cluster(args)
         args.gpu_type = cluster.gpu_type
     else:
         args.gpu_type = args.gpu_type or "a100-80gb"
@@ -105,9 +108,10 @@ def run(args: argparse.Namespace) -> int:
             )
         cluster = cluster.with_profile(profile)
     ranked = calibrated_ranking(model, cluster, calibration["params"] if calibration else None, top=args.top,
-                             global_batch=args.global_batch, profile=profile, **_pins(args))
+                                global_batch=args.global_batch, profile=profile, real_trials=real_trials,
+                                **_pins(args))
     return _show(estimate_document(model, cluster, ranked, profile=source, calibration=calibration,
-                                   study=args.cluster_from, pinned=_pins(args)), args)
+                                   study=args.cluster_from, pinned=_pins(args), real_trials=real_trials), args)
 
 
 def _pins(args: argparse.Namespace) -> dict[str, Any]:
@@ -161,7 +165,8 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     if args.cluster_from is not None:
         print(f"  calibration of {args.cluster_from}'s cluster: " + (
             ", ".join(f"{k} x{v:.2f}" for k, v in calibration["params"].items()) + f" ({calibration['n_trials']} trials)"
-            if calibration else "none stored yet (the uncalibrated model)"))
+            if calibration else "none stored yet (the uncalibrated model)") + (
+            "; autoslapo's runtime, which its trials ran" if d.get("runtime") == AUTOSLAPO_GPU else ""))
     print(f"  schedule: {' '.join(k.show(c[k.name]) for k in KNOBS)}")
     free = [k for k in KNOBS if k.name not in d["pinned"] and not k.derived]
     print(f"  pinned: {' '.join(k.show(c[k.name]) for k in KNOBS if k.name in d['pinned']) or 'none'}; searched "

@@ -7,17 +7,19 @@ and a remote estimate of the same request are the same JSON.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.config import describe
 from autoslapo.cost.correction import Correction, corrected_cluster, corrected_perf
+from autoslapo.cost.device import device_perf, for_autoslapo_runtime
 from autoslapo.cost.search import best_configs
-from autoslapo.errors import ConfigError
+from autoslapo.errors import ConfigError, UsageError
 from autoslapo.layout import rank_layers
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
+    from autoslapo.config import ScheduleConfig
     from autoslapo.cost.estimate import Estimate
     from autoslapo.models.spec import ModelSpec
 
@@ -27,29 +29,64 @@ MAX_TOP = 100
 
 
 def calibrated_ranking(model: ModelSpec, cluster: ClusterSpec, correction: Correction | dict[str, Any] | None, *,
-                    top: int = 1, global_batch: int | None = None, profile: dict[str, Any] | None = None,
-                    **fixed: Any) -> list[Estimate]:
+                       top: int = 1, global_batch: int | None = None, profile: dict[str, Any] | None = None,
+                       real_trials: bool = False, **fixed: Any) -> list[Estimate]:
     """The ``top`` best schedules (``best_configs``, fastest first) on ``cluster`` with a calibration (a
     ``Correction``, its dict, or None for the uncalibrated model) applied to the device and its links;
     ``fixed`` pins knobs.
 
+    ``real_trials``: the cluster is a study's whose trials ran on autoslapo's own runtime (``local``,
+    ``ray``), which is also the stack its calibration corrected: the estimate is of that runtime
+    (``for_autoslapo_runtime``: its memory), over the schedules it can run (``check_runnable``: no
+    fp16, so fp32 on a device without bf16; a micro-batch a pipeline stage at least), not of the
+    published stack a GPU preset describes.
+
     Raises: ConfigError for a ``top`` outside 1..``MAX_TOP`` (and as ``best_config`` does)."""
     if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_TOP:
         raise ConfigError(f"top must be a whole number of schedules from 1 to {MAX_TOP}: got {top!r}; e.g. --top 5")
+    perf = corrected_perf(cluster, correction, profile)
+    refusal = None
+    if real_trials:
+        from autoslapo.layout import default_precision
+        from autoslapo.runtime.check import RUNTIME_PRECISIONS
+
+        perf = for_autoslapo_runtime(perf)
+        refusal = _runtime_refusal(model, "cpu" if cluster.gpu_type == "cpu" else "cuda")
+        if fixed.get("precision") is None:  # bf16 where the device has it, else fp32 (the runtime has no fp16)
+            fixed["precision"] = default_precision(cluster.device.bf16, RUNTIME_PRECISIONS)
     return best_configs(model, corrected_cluster(cluster, correction), top, global_batch=global_batch,
-                        profile=profile, perf=corrected_perf(cluster, correction, profile), **fixed)
+                        profile=profile, perf=perf, refusal=refusal, **fixed)
+
+
+def _runtime_refusal(model: ModelSpec, device: str) -> Callable[[ScheduleConfig], str]:
+    """Why autoslapo's runtime cannot run a configuration on ``device`` ("" when it can); the devices
+    are the cluster's, not this machine's (``this_machine=False``)."""
+    from autoslapo.runtime.check import check_runnable
+
+    def refusal(config: ScheduleConfig) -> str:
+        try:
+            check_runnable(model, config, device=device, this_machine=False)
+        except (ConfigError, UsageError) as err:
+            return str(err)
+        return ""
+
+    return refusal
 
 
 def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estimate], *, profile: str | None = None,
                       calibration: dict[str, Any] | None = None, study: str | None = None,
-                      pinned: Iterable[str] = ()) -> dict[str, Any]:
+                      pinned: Iterable[str] = (), real_trials: bool = False) -> dict[str, Any]:
     """The estimate's JSON: the best schedule's figures, config and breakdowns, the model, the
     cluster, the profile's source, how many configurations were searched, the calibration used
     (``{"study", "params", "n_trials"}``; None when the model was not calibrated) and, when
     ``ranked`` holds more than the best, ``top``: each of them (the best first) as rank, figures,
     config and its one-line description; ``pinned``: the knobs the caller fixed (the search chose
-    the others); ``stage_layers``: the layers each pipeline rank runs (None without a pipeline)."""
+    the others); ``stage_layers``: the layers each pipeline rank runs (None without a pipeline);
+    ``runtime``: the software stack estimated (``DevicePerf.runtime``: ``megatron``, the published runs'
+    stack a GPU preset describes, or autoslapo's own, ``autoslapo`` on CPU ranks and ``autoslapo-gpu``
+    for the cluster of a study of real trials, ``real_trials`` as ``calibrated_ranking``'s)."""
     est = ranked[0]
+    perf = device_perf(cluster)
     d = est.to_dict()
     c = est.config
     # the layers (an encoder-decoder's blocks) each pipeline rank runs; unequal where the chunks are
@@ -57,6 +94,7 @@ def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estim
                                            c.virtual_stages)] if c.pp > 1 else None)
     d.update(model=model.to_dict(), num_params=model.num_params(), cluster=cluster.to_dict(), profile=profile or None,
              searched=est.breakdown.get("searched"), pinned=sorted(pinned), stage_layers=stages,
+             runtime=(for_autoslapo_runtime(perf) if real_trials else perf).runtime,
              calibration=None if calibration is None else {"study": study, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})
     if len(ranked) > 1:

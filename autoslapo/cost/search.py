@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -153,10 +153,13 @@ def best_config(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int | N
 
 def best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, *, global_batch: int | None = None,
                  profile: dict[str, Any] | None = None, perf: DevicePerf | None = None,
-                 **fixed: Any) -> list[Estimate]:
+                 refusal: Callable[[ScheduleConfig], str] | None = None, **fixed: Any) -> list[Estimate]:
     """The ``n`` schedules with the highest predicted samples/s that fit, fastest first (a tie goes
     to the smaller memory, then to the one found first); the first carries ``breakdown["searched"]``,
     how many configurations were estimated. Pins and errors as ``best_config``'s.
+
+    ``refusal(config)``: why the runtime the estimate is for cannot run ``config`` ("" when it can);
+    a refused configuration is skipped (ConfigError with the first reason when every one is).
 
     A knob pinned away from its default is searched where it acts (``candidate_configs(acting=True)``:
     ``ckpt_granularity="selective"`` with ``ckpt_ratio`` free searches ratios above 0); only when no
@@ -168,21 +171,27 @@ def best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, *, global_batch
     if any(KNOB[k].inert is not None and v is not None and v != KNOB[k].default
            for k, v in fixed.items() if k in KNOB):
         try:
-            return _best_configs(model, cluster, n, global_batch, perf, fixed, acting=True)
+            return _best_configs(model, cluster, n, global_batch, perf, fixed, acting=True, refusal=refusal)
         except ConfigError:
             pass  # nowhere does the pin act (or fit): the search below says why, or finds where it is inert
-    return _best_configs(model, cluster, n, global_batch, perf, fixed, acting=False)
+    return _best_configs(model, cluster, n, global_batch, perf, fixed, acting=False, refusal=refusal)
 
 
 def _best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, global_batch: int | None, perf: DevicePerf,
-                  fixed: dict[str, Any], *, acting: bool) -> list[Estimate]:
+                  fixed: dict[str, Any], *, acting: bool,
+                  refusal: Callable[[ScheduleConfig], str] | None = None) -> list[Estimate]:
     top: list[tuple[tuple[float, float, int], Estimate]] = []  # a min-heap of the n best so far
     smallest: Estimate | None = None
     seen = 0
+    refused = ""  # the runtime's first reason to refuse a configuration
     rejected: Counter[str] = Counter()
     for group in candidate_configs(model, cluster, global_batch=global_batch, rejected=rejected, acting=acting,
                                    **fixed):
         for cfg in group:
+            why = refusal(cfg) if refusal is not None else ""
+            if why:
+                refused = refused or why
+                continue
             est = estimate(model, cfg, cluster, perf=perf, validate=False)
             seen += 1
             if not est.fits:
@@ -198,6 +207,9 @@ def _best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, global_batch: 
         ranked = [est for _, est in sorted(top, key=lambda item: item[0], reverse=True)]
         ranked[0] = replace(ranked[0], breakdown={**ranked[0].breakdown, "searched": seen})
         return ranked
+    if smallest is None and refused:
+        raise ConfigError(f"no schedule of {model.preset} on {cluster.gpus} x {cluster.gpu_type} with {fixed} runs "
+                          f"on autoslapo's runtime: {refused}")
     if smallest is None:
         reason = no_schedule_reason(model, cluster, {k: v for k, v in fixed.items() if v is not None}, rejected)
         raise ConfigError(

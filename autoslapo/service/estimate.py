@@ -33,7 +33,7 @@ from autoslapo.service.bodies import read_json
 from autoslapo.service.jobs import json_repr
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
 from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
-from autoslapo.storage import study_cluster
+from autoslapo.storage import StudyCluster, study_cluster
 from store import Store
 
 SIGNATURE = re.compile(r"[0-9a-f]{16}")  # ModelSpec.signature()
@@ -115,8 +115,9 @@ class EstimateRequest:
     def _links(self) -> dict[str, float]:
         return link_overrides({key: getattr(self, key) for key in LINKS}, lambda key: key)
 
-    def study_cluster(self, store: Store) -> tuple[ClusterSpec, dict[str, Any] | None]:
-        """``cluster_from``'s cluster and its stored calibration (None when it has none yet).
+    def study_cluster(self, store: Store) -> StudyCluster:
+        """``cluster_from``'s cluster, its stored calibration (None when it has none yet) and whether
+        its trials were real (``StudyCluster``).
 
         Raises: UsageError when the study is missing, or when ``gpus``/``gpu_type``/``gpus_per_node``/
         ``allow_cross_node_tp`` or a link's bandwidth are given and differ from the study's."""
@@ -130,23 +131,26 @@ class EstimateRequest:
     def answer(self, spec: ModelSpec, store: Store) -> dict[str, Any]:
         """The estimate of this request for ``spec`` (the model it names)."""
         calibration = None
+        real_trials = False
         if self.cluster_from is not None:
-            cluster, calibration = self.study_cluster(store)
+            cluster, calibration, real_trials = self.study_cluster(store)
         else:
             cluster = self.cluster_spec()
         return estimate_answer(spec, cluster, self.global_batch, knobs=self.knobs, calibration=calibration,
-                               study=self.cluster_from, top=self.top)
+                               study=self.cluster_from, top=self.top, real_trials=real_trials)
 
 
 def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | None, *,
                     knobs: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
-                    study: str | None = None, top: int = 1) -> dict[str, Any]:
+                    study: str | None = None, top: int = 1, real_trials: bool = False) -> dict[str, Any]:
     """What both endpoints answer: ``autoslapo estimate --json``'s document for the cost model's best
-    schedule (``knobs`` pinned, ``calibration`` applied), with ``model`` the model's name,
-    ``model_spec`` its shape, and the cluster's ``gpus`` and ``gpu_type``."""
+    schedule (``knobs`` pinned, ``calibration`` applied; of autoslapo's runtime with ``real_trials``,
+    ``calibrated_ranking``'s), with ``model`` the model's name, ``model_spec`` its shape, and the
+    cluster's ``gpus`` and ``gpu_type``."""
     ranked = calibrated_ranking(spec, cluster, calibration["params"] if calibration else None, top=top,
-                             global_batch=global_batch, **(knobs or {}))
-    doc = estimate_document(spec, cluster, ranked, calibration=calibration, study=study, pinned=knobs or {})
+                                global_batch=global_batch, real_trials=real_trials, **(knobs or {}))
+    doc = estimate_document(spec, cluster, ranked, calibration=calibration, study=study, pinned=knobs or {},
+                            real_trials=real_trials)
     return {**doc, "model": spec.preset, "model_spec": doc["model"], "gpus": cluster.gpus,
             "gpu_type": cluster.gpu_type}
 

@@ -116,6 +116,9 @@ def test_profile_measures_this_machine(tmp_path: Path, capsys: pytest.CaptureFix
 def test_estimate_cluster_from_a_study_uses_its_calibration(capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from autoslapo.cluster import ClusterSpec
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.cost import estimate
+    from autoslapo.cost.device import device_perf, for_autoslapo_runtime
     from autoslapo.models.spec import ModelSpec
     from store import open_store
 
@@ -124,20 +127,37 @@ def test_estimate_cluster_from_a_study_uses_its_calibration(capsys: pytest.Captu
     url = f"sqlite:///{tmp_path / 'cal.db'}"
     cluster, model = ClusterSpec(gpus=16, gpu_type="v100-32gb"), ModelSpec.from_name("bert")
     with open_store(url) as db:
-        db.create_study("real", model=model.to_dict(), cluster=cluster.to_dict(), space_name="bert",
-                        space_version="1", objective="samples_per_s", backend="local",
-                        model_signature=model.signature(), cluster_fingerprint=cluster.fingerprint())
+        for name, backend in (("real", "local"), ("sim", "sim")):
+            db.create_study(name, model=model.to_dict(), cluster=cluster.to_dict(), space_name="bert",
+                            space_version="1", objective="samples_per_s", backend=backend,
+                            model_signature=model.signature(), cluster_fingerprint=cluster.fingerprint())
     fixed = ["--tp", "2", "--pp", "1", "--dp", "8", "--micro-batch", "8", "--json"]
     plain = _json(capsys, ["estimate", "bert", "--gpus", "16", "--gpu-type", "v100-32gb", *fixed])
+    assert plain["runtime"] == "megatron" and plain["config"]["precision"] == "fp16"
+    # a simulated study's cluster: the published stack the preset describes, as without --cluster-from
+    sim = _json(capsys, ["estimate", "bert", "--cluster-from", "sim", "--storage", url, *fixed])
+    assert sim["calibration"] is None and sim["samples_per_s"] == plain["samples_per_s"]
+    # a study of real trials: autoslapo's runtime, which they ran (no fp16, so fp32 on a V100)
     none_yet = _json(capsys, ["estimate", "bert", "--cluster-from", "real", "--storage", url, *fixed])
-    assert none_yet["calibration"] is None and none_yet["samples_per_s"] == plain["samples_per_s"]
-    assert none_yet["cluster"] == cluster.to_dict()
+    assert none_yet["calibration"] is None and none_yet["cluster"] == cluster.to_dict()
+    assert none_yet["runtime"] == "autoslapo-gpu" and none_yet["config"]["precision"] == "fp32"
+    want = estimate(model, ScheduleConfig.from_dict(none_yet["config"]), cluster,
+                    perf=for_autoslapo_runtime(device_perf(cluster)))
+    assert none_yet["samples_per_s"] == pytest.approx(want.samples_per_s)
+    assert none_yet["memory_per_device_bytes"] == want.memory_per_device_bytes
+    assert none_yet["samples_per_s"] < plain["samples_per_s"]
     with open_store(url) as db:
         db.save_calibration(cluster.fingerprint(), {"compute": 0.5, "activation": 2.0}, 4)
     cal = _json(capsys, ["estimate", "bert", "--cluster-from", "real", "--storage", url, *fixed])
     assert cal["calibration"] == {"study": "real", "params": {"compute": 0.5, "activation": 2.0}, "n_trials": 4}
-    assert cal["samples_per_s"] < 0.8 * plain["samples_per_s"]
-    assert cal["memory"]["activations"] > 1.9 * plain["memory"]["activations"]
+    assert cal["samples_per_s"] < 0.8 * none_yet["samples_per_s"]
+    assert cal["memory"]["activations"] > 1.9 * none_yet["memory"]["activations"]
+    assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--tp", "2", "--pp", "1",
+                 "--micro-batch", "8"]) == 0
+    assert "autoslapo's runtime, which its trials ran" in capsys.readouterr().out
+    # a pin the runtime cannot run: the rule, not a schedule it would refuse
+    assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--precision", "fp16"]) == 2
+    assert "runs on autoslapo's runtime: precision fp16 needs dynamic loss scaling" in capsys.readouterr().err
     assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--gpus", "8"]) == 2
     assert "--gpus 8, the study has 16" in capsys.readouterr().err
 
