@@ -7,15 +7,15 @@ and a remote estimate of the same request are the same JSON.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.config import describe
 from autoslapo.cost.correction import Correction, corrected_cluster, corrected_perf
 from autoslapo.cost.device import device_perf, for_autoslapo_runtime
 from autoslapo.cost.search import best_configs
-from autoslapo.errors import ConfigError, UsageError
-from autoslapo.layout import rank_layers
+from autoslapo.errors import ConfigError
+from autoslapo.layout import default_precision, rank_layers
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -30,47 +30,30 @@ MAX_TOP = 100
 
 def calibrated_ranking(model: ModelSpec, cluster: ClusterSpec, correction: Correction | dict[str, Any] | None, *,
                        top: int = 1, global_batch: int | None = None, profile: dict[str, Any] | None = None,
-                       real_trials: bool = False, **fixed: Any) -> list[Estimate]:
+                       refusal: Callable[[ScheduleConfig], str] | None = None,
+                       precisions: Collection[str] | None = None, **fixed: Any) -> list[Estimate]:
     """The ``top`` best schedules (``best_configs``, fastest first) on ``cluster`` with a calibration (a
     ``Correction``, its dict, or None for the uncalibrated model) applied to the device and its links;
     ``fixed`` pins knobs.
 
-    ``real_trials``: the cluster is a study's whose trials ran on autoslapo's own runtime (``local``,
-    ``ray``), which is also the stack its calibration corrected: the estimate is of that runtime
-    (``for_autoslapo_runtime``: its memory), over the schedules it can run (``check_runnable``: no
-    fp16, so fp32 on a device without bf16; a micro-batch a pipeline stage at least), not of the
-    published stack a GPU preset describes.
+    ``refusal`` (with ``precisions``, the ones it trains in): the cluster is a study's whose trials ran
+    on autoslapo's own runtime (``local``, ``ray``), which is also the stack its calibration corrected,
+    and ``refusal(config)`` says why that runtime cannot run ``config`` (``runtime.check.runtime_limits``
+    gives both; the cost model stays pure). The estimate is then of that runtime
+    (``for_autoslapo_runtime``: its memory), over the schedules it can run (no fp16, so fp32 on a
+    device without bf16; a micro-batch a pipeline stage at least), not of the published stack a GPU
+    preset describes.
 
     Raises: ConfigError for a ``top`` outside 1..``MAX_TOP`` (and as ``best_config`` does)."""
     if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_TOP:
         raise ConfigError(f"top must be a whole number of schedules from 1 to {MAX_TOP}: got {top!r}; e.g. --top 5")
     perf = corrected_perf(cluster, correction, profile)
-    refusal = None
-    if real_trials:
-        from autoslapo.layout import default_precision
-        from autoslapo.runtime.check import RUNTIME_PRECISIONS
-
+    if refusal is not None:
         perf = for_autoslapo_runtime(perf)
-        refusal = _runtime_refusal(model, "cpu" if cluster.gpu_type == "cpu" else "cuda")
-        if fixed.get("precision") is None:  # bf16 where the device has it, else fp32 (the runtime has no fp16)
-            fixed["precision"] = default_precision(cluster.device.bf16, RUNTIME_PRECISIONS)
+        if fixed.get("precision") is None:  # bf16 where the device has it, else what the runtime trains in
+            fixed["precision"] = default_precision(cluster.device.bf16, precisions)
     return best_configs(model, corrected_cluster(cluster, correction), top, global_batch=global_batch,
                         profile=profile, perf=perf, refusal=refusal, **fixed)
-
-
-def _runtime_refusal(model: ModelSpec, device: str) -> Callable[[ScheduleConfig], str]:
-    """Why autoslapo's runtime cannot run a configuration on ``device`` ("" when it can); the devices
-    are the cluster's, not this machine's (``this_machine=False``)."""
-    from autoslapo.runtime.check import check_runnable
-
-    def refusal(config: ScheduleConfig) -> str:
-        try:
-            check_runnable(model, config, device=device, this_machine=False)
-        except (ConfigError, UsageError) as err:
-            return str(err)
-        return ""
-
-    return refusal
 
 
 def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estimate], *, profile: str | None = None,

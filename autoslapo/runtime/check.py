@@ -8,12 +8,13 @@ torch how many GPUs there are (only for ``device="cuda"``).
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from autoslapo.config import ScheduleConfig
-from autoslapo.errors import ConfigError
+from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 
-__all__ = ["check_runnable", "resolve_device"]
+__all__ = ["check_runnable", "resolve_device", "runtime_limits"]
 
 MAX_CPU_RANKS = 64
 # What the runtime trains in: fp16 needs dynamic loss scaling, which it does not do.
@@ -88,3 +89,22 @@ def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cp
             f"CPU trials run at most {MAX_CPU_RANKS} ranks: got tp*pp*dp={config.world_size}; "
             "lower the degrees or use the sim backend"
         )
+
+
+def runtime_limits(model: ModelSpec, gpu_type: str) -> dict[str, Any]:
+    """What an estimate of this runtime on a cluster of ``gpu_type`` devices needs
+    (``cost.answer.calibrated_ranking``'s ``refusal`` and ``precisions``): why the runtime cannot
+    run a configuration ("" when it can; ``check_runnable`` on the cluster's devices, not this
+    machine's) and the precisions it trains in."""
+    device = "cpu" if gpu_type == "cpu" else "cuda"
+
+    def refusal(config: ScheduleConfig) -> str:
+        try:
+            check_runnable(model, config, device=device, this_machine=False)
+        except UsageError as err:
+            return str(err)
+        return ""
+
+    limits: dict[str, Any] = {"refusal": refusal, "precisions": RUNTIME_PRECISIONS}
+    return limits
+
