@@ -278,13 +278,18 @@ def main() -> int:
         print(s, flush=True)
         lines.append(s)
 
+    names = [n for n in args.landscapes.split(",") if n]
+    unknown = [n for n in names if n not in LANDSCAPES]
+    if unknown:
+        raise SystemExit(f"bench_tuner: --landscapes must name known landscapes, got {', '.join(unknown)}; "
+                         f"use one or more of {', '.join(LANDSCAPES)} (comma-separated)")
     seed_list = [int(x) for x in args.seed_list.split(",")] if args.seed_list else None
     n_seeds = len(seed_list) if seed_list is not None else args.seeds
     log(f"# bench_tuner: {n_seeds} seeds, target within 2% of the optimum; autoslapo runs until it is reached "
         f"(at most {args.cap} trials; final/opt at {args.budget}), local_every={args.local_every}; slapo gets "
         f"{args.budget} trials; random and grid run over the whole space")
     results: dict[str, object] = {}
-    for name in [n for n in args.landscapes.split(",") if n]:
+    for name in names:
         model, cluster = LANDSCAPES[name]
         results[name] = bench_landscape(name, model, cluster, args.seeds, args.budget,
                                         lambda s, m=model, c=cluster: PerturbedSimEvaluator(m, c, seed=s), log,

@@ -105,6 +105,5 @@ def runtime_limits(model: ModelSpec, gpu_type: str) -> dict[str, Any]:
             return str(err)
         return ""
 
-    limits: dict[str, Any] = {"refusal": refusal, "precisions": RUNTIME_PRECISIONS}
-    return limits
+    return {"refusal": refusal, "precisions": RUNTIME_PRECISIONS}
 
