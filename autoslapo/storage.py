@@ -14,6 +14,7 @@ from autoslapo.errors import UsageError
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
+    from autoslapo.models.spec import ModelSpec
     from store import Store
 
 __all__ = ["StudyCluster", "open_existing_store", "require_store", "study_cluster"]
@@ -30,6 +31,16 @@ class StudyCluster(NamedTuple):
     cluster: ClusterSpec
     calibration: dict[str, Any] | None
     real_trials: bool
+
+    def runtime_limits(self, model: ModelSpec) -> dict[str, Any]:
+        """``cost.answer.calibrated_ranking``'s ``refusal`` and ``precisions`` for an estimate of
+        ``model`` on this cluster: autoslapo's runtime's (``runtime.check.runtime_limits``) when the
+        study's trials were real, none (the published stack of the device preset) otherwise."""
+        if not self.real_trials:
+            return {}
+        from autoslapo.runtime.check import runtime_limits  # the runtime imports torch: only when needed
+
+        return runtime_limits(model, self.cluster.gpu_type)
 
 
 def open_existing_store(url: str | None) -> Store | None:

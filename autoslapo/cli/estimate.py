@@ -26,7 +26,6 @@ from autoslapo.errors import UsageError
 from autoslapo.models.spec import is_convolutional
 
 if TYPE_CHECKING:
-    from autoslapo.cluster import ClusterSpec
     from autoslapo.storage import StudyCluster
 
 
@@ -90,9 +89,12 @@ def run(args: argparse.Namespace) -> int:
 
     model = resolve_model(args.model, **shape_overrides(args))
     calibration: dict[str, Any] | None = None
+    limits: dict[str, Any] = {}
     real_trials = False
     if args.cluster_from is not None:
-        cluster, calibration, real_trials = _study_cluster(args)
+        study = _study_cluster(args)
+        cluster, calibration, real_trials = study
+        limits = study.runtime_limits(model)
         args.gpu_type = cluster.gpu_type
     else:
         args.gpu_type = args.gpu_type or "a100-80gb"
@@ -110,18 +112,9 @@ def run(args: argparse.Namespace) -> int:
         cluster = cluster.with_profile(profile)
     ranked = calibrated_ranking(model, cluster, calibration["params"] if calibration else None, top=args.top,
                                 global_batch=args.global_batch, profile=profile,
-                                **_runtime_limits(model, cluster, real_trials), **_pins(args))
+                                **limits, **_pins(args))
     return _show(estimate_document(model, cluster, ranked, profile=source, calibration=calibration,
                                    study=args.cluster_from, pinned=_pins(args), real_trials=real_trials), args)
-
-
-def _runtime_limits(model: Any, cluster: ClusterSpec, real_trials: bool) -> dict[str, Any]:
-    """A study of real trials: estimate autoslapo's runtime (``runtime.check.runtime_limits``)."""
-    if not real_trials:
-        return {}
-    from autoslapo.runtime.check import runtime_limits
-
-    return runtime_limits(model, cluster.gpu_type)
 
 
 def _pins(args: argparse.Namespace) -> dict[str, Any]:

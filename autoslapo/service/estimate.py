@@ -147,11 +147,8 @@ def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | N
     schedule (``knobs`` pinned, ``calibration`` applied; of autoslapo's runtime with ``real_trials``,
     ``calibrated_ranking``'s), with ``model`` the model's name, ``model_spec`` its shape, and the
     cluster's ``gpus`` and ``gpu_type``."""
-    limits: dict[str, Any] = {}
-    if real_trials:  # the study's trials ran on autoslapo's runtime: estimate that
-        from autoslapo.runtime.check import runtime_limits
-
-        limits = runtime_limits(spec, cluster.gpu_type)
+    # a study of real trials ran on autoslapo's runtime: estimate that
+    limits = StudyCluster(cluster, calibration, real_trials).runtime_limits(spec)
     ranked = calibrated_ranking(spec, cluster, calibration["params"] if calibration else None, top=top,
                                 global_batch=global_batch, **limits, **(knobs or {}))
     doc = estimate_document(spec, cluster, ranked, calibration=calibration, study=study, pinned=knobs or {},
