@@ -40,6 +40,10 @@ class DeviceSpec:
     inter_node_gbps: float
     flash_attention: bool
     bf16: bool
+    #: TensorFloat-32 tensor cores (Ampere and later: half the 16-bit dense peak, per the A100 and
+    #: H100 datasheets, 156 of 312 and 495 of 989 TFLOP/s), which PyTorch's cuDNN convolutions use
+    #: for fp32 tensors by default (``torch.backends.cudnn.allow_tf32``; its matmuls do not).
+    tf32: bool = False
 
 
 # Sources: NVIDIA V100/A100/H100/H200 datasheets (dense, no sparsity); NVLink 2/3/4 per-GPU
@@ -50,10 +54,10 @@ DEVICES: dict[str, DeviceSpec] = {
     for d in [
         DeviceSpec("v100-16gb", 16160 * MiB, 125.0, 15.7, 150.0, 1.5625, False, False),
         DeviceSpec("v100-32gb", 32510 * MiB, 125.0, 15.7, 150.0, 1.5625, False, False),
-        DeviceSpec("a100-40gb", 40960 * MiB, 312.0, 19.5, 300.0, 25.0, True, True),
-        DeviceSpec("a100-80gb", 81920 * MiB, 312.0, 19.5, 300.0, 25.0, True, True),
-        DeviceSpec("h100-80gb", 81559 * MiB, 989.0, 67.0, 450.0, 50.0, True, True),
-        DeviceSpec("h200-141gb", 143771 * MiB, 989.0, 67.0, 450.0, 50.0, True, True),
+        DeviceSpec("a100-40gb", 40960 * MiB, 312.0, 19.5, 300.0, 25.0, True, True, tf32=True),
+        DeviceSpec("a100-80gb", 81920 * MiB, 312.0, 19.5, 300.0, 25.0, True, True, tf32=True),
+        DeviceSpec("h100-80gb", 81559 * MiB, 989.0, 67.0, 450.0, 50.0, True, True, tf32=True),
+        DeviceSpec("h200-141gb", 143771 * MiB, 989.0, 67.0, 450.0, 50.0, True, True, tf32=True),
         # A CPU rank of this kind of machine (2 cores, 24 GiB, gloo over loopback). Rough defaults:
         # `autoslapo profile` measures the real figures and `with_profile` applies them.
         DeviceSpec("cpu", 12 * GiB, 0.05, 0.05, 1.0, 1.0, False, True),

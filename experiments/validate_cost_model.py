@@ -41,6 +41,7 @@ from autoslapo.cost.heldout import DATA as HELDOUT_DATA
 from autoslapo.cost.heldout import (
     DEEPSPEED_DATA,
     MEGATRON_DATA,
+    RESNET_DATA,
     TORCHTITAN_DATA,
     V100_DATA,
     VIRTUAL_STAGES,
@@ -125,12 +126,15 @@ MEGATRON_SOURCE = "korthikanti2022_table5"
 V100_SOURCE = "adlr2020_megatron_v1"
 DEEPSPEED_SOURCE = "smith2022_mtnlg_table"
 TORCHTITAN_SOURCE = "torchtitan2024_a100"
+RESNET_SOURCE = "nvidia_dle_resnet50"
 FITTED = {"narayanan2021_table1": True, "nvidia_dle_bert_pretrain": True, FIELD_SOURCE: False, HELDOUT_SOURCE: False,
-          MEGATRON_SOURCE: False, V100_SOURCE: False, DEEPSPEED_SOURCE: False, TORCHTITAN_SOURCE: False}
+          MEGATRON_SOURCE: False, V100_SOURCE: False, DEEPSPEED_SOURCE: False, TORCHTITAN_SOURCE: False,
+          RESNET_SOURCE: False}
 METRIC = {"narayanan2021_table1": "TFLOP/s a GPU (incl. recompute)", "nvidia_dle_bert_pretrain": "sequences/s",
           FIELD_SOURCE: "tokens/s a GPU", HELDOUT_SOURCE: "model TFLOP/s a GPU",
           MEGATRON_SOURCE: "sequences/s (batch / iteration time)", V100_SOURCE: "sequences/s (batch / iteration time)",
-          DEEPSPEED_SOURCE: "sequences/s (batch / iteration time)", TORCHTITAN_SOURCE: "tokens/s a GPU"}
+          DEEPSPEED_SOURCE: "sequences/s (batch / iteration time)", TORCHTITAN_SOURCE: "tokens/s a GPU",
+          RESNET_SOURCE: "images/s of the job"}
 
 
 @dataclass(frozen=True)
@@ -246,7 +250,7 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
     checks = heldout_check_all()
     lines.append("")
     lines.append(f"## Published runs held out (autoslapo/cost/data/{HELDOUT_DATA.name}, {MEGATRON_DATA.name}, "
-                 f"{V100_DATA.name}, {DEEPSPEED_DATA.name}, {TORCHTITAN_DATA.name}; never fitted)")
+                 f"{V100_DATA.name}, {DEEPSPEED_DATA.name}, {TORCHTITAN_DATA.name}, {RESNET_DATA.name}; never fitted)")
     lines.append("Llama 3 405B pre-training on H100 (Dubey et al. 2024, table 4): tp, pp, dp, global batch, bf16 and "
                  "the interleaved schedule pinned; micro-batch, virtual stages, checkpointing and kernels the model's "
                  "fastest that fits; its 126 layers as Meta split them (16 x 8 chunks, the first holding the embedding "
@@ -268,7 +272,13 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
                  "April 2024): every knob pinned (ZeRO-3, sdpa, an eager fp32 loss, the row's micro-batch, its "
                  "checkpointing: full, every second layer as ratio 0.5, its 'selective op' policy as "
                  "ckpt_granularity op, or none); compared: tokens/s a GPU.")
-    lines.append(f"{'source':24} {'model':11} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} "
+    lines.append("ResNet-50 v1.5 on 1 and 8 A100 80GB / V100 16GB / V100 32GB with NVIDIA's DeepLearningExamples "
+                 "(PyTorch, NGC 21.03): the wideresnet family at width 64, data parallel, the row's batch a GPU (256; "
+                 "112 for V100 fp32), no recomputation; AMP as fp16, TF32 / FP32 as fp32 (convolutions on TF32 "
+                 "tensor cores on A100, as cuDNN runs them by default); not modelled: the input pipeline (DALI), "
+                 "NCHW's layout transposes (TF32 / FP32 rows) and cuDNN's choice of algorithm a convolution; compared: "
+                 "images/s of the job.")
+    lines.append(f"{'source':24} {'model':13} {'gpu':10} {'prec':4} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} "
                  f"{'recompute':>9} {'sp':>2} {'pred GiB':>8} {'published':>9} {'predicted':>9} {'error':>7}  "
                  "no recompute: error at v=" + "/".join(str(v) for v in VIRTUAL_STAGES) + f", GiB at v={VIRTUAL_STAGES[-1]} "
                  "(interleaved rows)")
@@ -282,13 +292,13 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
             per_v = (" / ".join(f"{b.tflops_per_device / c.measured - 1:+.1%}" for b in bare)
                      + f", {bare[-1].memory_per_device_bytes / 2**30:.1f}")
         recompute = "none" if cfg.ckpt_ratio == 0 else f"{cfg.ckpt_granularity} {cfg.ckpt_ratio:g}"
-        lines.append(f"{r['source']:24} {r['model']:11} {r['gpus']:>6} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>4} "
+        lines.append(f"{r['source']:24} {r['model']:13} {r['gpu']:10} {cfg.precision:4} {r['gpus']:>6} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>4} "
                      f"{cfg.micro_batch:>3} {cfg.grad_accum:>3} {cfg.virtual_stages:>2} {recompute:>9} "
                      f"{'y' if cfg.sequence_parallel else 'n':>2} {e.memory_per_device_bytes / 2**30:>8.1f} "
                      f"{c.measured:>9.2f} {c.predicted:>9.2f} {c.error:>+7.1%}  {per_v}"
                      + ("  REFUSED (ran, predicted not to fit)" if c.refused else ""))
         rows.append(Row(r["source"], f"{r['model']} on {r['gpus']} {r['gpu']}",
-                        f"{r['source']}-{r['model']}-{r['gpus']}", c.predicted, c.measured, c.refused))
+                        f"{r['source']}-{r['model']}-{r['gpu']}-{r['gpus']}", c.predicted, c.measured, c.refused))
     for source in dict.fromkeys(c.row["source"] for c in checks):
         mine = [c for c in checks if c.row["source"] == source]
         errs = [c.error for c in mine if not c.refused]

@@ -146,20 +146,22 @@ def _conv_seconds(r: _Rates, c: Conv, images: int, tp: int) -> float:
 
 def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec,
                        perf: DevicePerf) -> TimeBreakdown:
-    """Seconds of one optimizer step: the convolutions as implicit GEMMs (backward twice forward),
+    """Seconds of one optimizer step: the convolutions as implicit GEMMs (backward twice forward;
+    fp32 ones on TF32 tensor cores where the device has them, as PyTorch's cuDNN runs them by default),
     BatchNorm/ReLU/add traffic, conv2's all-reduce per block over tp (forward, and conv1's input
     gradient in backward), the data-parallel gradient all-reduce, the optimizer and the overheads.
     With pp > 1 the slowest rank's blocks set the pace of every micro-batch slot; the bubble is
     (pp - 1) such slots (/ virtual stages, interleaved) and each cut sends the feature map of the
     block before it, and receives its gradient, once a micro-batch."""
     r = _Rates(perf, cluster, config)
+    rc = _Rates(perf, cluster, config, convolution=True)  # fp32 convolutions on TF32 where the device has it
     t, pp, dp, m, b, e = config.tp, config.pp, config.dp, config.grad_accum, config.micro_batch, r.e
     stem, _ = stem_convs(model.hidden, model.seq_len)
     blocks = _blocks(model)
     tp_bw = group_bandwidth(cluster, 1, t)
     fwd_blocks, tp_blocks = [], []
     for convs in blocks:
-        gemm = sum(_conv_seconds(r, c, b, t) for c in convs)
+        gemm = sum(_conv_seconds(rc, c, b, t) for c in convs)
         # each BatchNorm reads and writes its input twice in training (statistics, then normalize),
         # ReLU once, the residual add once: about 6 passes over every conv output
         ew = r.mem(sum(6 * e * b * c.cout / (t if c.sharded == "out" else 1) * c.out_side**2 for c in convs),
@@ -168,7 +170,7 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         c2 = convs[1]
         tp_blocks.append(2 * _ring("allreduce", b * c2.cout * c2.out_side**2 * e, t, tp_bw, perf))
     head = r.gemm(b, model.vocab, _classes_in(model))
-    stem_s = _conv_seconds(r, stem, b, 1) + r.mem(6 * e * b * stem.cout * stem.out_side**2, 4)
+    stem_s = _conv_seconds(rc, stem, b, 1) + r.mem(6 * e * b * stem.cout * stem.out_side**2, 4)
     ckpt = set(checkpointed_layer_ids(model, config))  # within each chunk, as ``autoslapo.conv_plan`` places them
     chunks = pp * config.virtual_stages
     last = (chunks - 1) % pp

@@ -1,6 +1,6 @@
 """Check the cost model against published training runs it was never fitted to. Pure.
 
-Four tables (held out: no device or runtime figure was set from them):
+Six tables (held out: no device or runtime figure was set from them):
 
 ``data/h100_heldout_bf16.csv``, ``dubey2024_llama3_table4``: "The Llama 3 Herd of Models" (Dubey et
 al., Meta, arXiv 2407.21783, 2024), table 4: Llama 3 405B pre-training (8,192-token sequences, 16M
@@ -67,13 +67,24 @@ every mm but each second one) as ``ckpt_granularity="op"``, "no" as ``ckpt_ratio
 says that Llama 2 70B at local batch 2 with selective (op) checkpointing ran out of memory
 (``KNOWN_OOM``): a run the model must refuse.
 
+``data/a100_v100_heldout_resnet50.csv``, ``nvidia_dle_resnet50``: NVIDIA DeepLearningExamples,
+``PyTorch/Classification/ConvNets/resnet50v1.5/README.md``, "Training performance results" (the
+pytorch-21.03 NGC container): ResNet-50 v1.5 (torchvision's shape, the ``wideresnet`` family with a
+first-stage width of 64: hidden 256, ffn 64, 16 blocks, 224-pixel images, 1,000 classes) trained
+with data parallelism on 1 and 8 GPUs of a DGX A100 (80GB) and DGX-1 (V100 16GB and 32GB), images/s
+of the job as published, the batch a GPU of ``ConvNets/configs.yml`` (256; 112 for fp32 on V100):
+mixed precision (AMP, fp16, channels-last) and TF32 / fp32 (NCHW). Another family (convolutions,
+the only measured runs of one the project has), stack and source: pinned as micro-batch, no
+recomputation, no ZeRO; the input pipeline (DALI) is not modelled.
+
 Each row pins its tp, pp, dp, global batch, precision, pipeline schedule and the knobs of its
 ``pinned`` column (JSON, checked by the knob declarations); what the source does not give
 (micro-batch, virtual stages, checkpointing and kernels for Llama 3) is picked as the tuner would:
 the fastest estimate that fits, over ``best_config``'s search and, for an interleaved row, the
 virtual stages. Compared: model TFLOP/s a GPU (``Estimate.tflops_per_device``) for a
 ``model_tflops_per_gpu`` row; sequences/s of the job (the batch over the iteration time) for an
-``iteration_time_s`` row.
+``iteration_time_s`` row; tokens/s a GPU for a ``tokens_per_s_per_gpu`` row; samples (images) /s of
+the job for a ``samples_per_s`` row.
 """
 
 from __future__ import annotations
@@ -97,9 +108,10 @@ MEGATRON_DATA = Path(__file__).with_name("data") / "a100_heldout_megatron.csv"
 V100_DATA = Path(__file__).with_name("data") / "v100_heldout_megatron.csv"
 DEEPSPEED_DATA = Path(__file__).with_name("data") / "a100_heldout_deepspeed.csv"
 TORCHTITAN_DATA = Path(__file__).with_name("data") / "a100_heldout_torchtitan.csv"
+RESNET_DATA = Path(__file__).with_name("data") / "a100_v100_heldout_resnet50.csv"
 #: Every held-out table ``check_all`` reads.
-DATA_FILES = (DATA, MEGATRON_DATA, V100_DATA, DEEPSPEED_DATA, TORCHTITAN_DATA)
-METRICS = ("model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu")
+DATA_FILES = (DATA, MEGATRON_DATA, V100_DATA, DEEPSPEED_DATA, TORCHTITAN_DATA, RESNET_DATA)
+METRICS = ("model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu", "samples_per_s")
 #: A published run that ran out of memory (torchtitan's performance.md, footnote 1: Llama 2 70B on 64
 #: A100 80GB at local batch 2 with selective op checkpointing), as (row of its table with the same
 #: model and schedule, the knobs that differ from it).
@@ -165,6 +177,8 @@ def check_row(row: dict[str, str]) -> HeldOutCheck:
                 best = e
     if row["metric"] == "tokens_per_s_per_gpu":
         return HeldOutCheck(row=row, estimate=best, predicted=best.tokens_per_s / gpus, measured=float(row["value"]))
+    if row["metric"] == "samples_per_s":
+        return HeldOutCheck(row=row, estimate=best, predicted=best.samples_per_s, measured=float(row["value"]))
     if row["metric"] == "iteration_time_s":
         batch = int(row["global_batch"])
         return HeldOutCheck(row=row, estimate=best, predicted=batch / best.step_time_s,

@@ -81,9 +81,14 @@ class TimeBreakdown:
 class _Rates:
     """Kernel timing for one device and precision."""
 
-    def __init__(self, perf: DevicePerf, cluster: ClusterSpec, config: ScheduleConfig) -> None:
+    def __init__(self, perf: DevicePerf, cluster: ClusterSpec, config: ScheduleConfig,
+                 convolution: bool = False) -> None:
+        """``convolution``: rates for cuDNN's convolutions, which run fp32 on TF32 tensor cores
+        where the device has them (``DeviceSpec.tf32``: half its 16-bit peak)."""
         self.perf = perf
         peak = cluster.peak_tflops_fp32 if config.precision == "fp32" else cluster.peak_tflops
+        if config.precision == "fp32" and convolution and cluster.device.tf32:
+            peak = cluster.peak_tflops / 2
         self.flops_s = peak * 1e12 * perf.gemm_eff
         self.bw = perf.hbm_gbps * 1e9 * perf.bw_eff
         self.lat = perf.op_latency_s

@@ -1,6 +1,6 @@
 """Tests of the held-out checks (``autoslapo.cost.heldout``): published Llama 3 405B runs on H100,
 Megatron-LM GPT runs on A100 (Korthikanti et al. 2022) and on V100 (Megatron-LM 1.0, NVIDIA ADLR 2020),
-never fitted, estimated with their pinned schedule."""
+MT-NLG, torchtitan and NVIDIA's ResNet-50, never fitted, estimated with their pinned schedule."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from autoslapo.cost.device import PERF
 from autoslapo.cost.heldout import (
     DEEPSPEED_DATA,
     MEGATRON_DATA,
+    RESNET_DATA,
     V100_DATA,
     HeldOutCheck,
     check_all,
@@ -166,3 +167,21 @@ def test_the_mt_nlg_rows_reproduce_the_published_tflops_and_fit(all_checks: list
     for c in mtnlg:
         cfg = c.estimate.config
         assert not c.refused and (cfg.tp, cfg.pp, cfg.micro_batch, cfg.zero_stage) == (8, 35, 1, 1)
+
+
+def test_the_resnet50_rows_are_torchvisions_shape_fit_and_amp_lands_within_ten_percent_on_one_gpu(
+        all_checks: list[HeldOutCheck]) -> None:
+    """NVIDIA's DeepLearningExamples ResNet-50 v1.5: the wideresnet family at width 64 is torchvision's
+    resnet50 (25,557,032 parameters); every run fits at its batch (256 AMP on a 16 GB V100); mixed
+    precision on one GPU, where no input pipeline or collective is in play, lands within 10 %."""
+    rows = load_rows(RESNET_DATA)
+    assert len(rows) == 12 and {r["gpu"] for r in rows} == {"a100-80gb", "v100-16gb", "v100-32gb"}
+    assert all(row_model(r).num_params() == 25_557_032 for r in rows)
+    resnet = [c for c in all_checks if c.row["source"] == "nvidia_dle_resnet50"]
+    assert len(resnet) == 12
+    for c in resnet:
+        cfg = c.estimate.config
+        assert not c.refused and cfg.dp == int(c.row["gpus"]) and cfg.ckpt_ratio == 0
+        assert cfg.micro_batch == (112 if c.row["precision"] == "fp32" and c.row["gpu"] != "a100-80gb" else 256)
+        if c.row["precision"] == "fp16" and c.row["gpus"] == "1":
+            assert abs(c.error) < 0.10, (c.row["gpu"], c.error)
