@@ -273,7 +273,7 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
                  "checkpointing: full, every second layer as ratio 0.5, its 'selective op' policy as "
                  "ckpt_granularity op, or none); compared: tokens/s a GPU.")
     lines.append("ResNet-50 v1.5 on 1 and 8 A100 80GB / V100 16GB / V100 32GB with NVIDIA's DeepLearningExamples "
-                 "(PyTorch, NGC 21.03): the wideresnet family at width 64, data parallel, the row's batch a GPU (256; "
+                 "(PyTorch, NGC 21.03): the resnet-50 preset (the wideresnet family at width factor 1), data parallel, the row's batch a GPU (256; "
                  "112 for V100 fp32), no recomputation; AMP as fp16, TF32 / FP32 as fp32 (convolutions on TF32 "
                  "tensor cores on A100, as cuDNN runs them by default); not modelled: the input pipeline (DALI), "
                  "NCHW's layout transposes (TF32 / FP32 rows) and cuDNN's choice of algorithm a convolution; compared: "

@@ -69,8 +69,8 @@ says that Llama 2 70B at local batch 2 with selective (op) checkpointing ran out
 
 ``data/a100_v100_heldout_resnet50.csv``, ``nvidia_dle_resnet50``: NVIDIA DeepLearningExamples,
 ``PyTorch/Classification/ConvNets/resnet50v1.5/README.md``, "Training performance results" (the
-pytorch-21.03 NGC container): ResNet-50 v1.5 (torchvision's shape, the ``wideresnet`` family with a
-first-stage width of 64: hidden 256, ffn 64, 16 blocks, 224-pixel images, 1,000 classes) trained
+pytorch-21.03 NGC container): ResNet-50 v1.5 (the ``resnet-50`` preset, torchvision's shape: the
+``wideresnet`` family at width 1, hidden 256, ffn 64, 16 blocks, 224-pixel images, 1,000 classes) trained
 with data parallelism on 1 and 8 GPUs of a DGX A100 (80GB) and DGX-1 (V100 16GB and 32GB), images/s
 of the job as published, the batch a GPU of ``ConvNets/configs.yml`` (256; 112 for fp32 on V100):
 mixed precision (AMP, fp16, channels-last) and TF32 / fp32 (NCHW). Another family (convolutions,

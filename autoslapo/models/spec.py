@@ -98,7 +98,7 @@ GATED_MLP_RULES: dict[str, tuple[int, float]] = {"llama-tiny": (32, 1.0), "llama
 MLP_MULTIPLES: dict[str, int] = {"t5-3b": 16}
 
 # A WideResNet's width factor (bottleneck width over ``hidden / 4``) where a preset is not torchvision's 2.
-WIDTH_FACTORS: dict[str, int] = {"wideresnet-50-4": 4, "wideresnet-50-8": 8}
+WIDTH_FACTORS: dict[str, int] = {"resnet-50": 1, "wideresnet-50-4": 4, "wideresnet-50-8": 8}
 
 
 def mlp_width(family: str, hidden: int, preset: str = "custom") -> int:
@@ -475,6 +475,8 @@ PRESETS: dict[str, ModelSpec] = {
         # seq_len = image side, vocab = classes, no heads. The tiny one: 4 blocks, 64x64 images (the last stage 2x2, so BatchNorm
         # trains on one image a micro-batch), 10 classes.
         _p("wideresnet-tiny", "wideresnet", 32, 4, 1, 16, 64, 10),
+        # ResNet-50 (v1.5, torchvision's resnet50): the same network at width 1
+        _p("resnet-50", "wideresnet", 256, 16, 1, 64, 224, 1000),
         _p("wideresnet-50-2", "wideresnet", 256, 16, 1, 128, 224, 1000),
         _p("wideresnet-50-4", "wideresnet", 256, 16, 1, 256, 224, 1000),
         _p("wideresnet-50-8", "wideresnet", 256, 16, 1, 512, 224, 1000),
@@ -492,6 +494,7 @@ ALIASES: dict[str, str] = {
     "gpt-neo": "gpt-neo-1.3b",
     "wideresnet": "wideresnet-50-2",
     "wide-resnet50-2": "wideresnet-50-2",  # torchvision's wide_resnet50_2 (from_name reads _ as -)
+    "resnet50": "resnet-50",  # torchvision's resnet50
 }
 
 

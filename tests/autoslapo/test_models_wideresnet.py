@@ -25,6 +25,16 @@ def test_wideresnet_50_2_has_torchvisions_parameter_count() -> None:
     assert ModelSpec.from_name("wide_resnet50_2") == spec  # the torchvision name is an alias
 
 
+def test_resnet_50_is_torchvisions_resnet50() -> None:
+    """torchvision.models.resnet50(): 25,557,032 parameters (its model card); the family at width 1."""
+    spec = ModelSpec.from_name("resnet50")
+    assert spec.preset == "resnet-50" and spec.family == "wideresnet" and spec.ffn == 64
+    with torch.device("meta"):
+        model = build_model(spec)
+    assert spec.num_params() == sum(p.numel() for p in model.parameters()) == 25_557_032
+    assert tuple(model.blocks[0].conv2.weight.shape) == (64, 64, 3, 3)
+
+
 @pytest.mark.parametrize("preset", ["wideresnet-tiny", "wideresnet-50-4", "wideresnet-50-8"])
 def test_spec_parameter_count_is_the_modules(preset: str) -> None:
     spec = ModelSpec.from_name(preset)
