@@ -183,7 +183,7 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         per_rank.append((fwd, rec, sum(tp_blocks[i] for i in mine)))
     fwd, rec, tp_mb = max(per_rank, key=lambda x: 3 * x[0] + x[1] + x[2])
     n = _stage_params(model, config)
-    grad_e = 4 if config.precision == "fp32" else 2
+    _, grad_e, _ = state_bytes_per_param(config, perf.runtime)  # fp32 in autoslapo's runtime
     accum = r.mem(n * grad_e * 3, 1) if m > 1 else 0.0
     dp_comm = _ring("allreduce", n * grad_e, dp, group_bandwidth(cluster, t, dp), perf)
     if config.zero_stage == 3:  # weights gathered before forward and backward: 1.5x the volume a micro-batch

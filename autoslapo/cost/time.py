@@ -44,6 +44,7 @@ from autoslapo.cost.memory import (
     has_dropout,
     op_kept_linears,
     stage_params,
+    state_bytes_per_param,
 )
 from autoslapo.layout import chunk_sizes, rank_layers
 
@@ -427,7 +428,9 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
 
     # autograd accumulates each micro-batch's weight gradients into .grad (read + write)
     n_params = max(stage_params(model, config))
-    grad_e = 4 if config.precision == "fp32" else 2
+    # the bytes a weight and its gradient take as they move (fp32 in autoslapo's runtime, whose
+    # 16-bit is autocast's compute only; the published stacks' 16-bit otherwise)
+    weight_e, grad_e, _ = state_bytes_per_param(config, perf.runtime)
     accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
     bwd_mb += accum
 
@@ -444,13 +447,13 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     if pp > 1 and model.shared_layers:
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
         # group once a step, after the schedule (``PipelineRuntime.sync_tied_grads``)
-        shared_bytes = model.stored_layers * model.layer_params() / t * (4 if config.precision == "fp32" else 2)
+        shared_bytes = model.stored_layers * model.layer_params() / t * grad_e
         pp_comm += _ring("allreduce", shared_bytes, pp, pp_bw, perf)
 
     # data parallel: gradients of this device's parameters over the dp group
     dp_bw = group_bandwidth(cluster, t, dp)
     g_bytes = n_params * grad_e
-    w_bytes = n_params * (4 if config.precision == "fp32" else 2)
+    w_bytes = n_params * weight_e
     z = config.zero_stage
     bwd_compute = bwd_layers  # the busiest rank's layers, one micro-batch
     if z <= 1:

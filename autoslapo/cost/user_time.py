@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoslapo.cost.memory import checkpointed_layer_ids
+from autoslapo.cost.memory import checkpointed_layer_ids, state_bytes_per_param
 from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, bubble_slots, group_bandwidth
 from autoslapo.layout import rank_layers
 
@@ -48,12 +48,12 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     slot = max(range(pp), key=lambda i: len(ranks[i]) * layer_f + (rest_f if i == pp - 1 else 0.0))
     per_stage, n_ckpt = len(ranks[slot]), sum(1 for i in ranks[slot] if i in ckpt)
     n_params = max(len(r) for r in ranks) * model.layer_params() / t + model.embedding_params()
-    grad_e = 4 if config.precision == "fp32" else 2
+    weight_e, grad_e, _ = state_bytes_per_param(config, perf.runtime)  # fp32 in autoslapo's runtime
     accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
     fwd_mb = per_stage * layer_f + rest_f
     bwd_mb = 2 * fwd_mb + accum
     dp_bw, pp_bw = group_bandwidth(cluster, t, dp), group_bandwidth(cluster, t * dp, pp)
-    g_bytes, w_bytes = n_params * grad_e, n_params * (4 if config.precision == "fp32" else 2)
+    g_bytes, w_bytes = n_params * grad_e, n_params * weight_e
     if z <= 1:
         dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
     elif z == 2:
