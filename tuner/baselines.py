@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import autoslapo.layout as layout
-from autoslapo.config import ScheduleConfig
+from autoslapo.config import KNOBS, ScheduleConfig
 from autoslapo.errors import ConfigError
 from autoslapo.result import TrialResult
 from search_spaces import BoundSpace
@@ -46,8 +46,12 @@ class BaselineContext:
 
 def _valid(ctx: BaselineContext, **knobs: Any) -> ScheduleConfig | None:
     """The configuration with ``knobs`` set, the layout derived and every other knob as the study fixes
-    it (else its declared default), or None when it cannot run here."""
+    it (else its declared default), or None when it cannot run here. A recipe's knobs the model's
+    family cannot use (``layout.inapplicable_knobs``: attention, sequence parallelism and kernels on a
+    convolutional family) stay at their defaults, as its user would leave them."""
     b = ctx.bound
+    skip = layout.inapplicable_knobs(b.model, KNOBS)
+    knobs = {k: v for k, v in knobs.items() if k not in skip}
     try:
         dp = layout.data_parallel(b.cluster.gpus, knobs["tp"], knobs["pp"])
         ga = layout.grad_accum_for(b.global_batch, knobs["micro_batch"], dp)

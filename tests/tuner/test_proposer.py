@@ -179,3 +179,21 @@ def test_megatron_baseline_drops_sequence_parallelism_where_the_family_refuses_i
     mg = megatron_config(r.baseline_context())
     assert mg is not None and mg.tp == 8 and mg.pp == 1 and not mg.sequence_parallel  # ALBERT: no SP (and no stages: they do not shrink its one shared layer)
     store.close()
+
+
+def test_baselines_of_a_convolutional_family_leave_its_inapplicable_knobs_at_their_defaults() -> None:
+    """A Megatron-style recipe on ResNet-50: TP and full recomputation, without the attention kernel and
+    sequence parallelism a convolutional family refuses (before, no candidate was valid and the report
+    said the baseline ran out of memory)."""
+    from store import open_store
+    from tuner import StudyRunner, TuneOptions
+
+    store = open_store("sqlite://")
+    r = StudyRunner(TuneOptions(model=ModelSpec.from_name("resnet-50"), cluster=ClusterSpec(gpus=8),
+                                trials=1, prior_seeds=0, warm_start=False), store)
+    ctx = r.baseline_context()
+    mg, ds = megatron_config(ctx), deepspeed_config(ctx)
+    assert mg is not None and mg.tp > 1 and mg.ckpt_ratio == 1.0 and r.proposer.predict(mg).fits
+    assert mg.attn_kernel == "sdpa" and not mg.sequence_parallel  # the defaults
+    assert ds is not None and ds.tp == 1 and ds.dp == 8
+    store.close()
