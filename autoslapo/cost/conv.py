@@ -20,6 +20,7 @@ counts and keeps on CPU for the tiny preset.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autoslapo.cost.device import DevicePerf, is_autoslapo_runtime
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "block_activation_elements",
+    "convolution_cluster",
     "estimate_conv_activation_bytes",
     "estimate_conv_memory",
     "estimate_conv_time",
@@ -137,6 +139,15 @@ def estimate_conv_memory(model: ModelSpec, config: ScheduleConfig, perf: DeviceP
                            overhead=perf.fixed_overhead_bytes, buffers=buffers)
 
 
+def convolution_cluster(cluster: ClusterSpec, config: ScheduleConfig) -> ClusterSpec:
+    """The cluster as cuDNN's convolutions see it: fp32 ones run on TF32 tensor cores where the device
+    has them (``DeviceSpec.tf32``: half its 16-bit peak; PyTorch's ``torch.backends.cudnn.allow_tf32``
+    is on by default, its matmuls' switch is off, so a matmul keeps the fp32 peak)."""
+    if config.precision == "fp32" and cluster.device.tf32:
+        return replace(cluster, peak_tflops_fp32=cluster.peak_tflops / 2)
+    return cluster
+
+
 def _conv_seconds(r: _Rates, c: Conv, images: int, tp: int) -> float:
     # a convolution as its implicit GEMM: (images x Hout x Wout) x Cout x (K^2 x Cin)
     cin = c.cin / tp if c.sharded == "in" else c.cin
@@ -154,7 +165,7 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     (pp - 1) such slots (/ virtual stages, interleaved) and each cut sends the feature map of the
     block before it, and receives its gradient, once a micro-batch."""
     r = _Rates(perf, cluster, config)
-    rc = _Rates(perf, cluster, config, convolution=True)  # fp32 convolutions on TF32 where the device has it
+    rc = _Rates(perf, convolution_cluster(cluster, config), config)
     t, pp, dp, m, b, e = config.tp, config.pp, config.dp, config.grad_accum, config.micro_batch, r.e
     stem, _ = stem_convs(model.hidden, model.seq_len)
     blocks = _blocks(model)

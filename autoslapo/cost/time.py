@@ -82,14 +82,9 @@ class TimeBreakdown:
 class _Rates:
     """Kernel timing for one device and precision."""
 
-    def __init__(self, perf: DevicePerf, cluster: ClusterSpec, config: ScheduleConfig,
-                 convolution: bool = False) -> None:
-        """``convolution``: rates for cuDNN's convolutions, which run fp32 on TF32 tensor cores
-        where the device has them (``DeviceSpec.tf32``: half its 16-bit peak)."""
+    def __init__(self, perf: DevicePerf, cluster: ClusterSpec, config: ScheduleConfig) -> None:
         self.perf = perf
         peak = cluster.peak_tflops_fp32 if config.precision == "fp32" else cluster.peak_tflops
-        if config.precision == "fp32" and convolution and cluster.device.tf32:
-            peak = cluster.peak_tflops / 2
         self.flops_s = peak * 1e12 * perf.gemm_eff
         self.bw = perf.hbm_gbps * 1e9 * perf.bw_eff
         self.lat = perf.op_latency_s
@@ -428,9 +423,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
 
     # autograd accumulates each micro-batch's weight gradients into .grad (read + write)
     n_params = max(stage_params(model, config))
-    # the bytes a weight and its gradient take as they move (fp32 in autoslapo's runtime, whose
-    # 16-bit is autocast's compute only; the published stacks' 16-bit otherwise)
-    weight_e, grad_e, _ = state_bytes_per_param(config, perf.runtime)
+    weight_e, grad_e, _ = state_bytes_per_param(config, perf.runtime)  # fp32 in autoslapo's runtime
     accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
     bwd_mb += accum
 

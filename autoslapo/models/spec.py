@@ -470,12 +470,10 @@ PRESETS: dict[str, ModelSpec] = {
         _p("gpt-neo-125m", "gpt_neo", 768, 12, 12, 3072, 2048, 50257, **_NEO),
         _p("gpt-neo-1.3b", "gpt_neo", 2048, 24, 16, 8192, 2048, 50257, **_NEO),
         _p("gpt-neo-2.7b", "gpt_neo", 2560, 32, 20, 10240, 2048, 50257, **_NEO),
-        # WideResNet-50 (torchvision's wide_resnet50_2 at width 2; Slapo's paper scales the width):
-        # hidden = first stage's output channels, ffn = its bottleneck width, layers = blocks,
-        # seq_len = image side, vocab = classes, no heads. The tiny one: 4 blocks, 64x64 images (the last stage 2x2, so BatchNorm
-        # trains on one image a micro-batch), 10 classes.
+        # WideResNet-50 at width 2 (torchvision's wide_resnet50_2), 4 and 8 (Slapo's paper scales the width) and 1
+        # (ResNet-50 v1.5, torchvision's resnet50), read as ``autoslapo.models.wrn_shape`` says. The tiny one: 4
+        # blocks, 64x64 images (the last stage 2x2, so BatchNorm trains on one image a micro-batch), 10 classes.
         _p("wideresnet-tiny", "wideresnet", 32, 4, 1, 16, 64, 10),
-        # ResNet-50 (v1.5, torchvision's resnet50): the same network at width 1
         _p("resnet-50", "wideresnet", 256, 16, 1, 64, 224, 1000),
         _p("wideresnet-50-2", "wideresnet", 256, 16, 1, 128, 224, 1000),
         _p("wideresnet-50-4", "wideresnet", 256, 16, 1, 256, 224, 1000),
@@ -493,8 +491,7 @@ ALIASES: dict[str, str] = {
     "albert": "albert-xxlarge",
     "gpt-neo": "gpt-neo-1.3b",
     "wideresnet": "wideresnet-50-2",
-    "wide-resnet50-2": "wideresnet-50-2",  # torchvision's wide_resnet50_2 (from_name reads _ as -)
-    "resnet50": "resnet-50",  # torchvision's resnet50
+    "wide-resnet50-2": "wideresnet-50-2", "resnet50": "resnet-50",  # torchvision's names (from_name reads _ as -)
 }
 
 

@@ -120,15 +120,17 @@ def test_fp32_convolutions_run_on_tf32_where_the_device_has_it_and_matmuls_do_no
     """PyTorch's cuDNN convolutions use TF32 tensor cores for fp32 tensors by default on Ampere and
     later (half the 16-bit peak); V100 has none; a transformer's fp32 matmuls keep the fp32 peak."""
     from autoslapo.cost import device_perf
+    from autoslapo.cost.conv import convolution_cluster
     from autoslapo.cost.time import _Rates
 
     fp32 = ScheduleConfig(precision="fp32")
     for gpu, conv_peak in (("a100-80gb", 156.0), ("h100-80gb", 494.5), ("v100-16gb", 15.7)):
         cluster = ClusterSpec(gpus=1, gpu_type=gpu)
         perf = device_perf(cluster)
-        conv = _Rates(perf, cluster, fp32, convolution=True)
+        conv = _Rates(perf, convolution_cluster(cluster, fp32), fp32)
         assert conv.flops_s == pytest.approx(conv_peak * 1e12 * perf.gemm_eff)
         assert _Rates(perf, cluster, fp32).flops_s == pytest.approx(cluster.peak_tflops_fp32 * 1e12 * perf.gemm_eff)
+        assert convolution_cluster(cluster, ScheduleConfig(precision="bf16")) == cluster
     a100 = ClusterSpec(gpus=1, gpu_type="a100-80gb")
     fast = estimate(WRN50_2, ScheduleConfig(micro_batch=64, precision="fp32"), a100)
     half = estimate(WRN50_2, ScheduleConfig(micro_batch=64, precision="bf16"), a100)
