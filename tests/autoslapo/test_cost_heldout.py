@@ -171,7 +171,7 @@ def test_the_mt_nlg_rows_reproduce_the_published_tflops_and_fit(all_checks: list
 
 def test_the_resnet50_rows_are_torchvisions_shape_fit_and_amp_lands_within_ten_percent_on_one_gpu(
         all_checks: list[HeldOutCheck]) -> None:
-    """NVIDIA's DeepLearningExamples ResNet-50 v1.5: the wideresnet family at width 64 is torchvision's
+    """NVIDIA's DeepLearningExamples ResNet-50 v1.5: the wideresnet family at width factor 1 is torchvision's
     resnet50 (25,557,032 parameters); every run fits at its batch (256 AMP on a 16 GB V100); mixed
     precision on one GPU, where no input pipeline or collective is in play, lands within 10 %."""
     rows = load_rows(RESNET_DATA)
