@@ -194,7 +194,7 @@ class StudyRunner:
                               or space_for(options.model.family))
         self.evaluator = evaluator or make_evaluator(options.backend, options.model, options.cluster,
                                                      steps=options.steps, timeout_s=options.trial_timeout_s)
-        # Real trials run only what the runtime trains in (no fp16: fp32 on a device without bf16).
+        # Real trials run only what the runtime trains in (``runtime.check.RUNTIME_PRECISIONS``).
         from autoslapo.runtime.check import RUNTIME_PRECISIONS
 
         precisions = None if self.evaluator.instant else RUNTIME_PRECISIONS

@@ -40,8 +40,8 @@ def calibrated_ranking(model: ModelSpec, cluster: ClusterSpec, correction: Corre
     on autoslapo's own runtime (``local``, ``ray``), which is also the stack its calibration corrected,
     and ``refusal(config)`` says why that runtime cannot run ``config`` (``runtime.check.runtime_limits``
     gives both; the cost model stays pure). The estimate is then of that runtime
-    (``for_autoslapo_runtime``: its memory), over the schedules it can run (no fp16, so fp32 on a
-    device without bf16; a micro-batch a pipeline stage at least), not of the published stack a GPU
+    (``for_autoslapo_runtime``: its memory), over the schedules it can run (fp16 with its loss
+    scaling on a device without bf16; a micro-batch a pipeline stage at least), not of the published stack a GPU
     preset describes.
 
     Raises: ConfigError for a ``top`` outside 1..``MAX_TOP`` (and as ``best_config`` does)."""

@@ -17,8 +17,8 @@ from autoslapo.models.spec import ModelSpec
 __all__ = ["check_runnable", "resolve_device", "runtime_limits"]
 
 MAX_CPU_RANKS = 64
-# What the runtime trains in: fp16 needs dynamic loss scaling, which it does not do.
-RUNTIME_PRECISIONS = ("bf16", "fp32")
+# What the runtime trains in (fp16 with dynamic loss scaling, ``autoslapo.runtime.scaler``).
+RUNTIME_PRECISIONS = ("bf16", "fp16", "fp32")
 
 
 def resolve_device(device: str, world_size: int) -> str:
@@ -46,7 +46,6 @@ def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cp
     placement group reserves their devices), so this machine's GPU count is not checked.
 
     Rules beyond ``config.validate(spec)``:
-    * fp16 needs dynamic loss scaling, which the runtime does not do: use bf16 or fp32;
     * flash attention needs CUDA and the ``flash_attn`` package;
     * ZeRO-3 with pp > 1: a pipeline stage keeps its weights whole, so ZeRO 0-2 fit (already a
       ``ScheduleConfig`` rule, repeated for old configs);
@@ -54,11 +53,6 @@ def check_runnable(spec: ModelSpec, config: ScheduleConfig, *, device: str = "cp
     * cuda: one GPU per rank; cpu: at most 64 ranks.
     """
     config.validate(spec)
-    if config.precision == "fp16":
-        raise ConfigError(
-            "precision fp16 needs dynamic loss scaling, which the runtime does not do: got precision=fp16; "
-            "use bf16 or fp32"
-        )
     if config.attn_kernel == "flash":
         if device != "cuda":
             raise ConfigError(f"attn_kernel flash needs a CUDA device: got device={device}; use sdpa or eager")

@@ -124,10 +124,14 @@ def build_deepspeed_engine(model: nn.Module, config: Any, groups: Any, *, lr: fl
     """Wrap ``model`` in a DeepSpeed engine with AdamW and the dp/tp ``mpu``.
 
     Takes: the built (sharded) model on its device, the ScheduleConfig, this rank's ParallelGroups,
-    the learning rate and "cpu" or "cuda". Returns: the engine (call it, ``backward``, ``step``).
+    the learning rate and "cpu" or "cuda". Returns: the engine (call it, ``backward``, ``step``); its
+    ``basic_optimizer`` is a :class:`~autoslapo.runtime.scaler.SkippableAdamW` (AdamW that a step
+    whose fp16 gradients overflowed can skip).
     """
+    from autoslapo.runtime.scaler import SkippableAdamW
+
     deepspeed = _quiet_deepspeed(device_type)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = SkippableAdamW(model.parameters(), lr=lr)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,

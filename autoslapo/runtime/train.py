@@ -37,6 +37,7 @@ from torch import nn
 from autoslapo.config import ScheduleConfig
 from autoslapo.models.spec import ModelSpec, is_convolutional
 from autoslapo.models.user import USER_FAMILY, user_loss
+from autoslapo.runtime.scaler import DynamicLossScaler
 
 __all__ = ["loss_function", "reference_losses", "step_batch", "train", "train_entry", "train_many_entry"]
 
@@ -97,6 +98,14 @@ def loss_function(spec: ModelSpec, sch: Any = None) -> Callable[[torch.Tensor, t
     return masked
 
 
+def _scaled(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+            scaler: DynamicLossScaler) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A pipeline's last-stage loss, multiplied by the scaler's current loss scale (fp16)."""
+    def scaled(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return scaler.scale_loss(loss_fn(out, target))
+    return scaled
+
+
 def _autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
     if precision == "fp32":
         return contextlib.nullcontext()
@@ -125,11 +134,14 @@ def build_scheduled(spec: ModelSpec, config: ScheduleConfig, groups: Any, *, see
 
 
 def reference_losses(spec: ModelSpec, *, global_batch: int, micro_batch: int, steps: int, seed: int = 0,
-                     lr: float = 1e-3, dropout: float | None = 0.0, attn_kernel: str = "sdpa") -> list[float]:
+                     lr: float = 1e-3, dropout: float | None = 0.0, attn_kernel: str = "sdpa",
+                     precision: str = "fp32", loss_scale: float = 2.0**16) -> list[float]:
     """Losses of the unscheduled model trained in this process on the same data and weights.
 
     One optimizer step = every micro-batch of the global batch, each loss scaled by 1/count and
-    its gradient accumulated, then AdamW (what DP x gradient accumulation computes).
+    its gradient accumulated, then AdamW (what DP x gradient accumulation computes). ``precision``
+    bf16 or fp16: the forward under autocast, as the runtime runs it; fp16 with the same dynamic
+    loss scaling (initial scale ``loss_scale``), its overflowing steps skipped.
     """
     from autoslapo.build import build
     from autoslapo.models.build import build_model
@@ -140,23 +152,34 @@ def reference_losses(spec: ModelSpec, *, global_batch: int, micro_batch: int, st
     model = build(create_schedule(model), seed=seed, device="cpu")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    scaler = None
+    if precision == "fp16":
+        scaler = DynamicLossScaler("cpu", init_scale=loss_scale, distributed=False)
+        scaler.attach(model.parameters())
     n = global_batch // micro_batch
     out = []
     for step in range(steps):
         batch = step_batch(spec, global_batch, step, seed)
         total = 0.0
         for mb in _micro_batches(batch, 0, 1, micro_batch, n, "cpu"):
-            loss = user_loss(model(**mb))
-            (loss / n).backward()
+            with _autocast("cpu", precision):
+                loss = user_loss(model(**mb))
+            (loss / n if scaler is None else scaler.scale_loss(loss / n)).backward()
             total += float(loss.detach())
-        opt.step()
+        skip = False
+        if scaler is not None:
+            skip = scaler.should_skip()
+            scaler.update(skip)
+        if not skip:
+            opt.step()
         opt.zero_grad(set_to_none=True)
         out.append(total / n)
     return out
 
 
 def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: Any, device: str, *,
-               engine: Any = None, pipeline: Any = None, optimizer: Any = None) -> torch.Tensor:
+               engine: Any = None, pipeline: Any = None, optimizer: Any = None,
+               scaler: DynamicLossScaler | None = None) -> torch.Tensor:
     """One optimizer step on this data-parallel replica's rows of the global batch.
 
     Takes: the replica's rows (``grad_accum`` equal micro-batches of them, normally
@@ -165,6 +188,8 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
     forward/backward/``engine.step()`` a micro-batch, the engine updating every ``grad_accum``) or
     the ``pipeline`` runtime with its ``optimizer`` (pp > 1: the pipeline runs every micro-batch,
     then the gradients are averaged over the data-parallel group and the optimizer steps).
+    ``scaler`` (fp16): back-propagates the scaled loss (the pipeline's ``loss_fn`` already scales
+    it) and skips the optimizer step on every rank when any rank's gradients overflowed.
     Returns: this rank's share of the global batch's mean loss (a 0-dim float tensor on
     ``device``): summed over every rank (``dist.all_reduce``) it is that mean.
     """
@@ -176,7 +201,11 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
             mb = {k: v[i * micro:(i + 1) * micro].to(device) for k, v in rows.items()}
             with _autocast(device, config.precision):
                 loss = user_loss(engine(**mb))
-            engine.backward(loss)
+            engine.backward(loss if scaler is None else scaler.scale_loss(loss))
+            if scaler is not None and i == config.grad_accum - 1:  # the engine updates at this step()
+                skip = scaler.should_skip()
+                engine.basic_optimizer.skip = skip
+                scaler.update(skip)
             engine.step()
             total += loss.detach().float()
         return total / config.grad_accum / n_ranks
@@ -184,6 +213,7 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
 
     inputs = [rows[k].to(device) for k in pipeline.input_keys] if pipeline.has_first else []
     labels = rows[pipeline.target_key].to(device) if pipeline.has_last else None
+    scale = 1.0 if scaler is None else scaler.scale  # the pipeline's loss_fn returned loss x scale
     with _autocast(device, config.precision):
         out = pipeline.step(*inputs, target=labels)
     params = pipeline.parameters()
@@ -191,20 +221,26 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
     if owners is not None:  # ZeRO-2: each owner has its parameters' gradient sums; the tied ones are whole
         owners.finish(config.grad_accum)
         params = [p for p in params if id(p) not in owners.sharded_ids]
-    average_gradients(params, groups.dp_group, config.dp)
-    optimizer.step()
+    skip = False
+    if scaler is not None:
+        skip = scaler.should_skip()
+        scaler.update(skip)
+    if not skip:
+        average_gradients(params, groups.dp_group, config.dp)
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if pipeline.has_last and out is not None:
-        return out.detach().float() / n_ranks
+        return out.detach().float() / scale / n_ranks
     return torch.zeros((), device=device)
 
 
 def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warmup: int, seed: int = 0,
-          lr: float = 1e-3, dropout: float | None = 0.0) -> dict[str, Any]:
+          lr: float = 1e-3, dropout: float | None = 0.0, loss_scale: float = 2.0**16) -> dict[str, Any]:
     """Train ``steps`` optimizer steps of the scheduled model on this rank and time them.
 
     Takes: the worker context (rank, device), the spec and knobs, the step counts, seed, learning
-    rate and dropout. Returns (JSON-safe): ``losses`` (global mean loss per step, on every rank),
+    rate and dropout; ``loss_scale``: fp16's initial loss scale. Returns (JSON-safe): ``losses``
+    (global mean loss per step, on every rank; with fp16 also ``loss_scale`` and ``skipped_steps``),
     ``step_times_s`` (the steps after ``warmup``, barrier to barrier), ``peak_memory_bytes`` (CUDA:
     max allocated since set-up began; CPU: 0, the launcher reads the process's peak RSS),
     ``setup_s`` and the applied ``plan``.
@@ -225,19 +261,28 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
     engine: Any = None
     runtime: Any = None
     optimizer: Any = None
+    # fp16: dynamic loss scaling (``autoslapo.runtime.scaler``); bf16 and fp32 need none
+    scaler = DynamicLossScaler(device, init_scale=loss_scale) if config.precision == "fp16" else None
     if config.pp == 1:
         model.train()
         engine = build_deepspeed_engine(model, config, groups, lr=lr, device_type=dev_type)
+        if scaler is not None:
+            scaler.attach(engine.module.parameters())
     else:
         from autoslapo.pipeline import build_pipeline
 
+        loss_fn = loss_function(spec, sch)
+        if scaler is not None:
+            loss_fn = _scaled(loss_fn, scaler)
         runtime = build_pipeline(
             sch, pp_group=groups.pp_group, grad_accum=config.grad_accum, schedule=config.pipeline_schedule,
-            virtual_stages=config.virtual_stages, loss_fn=loss_function(spec, sch), device=device,
+            virtual_stages=config.virtual_stages, loss_fn=loss_fn, device=device,
         )
         for m in runtime.modules:
             m.train()
         optimizer = build_pipeline_optimizer(runtime.parameters(), config, groups, lr=lr, tied=runtime.tied_params())
+        if scaler is not None:
+            scaler.attach(runtime.parameters())
     del sch, model  # a pipeline rank keeps only its own stages' parameters
     gc.collect()
     setup_s = time.perf_counter() - t_setup
@@ -250,7 +295,8 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
         dist.barrier()
         t0 = time.perf_counter()
         mine = {k: v[groups.dp_rank * rows:(groups.dp_rank + 1) * rows] for k, v in batch.items()}
-        local = train_step(mine, config, groups, device, engine=engine, pipeline=runtime, optimizer=optimizer)
+        local = train_step(mine, config, groups, device, engine=engine, pipeline=runtime, optimizer=optimizer,
+                           scaler=scaler)
         _sync(device)
         dist.barrier()
         t1 = time.perf_counter()
@@ -275,13 +321,15 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
         "peak_memory_bytes": peak,
         "setup_s": setup_s,
         "plan": plan if ctx.rank == 0 else {},
+        **({} if scaler is None else scaler.state()),
     }
 
 
 def _unpack(payload: dict[str, Any]) -> tuple[ModelSpec, ScheduleConfig, dict[str, Any]]:
     spec = ModelSpec.from_dict(payload["spec"])
     config = ScheduleConfig.from_dict(payload["config"])
-    kw: dict[str, Any] = {k: payload[k] for k in ("steps", "warmup", "seed", "lr", "dropout") if k in payload}
+    keys = ("steps", "warmup", "seed", "lr", "dropout", "loss_scale")
+    kw: dict[str, Any] = {k: payload[k] for k in keys if k in payload}
     return spec, config, kw
 
 

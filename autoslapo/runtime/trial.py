@@ -166,5 +166,7 @@ def run_trial(
             "warmup": warmup,
             "setup_s": round(float(first.get("setup_s", 0.0)), 3),
             "plan": first.get("plan", {}),
+            # fp16: the loss scale the last step used and the steps skipped for overflowing gradients
+            **{k: first[k] for k in ("loss_scale", "skipped_steps") if k in first},
         },
     )

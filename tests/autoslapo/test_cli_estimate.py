@@ -137,10 +137,10 @@ def test_estimate_cluster_from_a_study_uses_its_calibration(capsys: pytest.Captu
     # a simulated study's cluster: the published stack the preset describes, as without --cluster-from
     sim = _json(capsys, ["estimate", "bert", "--cluster-from", "sim", "--storage", url, *fixed])
     assert sim["calibration"] is None and sim["samples_per_s"] == plain["samples_per_s"]
-    # a study of real trials: autoslapo's runtime, which they ran (no fp16, so fp32 on a V100)
+    # a study of real trials: autoslapo's runtime, which they ran (fp16 with its loss scaling on a V100)
     none_yet = _json(capsys, ["estimate", "bert", "--cluster-from", "real", "--storage", url, *fixed])
     assert none_yet["calibration"] is None and none_yet["cluster"] == cluster.to_dict()
-    assert none_yet["runtime"] == "autoslapo-gpu" and none_yet["config"]["precision"] == "fp32"
+    assert none_yet["runtime"] == "autoslapo-gpu" and none_yet["config"]["precision"] == "fp16"
     want = estimate(model, ScheduleConfig.from_dict(none_yet["config"]), cluster,
                     perf=for_autoslapo_runtime(device_perf(cluster)))
     assert none_yet["samples_per_s"] == pytest.approx(want.samples_per_s)
@@ -150,14 +150,16 @@ def test_estimate_cluster_from_a_study_uses_its_calibration(capsys: pytest.Captu
         db.save_calibration(cluster.fingerprint(), {"compute": 0.5, "activation": 2.0}, 4)
     cal = _json(capsys, ["estimate", "bert", "--cluster-from", "real", "--storage", url, *fixed])
     assert cal["calibration"] == {"study": "real", "params": {"compute": 0.5, "activation": 2.0}, "n_trials": 4}
-    assert cal["samples_per_s"] < 0.8 * none_yet["samples_per_s"]
+    # half the compute rate slows only compute, a small share of this layout's fp16 step on two
+    # DGX-1 nodes (the rest: collectives of fp32 gradients and tp): 0.92x by the model
+    assert cal["samples_per_s"] < 0.95 * none_yet["samples_per_s"]
     assert cal["memory"]["activations"] > 1.9 * none_yet["memory"]["activations"]
     assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--tp", "2", "--pp", "1",
                  "--micro-batch", "8"]) == 0
     assert "autoslapo's runtime, which its trials ran" in capsys.readouterr().out
     # a pin the runtime cannot run: the rule, not a schedule it would refuse
-    assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--precision", "fp16"]) == 2
-    assert "runs on autoslapo's runtime: precision fp16 needs dynamic loss scaling" in capsys.readouterr().err
+    assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--pp", "2", "--grad-accum", "1"]) == 2
+    assert "runs on autoslapo's runtime: a pipeline needs at least one micro-batch per stage" in capsys.readouterr().err
     assert main(["estimate", "bert", "--cluster-from", "real", "--storage", url, "--gpus", "8"]) == 2
     assert "--gpus 8, the study has 16" in capsys.readouterr().err
 

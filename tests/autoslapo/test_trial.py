@@ -46,7 +46,6 @@ def test_a_trial_longer_than_its_timeout_comes_back_timeout() -> None:
     [
         (ModelSpec.from_name("llama-tiny"), ScheduleConfig(tp=4, dp=1), "tp must divide the attention heads"),
         (GPT2, ScheduleConfig(tp=3), "tp must divide the attention heads"),
-        (GPT2, ScheduleConfig(precision="fp16"), "fp16"),
         (GPT2, ScheduleConfig(pp=2, grad_accum=1), "micro-batch per stage"),
         (GPT2, ScheduleConfig(attn_kernel="flash"), "flash needs a CUDA device"),
     ],

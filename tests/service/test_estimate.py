@@ -137,15 +137,17 @@ def test_estimate_server_uses_a_stored_studys_calibration(client: TestClient, to
                         headers=read).json()
     none_yet = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "real", "knobs": knobs},
                            headers=read).json()
-    # the study ran real trials: the estimate is of autoslapo's runtime (no fp16: fp32 on a V100)
+    # the study ran real trials: the estimate is of autoslapo's runtime (fp16 with its loss scaling on a V100)
     assert none_yet["calibration"] is None and plain["runtime"] == "megatron"
-    assert none_yet["runtime"] == "autoslapo-gpu" and none_yet["config"]["precision"] == "fp32"
+    assert none_yet["runtime"] == "autoslapo-gpu" and none_yet["config"]["precision"] == "fp16"
     assert none_yet["samples_per_s"] < plain["samples_per_s"]
     service_store.save_calibration(cluster.fingerprint(), {"compute": 0.5, "activation": 2.0}, 4)
     cal = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "real", "knobs": knobs},
                       headers=read).json()
     assert cal["calibration"] == {"study": "real", "params": {"compute": 0.5, "activation": 2.0}, "n_trials": 4}
-    assert cal["samples_per_s"] < 0.8 * none_yet["samples_per_s"]
+    # half the compute rate slows only compute, a small share of this layout's fp16 step on two
+    # DGX-1 nodes (the rest: collectives of fp32 gradients and tp): 0.92x by the model
+    assert cal["samples_per_s"] < 0.95 * none_yet["samples_per_s"]
     assert cal["memory"]["activations"] > 1.9 * none_yet["memory"]["activations"]
     clash = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "real", "gpus": 8}, headers=read)
     assert clash.status_code == 400 and "got gpus 8, the study has 16" in clash.json()["error"]
