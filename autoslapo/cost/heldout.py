@@ -1,6 +1,6 @@
 """Check the cost model against published training runs it was never fitted to. Pure.
 
-Six tables (held out: no device or runtime figure was set from them):
+Six tables, seven sources (held out: no device or runtime figure was set from them):
 
 ``data/h100_heldout_bf16.csv``, ``dubey2024_llama3_table4``: "The Llama 3 Herd of Models" (Dubey et
 al., Meta, arXiv 2407.21783, 2024), table 4: Llama 3 405B pre-training (8,192-token sequences, 16M
@@ -53,6 +53,19 @@ parallelism: pinned as micro-batch 1, full recomputation, Megatron's fused kerne
 and loss, ZeRO-1, 1F1B. This stack ran the same model and layout about 40 % slower per sequence
 and GPU than Megatron-LM's own later run (``korthikanti2022_table5``, 530B), which the model has no
 knob for: these rows report that difference, not a fit.
+
+The same file, ``bigscience2022_bloom``: BLOOM 176B (BigScience, Le Scao et al., arXiv 2211.05100,
+2022; 70 layers, hidden 14,336, 112 heads, sequence 2,048, a vocabulary of 250,680 padded to 250,880
+for TP 4) trained with Megatron-DeepSpeed, the same stack as MT-NLG (DeepSpeed's pipeline engine,
+Megatron's TP and fused kernels), on 384 A100 80GB of Jean Zay: TP 4, PP 12, DP 8, micro-batch 2, a
+batch of 2,048, bf16 with DeepSpeed's BF16 optimizer ("its own zero stage 1 equivalent"), every layer
+recomputed (the run's ``tr11-176B-ml`` script in bigscience-workshop/bigscience); 8 GPUs a node over
+NVLink, four 100 Gb/s Omni-Path links a node (the paper, section 3.4.1): 6.25 GB/s a GPU across
+nodes (column ``inter_node_gbps``). Throughput: "about 150 TFLOPs" a GPU (BigScience's 176B model
+page; the paper gives 156 for its fastest configuration), which the stack's formula
+(Megatron-DeepSpeed's throughput calculator: 96 B s n h^2 (1 + s / 6h + V / 16nh), recomputation
+counted) turns into 104.5 s an iteration. ALiBi and the embedding's layer norm are priced as GPT-2's
+learned positions (29M parameters of 176B).
 
 ``data/a100_heldout_torchtitan.csv``, ``torchtitan2024_a100``: torchtitan's ``docs/performance.md``
 (pytorch/torchtitan, April 2024, commits 395a526 and 1ea476e): Llama 3 8B / 70B (8,192-token
@@ -138,6 +151,14 @@ def row_model(row: dict[str, str]) -> ModelSpec:
                      max_positions=int(row["seq_len"]))
 
 
+def row_cluster(row: dict[str, str]) -> ClusterSpec:
+    """The row's cluster: 8 devices a node, and the node network the row gives (optional
+    ``inter_node_gbps`` column: GB/s a device; empty or absent, the device preset's)."""
+    gpus = int(row["gpus"])
+    return ClusterSpec(gpus=gpus, gpu_type=row["gpu"], gpus_per_node=min(8, gpus),
+                       inter_node_gbps=float(row.get("inter_node_gbps") or 0.0))
+
+
 def pinned_knobs(row: dict[str, str]) -> dict[str, object]:
     """The row's ``pinned`` column (a JSON object of knob values), each checked by its declaration."""
     text = row.get("pinned") or "{}"
@@ -162,7 +183,7 @@ def check_row(row: dict[str, str]) -> HeldOutCheck:
                           f"metric {row['metric']!r}, cp {row['cp']}; drop the row or extend autoslapo.cost.heldout")
     model = row_model(row)
     gpus = int(row["gpus"])
-    cluster = ClusterSpec(gpus=gpus, gpu_type=row["gpu"], gpus_per_node=min(8, gpus))
+    cluster = row_cluster(row)
     fixed: dict[str, Any] = dict(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), precision=row["precision"],
                                  pipeline_schedule=row["pipeline_schedule"])
     fixed.update(pinned_knobs(row))

@@ -22,6 +22,7 @@ from autoslapo.cost.heldout import (
     check_all,
     check_row,
     load_rows,
+    row_cluster,
     row_model,
 )
 from autoslapo.errors import ConfigError
@@ -156,7 +157,7 @@ def test_the_v100_rows_are_the_named_sizes_and_land_within_fifteen_percent(all_c
 def test_the_mt_nlg_rows_reproduce_the_published_tflops_and_fit(all_checks: list[HeldOutCheck]) -> None:
     """Smith et al. 2022 give 126 / 121 / 113 TFLOP/s a GPU for the three iteration times (Megatron's
     formula with recomputation: 96 B s n h^2 (1 + s / 6h + V / 16nh)), so the rows were transcribed right."""
-    rows = load_rows(DEEPSPEED_DATA)
+    rows = [r for r in load_rows(DEEPSPEED_DATA) if r["source"] == "smith2022_mtnlg_table"]
     flops = []
     for r in rows:
         b, s, n, h, v = (int(r[k]) for k in ("global_batch", "seq_len", "layers", "hidden", "vocab"))
@@ -167,6 +168,27 @@ def test_the_mt_nlg_rows_reproduce_the_published_tflops_and_fit(all_checks: list
     for c in mtnlg:
         cfg = c.estimate.config
         assert not c.refused and (cfg.tp, cfg.pp, cfg.micro_batch, cfg.zero_stage) == (8, 35, 1, 1)
+
+
+def test_the_bloom_row_is_its_published_tflops_on_jean_zays_network_and_fits(all_checks: list[HeldOutCheck]) -> None:
+    """BLOOM 176B (Megatron-DeepSpeed, 384 A100 80GB): the row's iteration time is the model page's
+    ~150 TFLOP/s a GPU by the stack's formula; its cluster has the row's Omni-Path network (four
+    100 Gb/s links a node: 6.25 GB/s a GPU), not a DGX's; the pinned layout fits (32.7 GiB predicted;
+    the run's model page gives ~60 GB a GPU in use, allocator and buffers included)."""
+    (row,) = [r for r in load_rows(DEEPSPEED_DATA) if r["source"] == "bigscience2022_bloom"]
+    b, s, n, h, v = (int(row[k]) for k in ("global_batch", "seq_len", "layers", "hidden", "vocab"))
+    tflops = 96 * b * s * n * h * h * (1 + s / (6 * h) + v / (16 * n * h)) / float(row["value"]) / int(row["gpus"])
+    assert tflops / 1e12 == pytest.approx(150, rel=0.001)
+    assert row_cluster(row).inter_node_gbps == 6.25
+    mtnlg = next(r for r in load_rows(DEEPSPEED_DATA) if r["source"] == "smith2022_mtnlg_table")
+    assert row_cluster(mtnlg).inter_node_gbps == 25.0  # empty column: the preset's (a DGX A100's HDR a GPU)
+    (c,) = [c for c in all_checks if c.row["source"] == "bigscience2022_bloom"]
+    cfg = c.estimate.config
+    assert not c.refused and (cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch, cfg.grad_accum) == (4, 12, 8, 2, 128)
+    assert not cfg.sequence_parallel and cfg.ckpt_ratio == 1.0 and cfg.precision == "bf16"
+    # slower on the slower network, as the row's cluster says
+    dgx = estimate(row_model(row), cfg, ClusterSpec(gpus=384, gpu_type="a100-80gb"))
+    assert dgx.step_time_s < c.estimate.step_time_s
 
 
 def test_the_resnet50_rows_are_torchvisions_shape_fit_and_amp_lands_within_ten_percent_on_one_gpu(
