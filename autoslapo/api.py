@@ -180,8 +180,11 @@ class TrainingJob:
     ``config.grad_accum`` micro-batches per optimizer step). With ``pp > 1``, ``pipeline`` is the
     ``torch.distributed.pipelining`` runtime of this rank's stages (``pipeline.step(...)`` runs a
     whole batch's micro-batches) and ``optimizer`` updates its parameters; gradients must be
-    averaged over ``groups.dp_group`` before ``optimizer.step()``. Weights stay fp32; run forward
-    passes under ``autocast()`` for ``config.precision``.
+    averaged over ``groups.dp_group`` before ``optimizer.step()``. Weights stay fp32: the engine's
+    module enters the autocast of ``config.precision`` itself; run a pipeline's steps under
+    ``autocast()``. With fp16, ``scaler`` (``autoslapo.runtime.scaler.DynamicLossScaler``, its
+    hooks on the parameters; a pipeline's loss already scaled) scales the loss: back-propagate
+    ``scaler.scale_loss(loss)`` and skip the step when ``scaler.should_skip()``; ``step`` does it all.
     """
 
     spec: ModelSpec
@@ -193,6 +196,7 @@ class TrainingJob:
     pipeline: Any = None
     optimizer: Any = None
     plan: dict[str, Any] = field(default_factory=dict)
+    scaler: Any = None
 
     @property
     def model(self) -> Any:
@@ -239,7 +243,7 @@ class TrainingJob:
             )
         rows = {k: v[self.local_rows(size)] for k, v in batch.items()}
         local = train_step(rows, self.config, self.groups, self.device, engine=self.engine, pipeline=self.pipeline,
-                           optimizer=self.optimizer)
+                           optimizer=self.optimizer, scaler=self.scaler)
         value = local.reshape(1)
         dist.all_reduce(value)
         return float(value.item())
@@ -310,7 +314,8 @@ def apply_best(
         )
     from autoslapo.dist import build_groups
     from autoslapo.runtime.engine import build_deepspeed_engine, build_pipeline_optimizer
-    from autoslapo.runtime.train import build_scheduled, loss_function
+    from autoslapo.runtime.scaler import DynamicLossScaler
+    from autoslapo.runtime.train import build_scheduled, loss_function, scaled_loss
 
     device = _device()
     dev_type = device.split(":")[0]
@@ -318,16 +323,24 @@ def apply_best(
     sch, module = build_scheduled(spec, config, groups, seed=seed, device=device, dropout=dropout)
     plan = dict(sch.root().meta.get("plan", {}))
     job = TrainingJob(spec=spec, config=config, trial=trial, groups=groups, device=device, plan=plan)
+    if config.precision == "fp16":
+        job.scaler = DynamicLossScaler(device)
     if config.pp == 1:
         module.train()
         job.engine = build_deepspeed_engine(module, config, groups, lr=lr, device_type=dev_type)
+        if job.scaler is not None:
+            job.scaler.attach(job.engine.module.parameters())
         return job
     from autoslapo.pipeline import build_pipeline
 
+    loss_fn = loss_function(spec, sch)
     job.pipeline = build_pipeline(
         sch, pp_group=groups.pp_group, grad_accum=config.grad_accum, schedule=config.pipeline_schedule,
-        virtual_stages=config.virtual_stages, loss_fn=loss_function(spec, sch), device=device,
+        virtual_stages=config.virtual_stages, device=device,
+        loss_fn=loss_fn if job.scaler is None else scaled_loss(loss_fn, job.scaler),
     )
+    if job.scaler is not None:
+        job.scaler.attach(job.pipeline.parameters())
     for m in job.pipeline.modules:
         m.train()
     job.optimizer = build_pipeline_optimizer(job.pipeline.parameters(), config, groups, lr=lr,

@@ -79,7 +79,8 @@ class DeepSpeedMPU:
 def deepspeed_config(config: Any, *, zero_stage: int | None = None) -> dict[str, Any]:
     """The DeepSpeed config dict for a ScheduleConfig (batch sizes, ZeRO stage, quiet logging).
 
-    Precision is not given to DeepSpeed: the runtime runs fp32 weights under ``torch.autocast``.
+    Precision is not given to DeepSpeed: the runtime runs fp32 weights under ``torch.autocast``,
+    which the engine's module enters itself (``build_deepspeed_engine``).
     """
     stage = config.zero_stage if zero_stage is None else zero_stage
     zero: dict[str, Any] = {"stage": stage}
@@ -119,6 +120,9 @@ def _quiet_deepspeed(device_type: str) -> Any:
     return deepspeed
 
 
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def build_deepspeed_engine(model: nn.Module, config: Any, groups: Any, *, lr: float,
                            device_type: str) -> Any:
     """Wrap ``model`` in a DeepSpeed engine with AdamW and the dp/tp ``mpu``.
@@ -131,6 +135,13 @@ def build_deepspeed_engine(model: nn.Module, config: Any, groups: Any, *, lr: fl
     from autoslapo.runtime.scaler import SkippableAdamW
 
     deepspeed = _quiet_deepspeed(device_type)
+    if config.precision in AUTOCAST_DTYPES:
+        # The module enters its own autocast: DeepSpeed's forward turns off one entered outside it
+        # unless its own ``torch_autocast`` is configured (it reads ``torch.is_autocast_enabled()``,
+        # CUDA's flag, so on a GPU a bf16 schedule would train in fp32), and that option would also
+        # reduce the Linear layers' gradients in 16 bits and bring its own fp16 loss scaling.
+        model.forward = torch.autocast(device_type=device_type,  # type: ignore[method-assign]
+                                       dtype=AUTOCAST_DTYPES[config.precision])(model.forward)
     optimizer = SkippableAdamW(model.parameters(), lr=lr)
     engine, _, _, _ = deepspeed.initialize(
         model=model,

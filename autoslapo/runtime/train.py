@@ -39,7 +39,8 @@ from autoslapo.models.spec import ModelSpec, is_convolutional
 from autoslapo.models.user import USER_FAMILY, user_loss
 from autoslapo.runtime.scaler import DynamicLossScaler
 
-__all__ = ["loss_function", "reference_losses", "step_batch", "train", "train_entry", "train_many_entry"]
+__all__ = ["loss_function", "reference_losses", "scaled_loss", "step_batch", "train", "train_entry",
+           "train_many_entry"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -98,7 +99,7 @@ def loss_function(spec: ModelSpec, sch: Any = None) -> Callable[[torch.Tensor, t
     return masked
 
 
-def _scaled(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+def scaled_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
             scaler: DynamicLossScaler) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """A pipeline's last-stage loss, multiplied by the scaler's current loss scale (fp16)."""
     def scaled(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -199,8 +200,7 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
         total = torch.zeros((), device=device)
         for i in range(config.grad_accum):
             mb = {k: v[i * micro:(i + 1) * micro].to(device) for k, v in rows.items()}
-            with _autocast(device, config.precision):
-                loss = user_loss(engine(**mb))
+            loss = user_loss(engine(**mb))  # the engine's module enters the precision's autocast itself
             engine.backward(loss if scaler is None else scaler.scale_loss(loss))
             if scaler is not None and i == config.grad_accum - 1:  # the engine updates at this step()
                 skip = scaler.should_skip()
@@ -273,7 +273,7 @@ def train(ctx: Any, spec: ModelSpec, config: ScheduleConfig, *, steps: int, warm
 
         loss_fn = loss_function(spec, sch)
         if scaler is not None:
-            loss_fn = _scaled(loss_fn, scaler)
+            loss_fn = scaled_loss(loss_fn, scaler)
         runtime = build_pipeline(
             sch, pp_group=groups.pp_group, grad_accum=config.grad_accum, schedule=config.pipeline_schedule,
             virtual_stages=config.virtual_stages, loss_fn=loss_fn, device=device,

@@ -20,6 +20,8 @@ GiB = 1024**3
 FAST = ScheduleConfig(tp=2, dp=1, micro_batch=2, grad_accum=2, attn_kernel="eager", precision="fp32")
 MEASURED = ScheduleConfig(dp=2, micro_batch=2, zero_stage=1, attn_kernel="eager", precision="fp32")
 LIGHT = ScheduleConfig(dp=2, micro_batch=1, grad_accum=2, ckpt_ratio=1.0, attn_kernel="eager", precision="fp32")
+# the best on 2 V100s (no bf16): an fp16 pipeline, trained with the runtime's loss scaling
+HALF = ScheduleConfig(pp=2, micro_batch=2, grad_accum=2, attn_kernel="eager", precision="fp16")
 
 
 def make_store(url: str) -> None:
@@ -38,6 +40,12 @@ def make_store(url: str) -> None:
                                                        "peak_memory_bytes": int(memory), "measured": measured})
         db.add_trial("tiny", 3, ScheduleConfig(dp=2, micro_batch=64).to_dict(),
                      {"status": "oom", "reason": "out of memory"})
+        v100 = ClusterSpec(2, gpu_type="v100-32gb")
+        db.create_study("tiny-v100", model=spec.to_dict(), cluster=v100.to_dict(), space_name="bert",
+                        space_version="1", objective="samples_per_s", backend="sim",
+                        model_signature=spec.signature(), cluster_fingerprint=v100.fingerprint())
+        db.add_trial("tiny-v100", 0, HALF.to_dict(), {"status": "complete", "samples_per_s": 50.0,
+                                                      "peak_memory_bytes": 31 * GiB, "measured": False})
 
 
 @pytest.fixture
@@ -103,9 +111,21 @@ def _train_two_steps(url: str, kwargs: dict[str, Any]) -> dict[str, Any]:
             "plan_tp": job.plan.get("tp"), "trial": job.trial.number}
 
 
+def _train_fp16_pipeline(url: str) -> dict[str, Any]:
+    from autoslapo.api import apply_best
+    from autoslapo.models.build import example_batch
+
+    job = apply_best("bert-tiny", gpus=2, gpu_type="v100-32gb", storage=url, lr=1e-2)
+    losses = []
+    for _ in range(3):
+        with job.autocast():
+            losses.append(job.step(example_batch(job.spec, job.config.global_batch, seed=0)))
+    return {"config": job.config.to_dict(), "losses": losses, **job.scaler.state()}
+
+
 def _both(url: str) -> list[dict[str, Any]]:
-    # One launch for both look-ups: starting ranks (and importing DeepSpeed) is most of the cost.
-    return [_train_two_steps(url, {}), _train_two_steps(url, {"measured_only": True})]
+    # One launch for every look-up: starting ranks (and importing DeepSpeed) is most of the cost.
+    return [_train_two_steps(url, {}), _train_two_steps(url, {"measured_only": True}), _train_fp16_pipeline(url)]
 
 
 def test_apply_best_trains_the_tuned_schedule_on_two_ranks(url: str) -> None:
@@ -124,3 +144,8 @@ def test_apply_best_trains_the_tuned_schedule_on_two_ranks(url: str) -> None:
     assert dp_out[0]["losses"][-1] < dp_out[0]["losses"][0]
     # Tensor parallelism shards the layers: each tp rank holds fewer parameters than a dp replica.
     assert tp_out[0]["params"] < dp_out[0]["params"]
+    # fp16 on two pipeline stages: the loss scaled (2**16, no overflow), learning, both ranks agreeing
+    half = [r[2] for r in ranks]
+    assert all(r["config"] == HALF.to_dict() and r["loss_scale"] == 2.0**16 for r in half)
+    assert half[0]["losses"] == half[1]["losses"] and half[0]["skipped_steps"] == 0
+    assert half[0]["losses"][-1] < half[0]["losses"][0]

@@ -103,3 +103,48 @@ def test_the_scale_halves_on_overflow_and_doubles_after_its_growth_interval() ->
 
 def test_fp16_is_runnable() -> None:
     check_runnable(SPEC, ScheduleConfig(precision="fp16", tp=2), device="cpu")
+
+
+def engine_compute_dtypes(ctx: Any, payload: dict[str, Any]) -> list[str]:
+    """The dtype of a Linear's output inside DeepSpeed's engine, called with and without an outer
+    autocast, when DeepSpeed reads the autocast flag of the device in use (as it does on CUDA:
+    ``torch.is_autocast_enabled()`` without a device is CUDA's flag, so on CPU it would not see it)."""
+    import deepspeed.runtime.torch_autocast as ds_autocast
+
+    from autoslapo.dist import build_groups
+    from autoslapo.runtime.engine import build_deepspeed_engine
+    from autoslapo.runtime.train import build_scheduled, step_batch
+
+    real = torch.is_autocast_enabled
+
+    class _DeviceFlag:  # DeepSpeed's module-level ``torch`` with CUDA's semantics for this device
+        def __getattr__(self, name: str) -> Any:
+            if name == "is_autocast_enabled":
+                return lambda *a: real(*a) if a else real("cpu")
+            return getattr(torch, name)
+
+    ds_autocast.torch = _DeviceFlag()  # type: ignore[assignment]
+    config = ScheduleConfig.from_dict(payload["config"])
+    groups = build_groups(1, 1, 1, device_type="cpu")
+    _, model = build_scheduled(SPEC, config, groups, seed=0, device="cpu", dropout=0.0)
+    engine = build_deepspeed_engine(model, config, groups, lr=1e-3, device_type="cpu")
+    seen: list[str] = []
+    linear = next(m for m in engine.module.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(lambda _m, _i, out: seen.append(str(out.dtype)))
+    batch = step_batch(SPEC, 2, 0, 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        engine(**batch)
+    engine(**batch)
+    return seen
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", "torch.bfloat16"), ("fp16", "torch.float16"),
+                                                  ("fp32", "torch.float32")])
+def test_the_engine_computes_in_the_schedule_s_precision_whatever_deepspeed_does_with_outer_autocast(
+        precision: str, dtype: str) -> None:
+    # Regression: DeepSpeed's forward turns off an autocast entered outside it unless its own
+    # torch_autocast is configured; on a GPU every pp == 1 bf16 trial trained in fp32.
+    config = ScheduleConfig(precision=precision, micro_batch=2)
+    out = launch(f"{HERE}:engine_compute_dtypes", 1, {"config": config.to_dict()}, timeout_s=300)
+    assert out.status == "complete", (out.reason, out.logs[0][-3000:])
+    assert out.values[0] == [dtype, dtype]
