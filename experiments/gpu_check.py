@@ -12,6 +12,8 @@ fp16 with dynamic loss scaling trains the same steps; its losses must stay withi
 the fp32 run's (its loss scale and skipped steps are printed).
 Memory model: every trial that ran, its measured peak beside ``estimate(...).memory_per_device_bytes``
 on a one-device cluster of the detected device (the error per row and the mean absolute error).
+Time model: the same trials' samples/s beside ``estimate(...).samples_per_s`` (autoslapo's runtime,
+uncalibrated), the mean absolute error and, per model, the Spearman rank of its schedules.
 
 Out of the box = what a transformers user gets: the family's defaults (sdpa attention, dropout on,
 no checkpointing), bf16 autocast, DeepSpeed ZeRO-0, the largest micro-batch that fits (doubling
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoslapo.cluster import DEVICES, ClusterSpec
 from autoslapo.config import ScheduleConfig
-from autoslapo.cost import estimate
+from autoslapo.cost import Estimate, estimate
 from autoslapo.cost.device import device_perf, for_autoslapo_runtime
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
@@ -81,15 +83,55 @@ def _peak_tflops(preset: str) -> float:
     return DEVICES[preset].peak_tflops_fp32 if preset == "cpu" else DEVICES[preset].peak_tflops
 
 
-def _predicted_bytes(row: Row, preset: str) -> int:
-    """The cost model's memory per device for ``row`` on one device of ``preset``, for the stack the
-    trial ran: autoslapo's runtime (fp32 weights under autocast), not the published runs' a GPU
-    preset describes."""
+def _estimate(row: Row, preset: str) -> Estimate:
+    """The cost model's estimate of ``row`` on one device of ``preset``, for the stack the trial ran:
+    autoslapo's runtime (fp32 weights under autocast), not the published runs' a GPU preset describes."""
     cluster = ClusterSpec(gpus=1, gpu_type=preset, gpus_per_node=1)
     spec = ModelSpec.from_name(row.model)
     perf = for_autoslapo_runtime(device_perf(cluster))
-    est = estimate(spec, row.config, cluster, perf=perf, validate=False, dropout=row.dropout)
-    return est.memory_per_device_bytes
+    return estimate(spec, row.config, cluster, perf=perf, validate=False, dropout=row.dropout)
+
+
+def _predicted_bytes(row: Row, preset: str) -> int:
+    """The cost model's memory per device for ``row`` (see ``_estimate``)."""
+    return _estimate(row, preset).memory_per_device_bytes
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        for r, i in enumerate(order):
+            out[i] = float(r)
+        return out
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    return 1.0 - 6.0 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1)) if n > 1 else 1.0
+
+
+def render_time(rows: list[Row], preset: str) -> list[str]:
+    """The time model's check: predicted vs measured samples/s of every trial that ran, and per model
+    the rank correlation of the schedules (the cost model's own runtime, uncalibrated)."""
+    done = [r for r in rows if r.result.ok]
+    if not done:
+        return ["time model: no trial ran"]
+    note = ("; on CPU a dry run's tiny models take milliseconds a step and share the cores with whatever "
+            "else runs, so the CPU rows check the logic only" if preset == "cpu" else "")
+    lines = [f"time model vs measured (autoslapo's runtime on this device, no calibration{note}):",
+             f"{'model':<12} {'schedule':<28} {'predicted/s':>11} {'measured/s':>10} {'error %':>8}"]
+    errors = []
+    for r in done:
+        pred, got = _estimate(r, preset).samples_per_s, r.result.samples_per_s
+        errors.append(abs(pred / got - 1))
+        lines.append(f"{r.model:<12} {r.label:<28} {pred:>11.2f} {got:>10.2f} {100 * (pred / got - 1):>+8.1f}")
+    lines.append(f"time model: mean absolute error {100 * sum(errors) / len(errors):.1f}% over {len(errors)} trials "
+                 "(positive: the model predicts faster than measured)")
+    for model in dict.fromkeys(r.model for r in done):
+        mine = [r for r in done if r.model == model]
+        if len(mine) >= 3:
+            rho = _spearman([_estimate(r, preset).samples_per_s for r in mine], [r.result.samples_per_s for r in mine])
+            lines.append(f"time model: {model} schedules ranked with Spearman {rho:.2f} over {len(mine)} trials")
+    return lines
 
 
 class Budget:
@@ -254,6 +296,7 @@ def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, 
             lines.append(f"{model}: best schedule '{top.label}' is {top.result.samples_per_s / base:.2f}x out of the box")
     lines += ["lean kernels vs the unscheduled model:", *(verdicts or ["(not run)"])]
     lines += render_memory(rows, preset)
+    lines += render_time(rows, preset)
     return "\n".join(lines) + "\n"
 
 
