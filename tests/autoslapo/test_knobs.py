@@ -172,3 +172,11 @@ def test_the_store_frame_has_a_column_for_every_knob() -> None:
     frame = store.to_dataframe("s")
     assert {f"config.{k.name}" for k in KNOBS} <= set(frame.columns)
     store.close()
+
+
+def test_flash_attention_needs_sixteen_bit_inputs() -> None:
+    # FlashAttention has fp16 and bf16 kernels only: an fp32 schedule with it would fail at its first step
+    with pytest.raises(ConfigError, match=r"attn_kernel flash needs 16-bit inputs.*precision=fp32"):
+        AWAY.with_(precision="fp32").validate(MODEL, CLUSTER)
+    AWAY.with_(precision="bf16").validate(MODEL, CLUSTER)
+    AWAY.with_(precision="fp32", attn_kernel="sdpa").validate(MODEL, CLUSTER)

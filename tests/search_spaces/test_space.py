@@ -107,17 +107,22 @@ def test_real_trials_fall_back_to_a_precision_the_runtime_trains_in() -> None:
 
     spec = ModelSpec.from_name("bert-base")
     v100 = ClusterSpec(gpus=8, gpu_type="v100-16gb")
-    assert get_space("bert").bind(spec, v100, precisions=RUNTIME_PRECISIONS).fixed["precision"] == "fp32"
+    # the runtime trains fp16 (with its loss scaling): a V100's real trials keep it
+    assert get_space("bert").bind(spec, v100, precisions=RUNTIME_PRECISIONS).fixed["precision"] == "fp16"
+    # a runtime without fp16 would fall back to fp32
+    no_fp16 = ("bf16", "fp32")
+    assert get_space("bert").bind(spec, v100, precisions=no_fp16).fixed["precision"] == "fp32"
     a100 = ClusterSpec(gpus=8, gpu_type="a100-80gb")
     assert "precision" not in get_space("bert").bind(spec, a100, precisions=RUNTIME_PRECISIONS).fixed
     d = get_space("bert").to_dict()
     d["knobs"]["precision"] = ["fp16", "bf16"]
-    assert space_from_dict(d).bind(spec, a100, precisions=RUNTIME_PRECISIONS).domains["precision"] == ("bf16",)
+    assert space_from_dict(d).bind(spec, a100, precisions=RUNTIME_PRECISIONS).domains["precision"] == ("fp16", "bf16")
+    assert space_from_dict(d).bind(spec, a100, precisions=no_fp16).domains["precision"] == ("bf16",)
     with pytest.raises(ConfigError, match="no value of precision"):
-        space_from_dict(d).bind(spec, v100, precisions=RUNTIME_PRECISIONS)
+        space_from_dict(d).bind(spec, v100, precisions=no_fp16)
 
 
-def test_a_real_study_on_a_device_without_bf16_trains_in_fp32(tmp_path: Path) -> None:
+def test_a_real_study_on_a_device_without_bf16_trains_in_fp16(tmp_path: Path) -> None:
     from store import open_store
     from tuner import StudyRunner, TuneOptions
 
@@ -126,7 +131,7 @@ def test_a_real_study_on_a_device_without_bf16_trains_in_fp32(tmp_path: Path) ->
         spec, v100 = ModelSpec.from_name("bert-tiny"), ClusterSpec(gpus=2, gpu_type="v100-16gb")
         real = StudyRunner(TuneOptions(model=spec, cluster=v100, backend="local", trials=1), store)
         sim = StudyRunner(TuneOptions(model=spec, cluster=v100, backend="sim", trials=1, study="sim"), store)
-        assert real.bound.fixed["precision"] == "fp32" and sim.bound.fixed["precision"] == "fp16"
+        assert real.bound.fixed["precision"] == "fp16" and sim.bound.fixed["precision"] == "fp16"
     finally:
         store.close()
 
