@@ -207,10 +207,11 @@ class TrainingJob:
         """The autocast context for ``config.precision`` on this rank's device (none for fp32)."""
         import torch
 
+        from autoslapo.runtime.engine import AUTOCAST_DTYPES
+
         if self.config.precision == "fp32":
             return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.config.precision == "bf16" else torch.float16
-        return torch.autocast(device_type=self.device.split(":")[0], dtype=dtype)
+        return torch.autocast(device_type=self.device.split(":")[0], dtype=AUTOCAST_DTYPES[self.config.precision])
 
     def local_rows(self, global_batch: int) -> slice:
         """The rows of a global batch that this rank's data-parallel replica trains on."""

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = [
+    "AUTOCAST_DTYPES",
     "DeepSpeedMPU",
     "GradientOwners",
     "average_gradients",
@@ -120,6 +121,7 @@ def _quiet_deepspeed(device_type: str) -> Any:
     return deepspeed
 
 
+#: autocast's compute dtype a precision (fp32 runs without autocast); the weights stay fp32
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

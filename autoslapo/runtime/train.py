@@ -37,12 +37,13 @@ from torch import nn
 from autoslapo.config import ScheduleConfig
 from autoslapo.models.spec import ModelSpec, is_convolutional
 from autoslapo.models.user import USER_FAMILY, user_loss
+from autoslapo.runtime.engine import AUTOCAST_DTYPES
 from autoslapo.runtime.scaler import DynamicLossScaler
 
 __all__ = ["loss_function", "reference_losses", "scaled_loss", "step_batch", "train", "train_entry",
            "train_many_entry"]
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = AUTOCAST_DTYPES  # autocast's compute dtype a precision (fp32: no autocast)
 
 
 def _mix(seed: int, step: int) -> int:
@@ -100,7 +101,7 @@ def loss_function(spec: ModelSpec, sch: Any = None) -> Callable[[torch.Tensor, t
 
 
 def scaled_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-            scaler: DynamicLossScaler) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+                scaler: DynamicLossScaler) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """A pipeline's last-stage loss, multiplied by the scaler's current loss scale (fp16)."""
     def scaled(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return scaler.scale_loss(loss_fn(out, target))
