@@ -295,9 +295,6 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
     if config.attn_kernel == "flash" and model.encoder_decoder:
         raise ConfigError(f"attn_kernel flash is not supported for {model.family} (transformers has no "
                           f"FlashAttention path with T5's position bias): use sdpa or eager")
-    if config.attn_kernel == "flash" and config.precision == "fp32":
-        raise ConfigError("attn_kernel flash needs 16-bit inputs (FlashAttention has fp16 and bf16 kernels only): "
-                          "got precision=fp32; use sdpa or eager, or precision bf16 / fp16")
     if config.attn_kernel == "flash" and model.local_attention:
         raise ConfigError(
             f"attn_kernel flash cannot apply {model.family}'s local (windowed) attention masks: got "
@@ -316,6 +313,9 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
                 f"{f.name} does not apply to {model.family} (a convolutional family has no attention, tokens or "
                 f"vocabulary): got {getattr(config, f.name)!r}; leave {flag} at its default {f.default!r}"
             )
+    if config.attn_kernel == "flash" and config.precision == "fp32":
+        raise ConfigError("attn_kernel flash needs 16-bit inputs (FlashAttention has fp16 and bf16 kernels only): "
+                          "got precision=fp32; use sdpa or eager, or precision bf16 / fp16")
     if config.sequence_parallel and model.seq_len % config.tp:
         raise ConfigError(
             f"sequence_parallel needs seq_len divisible by tp: got seq_len={model.seq_len}, tp={config.tp}"
