@@ -20,6 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from scipy.stats import spearmanr
+
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
@@ -45,13 +47,6 @@ CONFIGS: list[tuple[ModelSpec, ScheduleConfig]] = [
     (NEO, ScheduleConfig(tp=2, micro_batch=8, precision=F)),
     (NEO, ScheduleConfig(pp=2, micro_batch=4, grad_accum=2, precision=F)),
 ]
-
-
-def _spearman(xs: list[float], ys: list[float]) -> float:
-    rx = {i: r for r, i in enumerate(sorted(range(len(xs)), key=xs.__getitem__))}
-    ry = {i: r for r, i in enumerate(sorted(range(len(ys)), key=ys.__getitem__))}
-    n = len(xs)
-    return 1 - 6 * sum((rx[i] - ry[i]) ** 2 for i in range(n)) / (n * (n * n - 1))
 
 
 def main() -> int:
@@ -86,7 +81,7 @@ def main() -> int:
     lines.append(f"peak memory error mean {statistics.fmean(mem_err):.1%}, max {max(mem_err):.1%} (target <= 15%): "
                  f"{'PASS' if ok else 'FAIL'}")
     for name, (preds, meas) in per_model.items():
-        rho = _spearman(preds, meas) if len(preds) >= 3 else float("nan")
+        rho = float(spearmanr(preds, meas).statistic) if len(preds) >= 3 else float("nan")
         ok = ok and rho >= 0.9
         lines.append(f"{name}: throughput Spearman {rho:.3f} over {len(preds)} configurations (target >= 0.9): "
                      f"{'PASS' if rho >= 0.9 else 'FAIL'}")

@@ -39,6 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scipy.stats import spearmanr
+
 from autoslapo.cluster import DEVICES, ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import Estimate, estimate
@@ -97,18 +99,6 @@ def _predicted_bytes(row: Row, preset: str) -> int:
     return _estimate(row, preset).memory_per_device_bytes
 
 
-def _spearman(a: list[float], b: list[float]) -> float:
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        out = [0.0] * len(v)
-        for r, i in enumerate(order):
-            out[i] = float(r)
-        return out
-    ra, rb = ranks(a), ranks(b)
-    n = len(a)
-    return 1.0 - 6.0 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1)) if n > 1 else 1.0
-
-
 def render_time(rows: list[Row], preset: str) -> list[str]:
     """The time model's check: predicted vs measured samples/s of every trial that ran, and per model
     the rank correlation of the schedules (the cost model's own runtime, uncalibrated)."""
@@ -129,7 +119,8 @@ def render_time(rows: list[Row], preset: str) -> list[str]:
     for model in dict.fromkeys(r.model for r in done):
         mine = [r for r in done if r.model == model]
         if len(mine) >= 3:
-            rho = _spearman([_estimate(r, preset).samples_per_s for r in mine], [r.result.samples_per_s for r in mine])
+            rho = spearmanr([_estimate(r, preset).samples_per_s for r in mine],
+                            [r.result.samples_per_s for r in mine]).statistic
             lines.append(f"time model: {model} schedules ranked with Spearman {rho:.2f} over {len(mine)} trials")
     return lines
 

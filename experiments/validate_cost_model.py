@@ -31,6 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from scipy.stats import spearmanr
+
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
@@ -98,28 +100,6 @@ def local_configs() -> list[tuple[ModelSpec, ScheduleConfig]]:
     ]
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(v):
-            j = i
-            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sx = sum((a - mx) ** 2 for a in rx) ** 0.5
-    sy = sum((b - my) ** 2 for b in ry) ** 0.5
-    return cov / (sx * sy)
-
-
 # Sources whose rows set the model's parameters (the GPU presets' efficiencies were fitted to them), and
 # how each is compared. Every other source is held out: checked, never fitted.
 HELDOUT_SOURCE = "dubey2024_llama3_table4"
@@ -166,7 +146,7 @@ def _rank_stats(rows: list[Row]) -> tuple[list[float], list[float]]:
     for g in groups.values():
         if len(g) < 3:
             continue
-        rhos.append(spearman([r.predicted for r in g], [r.measured for r in g]))
+        rhos.append(float(spearmanr([r.predicted for r in g], [r.measured for r in g]).statistic))
         pick = max(g, key=lambda r: r.predicted)
         picks.append(1.0 - pick.measured / max(r.measured for r in g))
     return rhos, picks
@@ -381,7 +361,7 @@ def local_part(lines: list[str], prof: dict[str, Any], records: list[dict[str, A
         return False
     lines.append(f"load average (1 min) during the trials: mean {statistics.fmean(loads):.1f}, min {min(loads):.1f}, "
                  f"max {max(loads):.1f}, on {os.cpu_count()} cores (other processes share them)")
-    rho = spearman(pred_t, meas_t)
+    rho = float(spearmanr(pred_t, meas_t).statistic)
     worst_mem = max(mem_err)
     n_ok = len(pred_t) >= 12
     lines.append(f"{len(pred_t)} configurations measured (target >= 12): {'PASS' if n_ok else 'FAIL'}")
