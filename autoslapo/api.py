@@ -184,7 +184,7 @@ class TrainingJob:
     module enters the autocast of ``config.precision`` itself; run a pipeline's steps under
     ``autocast()``. With fp16, ``scaler`` (``autoslapo.runtime.scaler.DynamicLossScaler``, its
     hooks on the parameters; a pipeline's loss already scaled) scales the loss: back-propagate
-    ``scaler.scale_loss(loss)`` and skip the step when ``scaler.should_skip()``; ``step`` does it all.
+    ``scaler.scale_loss(loss)`` and skip the step when ``scaler.end_step()``; ``step`` does it all.
     """
 
     spec: ModelSpec

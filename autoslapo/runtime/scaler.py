@@ -48,9 +48,8 @@ class DynamicLossScaler:
     """Loss scale, per-parameter unscaling hooks, and the world's agreement on overflow.
 
     Use: ``attach(params)`` once; each micro-batch back-propagates ``scale_loss(loss)``; after the
-    step's last backward, ``should_skip()`` (a collective: every rank calls it) says whether any
-    rank saw a non-finite gradient, then ``update(skipped)`` moves the scale. ``skipped_steps``
-    counts the skipped steps.
+    step's last backward, ``end_step()`` (a collective: every rank calls it) says whether any rank
+    saw a non-finite gradient and moves the scale. ``skipped_steps`` counts the skipped steps.
     """
 
     def __init__(self, device: str | torch.device, *, init_scale: float = 2.0**16, growth_factor: float = 2.0,
@@ -97,6 +96,13 @@ class DynamicLossScaler:
             dist.all_reduce(found, op=dist.ReduceOp.MAX)
         self._found.zero_()
         return bool(found.item() > 0)
+
+    def end_step(self) -> bool:
+        """After a step's last backward: whether to skip its optimizer step (``should_skip``, a
+        collective), the scale moved accordingly (``update``)."""
+        skip = self.should_skip()
+        self.update(skip)
+        return skip
 
     def update(self, skipped: bool) -> None:
         """Halve the scale after an overflow; double it after ``growth_interval`` clean steps."""

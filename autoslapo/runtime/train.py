@@ -43,8 +43,6 @@ from autoslapo.runtime.scaler import DynamicLossScaler
 __all__ = ["loss_function", "reference_losses", "scaled_loss", "step_batch", "train", "train_entry",
            "train_many_entry"]
 
-DTYPES = AUTOCAST_DTYPES  # autocast's compute dtype a precision (fp32: no autocast)
-
 
 def _mix(seed: int, step: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/data/{step}".encode()).digest()[:4], "little")
@@ -111,7 +109,7 @@ def scaled_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 def _autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.split(":")[0], dtype=DTYPES[precision])
+    return torch.autocast(device_type=device.split(":")[0], dtype=AUTOCAST_DTYPES[precision])
 
 
 def _sync(device: str) -> None:
@@ -168,11 +166,7 @@ def reference_losses(spec: ModelSpec, *, global_batch: int, micro_batch: int, st
                 loss = user_loss(model(**mb))
             (loss / n if scaler is None else scaler.scale_loss(loss / n)).backward()
             total += float(loss.detach())
-        skip = False
-        if scaler is not None:
-            skip = scaler.should_skip()
-            scaler.update(skip)
-        if not skip:
+        if scaler is None or not scaler.end_step():
             opt.step()
         opt.zero_grad(set_to_none=True)
         out.append(total / n)
@@ -204,9 +198,7 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
             loss = user_loss(engine(**mb))  # the engine's module enters the precision's autocast itself
             engine.backward(loss if scaler is None else scaler.scale_loss(loss))
             if scaler is not None and i == config.grad_accum - 1:  # the engine updates at this step()
-                skip = scaler.should_skip()
-                engine.basic_optimizer.skip = skip
-                scaler.update(skip)
+                engine.basic_optimizer.skip = scaler.end_step()
             engine.step()
             total += loss.detach().float()
         return total / config.grad_accum / n_ranks
@@ -222,11 +214,7 @@ def train_step(rows: dict[str, torch.Tensor], config: ScheduleConfig, groups: An
     if owners is not None:  # ZeRO-2: each owner has its parameters' gradient sums; the tied ones are whole
         owners.finish(config.grad_accum)
         params = [p for p in params if id(p) not in owners.sharded_ids]
-    skip = False
-    if scaler is not None:
-        skip = scaler.should_skip()
-        scaler.update(skip)
-    if not skip:
+    if scaler is None or not scaler.end_step():
         average_gradients(params, groups.dp_group, config.dp)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

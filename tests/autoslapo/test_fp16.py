@@ -67,9 +67,7 @@ def overflow_on_rank_1(ctx: Any, payload: dict[str, Any]) -> list[bool]:
     for step in range(2):
         x = torch.tensor([1.0, float("inf") if step == 0 and ctx.rank == 1 else 2.0, 3.0])
         scaler.scale_loss((w * x).sum()).backward()
-        skip = scaler.should_skip()
-        scaler.update(skip)
-        out.append(skip)
+        out.append(scaler.end_step())
     assert dist.get_world_size() == 2
     return out
 
@@ -106,7 +104,7 @@ def test_fp16_is_runnable() -> None:
     check_runnable(SPEC, ScheduleConfig(precision="fp16", tp=2), device="cpu")
 
 
-def engine_compute_dtypes(ctx: Any, payload: dict[str, Any]) -> list[str]:
+def engine_compute_dtypes(ctx: Any, payload: dict[str, Any]) -> list[list[str]]:
     """The dtype of a Linear's output inside DeepSpeed's engine, called with and without an outer
     autocast, when DeepSpeed reads the autocast flag of the device in use (as it does on CUDA:
     ``torch.is_autocast_enabled()`` without a device is CUDA's flag, so on CPU it would not see it)."""
@@ -126,7 +124,7 @@ def engine_compute_dtypes(ctx: Any, payload: dict[str, Any]) -> list[str]:
 
     ds_autocast.torch = _DeviceFlag()  # type: ignore[assignment]
     groups = build_groups(1, 1, 1, device_type="cpu")
-    out = []
+    out: list[list[str]] = []
     for precision in payload["precisions"]:
         config = ScheduleConfig(precision=precision, micro_batch=2)
         _, model = build_scheduled(SPEC, config, groups, seed=0, device="cpu", dropout=0.0)
