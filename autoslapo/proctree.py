@@ -96,15 +96,21 @@ def proportional_bytes(pid: int) -> int | None:
     """``pid``'s proportional set size (``Pss`` of ``/proc/<pid>/smaps_rollup``, Linux 4.14): its
     resident pages, a page that ``n`` processes share counting ``1/n`` in each. Summed over processes
     it counts each page once, where resident sizes count a forked child's inherited pages again in
-    every child. None where it cannot be read (another user's process, an older kernel)."""
+    every child. 0 for a process that ended since it was listed (it holds no pages now: counting its
+    listed resident size instead would count a forked child's shared pages in full). None where it
+    cannot be read (another user's process, an older kernel)."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
                 if line.startswith(b"Pss:"):
                     return int(line.split()[1]) * 1024
+    except ProcessLookupError:  # a zombie now: its address space is gone
+        return 0
+    except FileNotFoundError:
+        return 0 if not os.path.exists(f"/proc/{pid}") else None  # reaped; else a kernel without the file
     except (OSError, ValueError, IndexError):
         return None
-    return None
+    return 0  # no Pss line: a process without an address space (one that is exiting)
 
 
 def usage(root: int | None, marker: bytes | None = None) -> tuple[int, float] | None:

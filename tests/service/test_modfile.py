@@ -334,6 +334,28 @@ def test_proctree_finds_descendants_group_and_marked_processes() -> None:
             p.wait()
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_process_that_ended_after_it_was_listed_holds_no_memory() -> None:
+    # the race that once failed the forked-helpers test: a child listed alive (its resident size
+    # counting the pages it shares) that ends before its proportional size is read
+    from autoslapo import proctree
+
+    kid = subprocess.Popen([sys.executable, "-c", "pass"])
+    kid.wait()  # reaped: /proc/<pid> is gone
+    assert proctree.proportional_bytes(kid.pid) == 0
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proctree.proportional_bytes(pid) == 0  # a zombie: its address space is gone
+    finally:
+        os.waitpid(pid, 0)
+    assert proctree.proportional_bytes(os.getpid()) > 0
+
+
 def test_a_bad_trace_memory_limit_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, service_store: Store) -> None:
     monkeypatch.setenv("AUTOSLAPO_TRACE_MEMORY_MIB", "lots")
     with pytest.raises(UsageError, match="AUTOSLAPO_TRACE_MEMORY_MIB must be a whole number of MiB"):
