@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autoslapo.cost.device import DevicePerf, is_autoslapo_runtime
+from autoslapo.cost.epilogue import accumulation_s, loss_scaler_s, optimizer_s
 from autoslapo.cost.head import element_bytes
 from autoslapo.cost.memory import (
     MemoryBreakdown,
@@ -195,12 +196,13 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     fwd, rec, tp_mb = max(per_rank, key=lambda x: 3 * x[0] + x[1] + x[2])
     n = _stage_params(model, config)
     _, grad_e, _ = state_bytes_per_param(config, perf.runtime)  # fp32 in autoslapo's runtime
-    accum = r.mem(n * grad_e * 3, 1) if m > 1 else 0.0
+    # a conv's weight and its BatchNorm's weight and bias on the busiest rank; the stem's and head's
+    tensors = 3 * max(sum(len(blocks[i]) for i in mine) for mine in ranks) + 5
+    accum = accumulation_s(r.mem, n, grad_e, m) + loss_scaler_s(r.mem, config, perf.runtime, n, tensors)
     dp_comm = _ring("allreduce", n * grad_e, dp, group_bandwidth(cluster, t, dp), perf)
     if config.zero_stage == 3:  # weights gathered before forward and backward: 1.5x the volume a micro-batch
         dp_comm *= 1.5 * m
-    opt_params = n / (dp if config.zero_stage >= 1 else 1)
-    optimizer = r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4)
+    optimizer = optimizer_s(r.mem, config, n / (dp if config.zero_stage >= 1 else 1))
     slots, pp_comm = bubble_slots(config, model.layers, max(len(mine) for mine in ranks)), 0.0
     if pp > 1:
         # the feature map after each cut block (its size depends on where the cut falls), sent forward

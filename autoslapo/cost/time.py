@@ -29,6 +29,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.cost import epilogue
 from autoslapo.cost.encdec import block_linears, busiest_rank, checkpointed_blocks, stage_blocks
 from autoslapo.cost.head import element_bytes
 from autoslapo.cost.kernels import (
@@ -202,15 +203,10 @@ def _partly_hidden(comm: float, compute: float) -> float:
     return comm - hidden + ZERO3_CONTENTION * hidden
 
 
-def _weight_modules(model: ModelSpec) -> int:
-    """Modules holding a weight matrix in one layer: q, k, v, out, and the MLP's (2, or 3 gated)."""
-    return 4 + (3 if model.gated_mlp else 2)
-
-
 def _submodules(model: ModelSpec) -> int:
     """Submodules of one transformers layer that ZeRO-3 hooks (projections, norms, dropouts,
     activation and their containers: about 16 in BERT/GPT-2/LLaMA layers)."""
-    return 2 * _weight_modules(model) + 4
+    return 2 * epilogue.weight_modules(model) + 4
 
 
 def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
@@ -421,11 +417,11 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
         fwd_layers, bwd_layers = per_stage * fwd_l, per_stage * bwd_l
 
-    # autograd accumulates each micro-batch's weight gradients into .grad (read + write)
-    n_params = max(stage_params(model, config))
+    # each micro-batch's weight gradients: accumulated into .grad; hooked by autoslapo's fp16 loss scaler
+    n_params, tensors = max(stage_params(model, config)), per_stage * epilogue.layer_tensors(model)
     weight_e, grad_e, _ = state_bytes_per_param(config, perf.runtime)  # fp32 in autoslapo's runtime
-    accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
-    bwd_mb += accum
+    bwd_mb += (epilogue.accumulation_s(r.mem, n_params, grad_e, m)
+               + epilogue.loss_scaler_s(r.mem, config, perf.runtime, n_params, tensors))
 
     # pipeline: point-to-point sends of activations and their gradients between stages
     pp_bw = group_bandwidth(cluster, t * dp, pp)
@@ -466,7 +462,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         # hops); prefetching hides only part of it behind compute, and what it hides still slows
         # the compute it shares the memory system and SMs with. Each submodule also runs four
         # Python hooks a micro-batch (pre/post forward and backward) that wait on their gathers.
-        mods = _weight_modules(model)
+        mods = epilogue.weight_modules(model)
         ag = _ring("all_gather", w_bytes, dp, dp_bw, perf) + per_stage * mods * (dp - 1) * perf.coll_latency_s
         rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + per_stage * (dp - 1) * perf.coll_latency_s
         fwd_compute = fwd_layers
@@ -475,9 +471,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
                        + _partly_hidden(ag + rs, bwd_compute * perf.overlap) + hooks)
 
     # optimizer step: memory-bound over this device's (ZeRO-partitioned) optimizer state
-    opt_params = n_params / (dp if z >= 1 else 1)
-    per_param = 28 if config.precision == "fp32" else 32
-    optimizer = r.mem(opt_params * per_param, 4)
+    optimizer = epilogue.optimizer_s(r.mem, config, n_params / (dp if z >= 1 else 1))
 
     # the runtime's fixed costs (Python, the engine's bookkeeping, barriers): measured on a CPU
     overhead = perf.step_overhead_s + m * perf.microbatch_overhead_s
@@ -485,7 +479,8 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     # forward's kernels) and recomputation; a micro-batch whose kernels run for less than the host
     # takes to issue them waits on the host, in every slot of the pipeline
     if perf.host_op_s > 0:
-        issued = per_stage * kernels_l * 3 + n_ckpt * (1 if config.ckpt_granularity == "selective" else kernels_l)
+        issued = (per_stage * kernels_l * 3 + n_ckpt * (1 if config.ckpt_granularity == "selective" else kernels_l)
+                  + epilogue.loss_scaler_kernels(config, perf.runtime, tensors))
         overhead += (m + slots) * (host_floor_s(issued, perf.host_op_s, slot) - slot)
 
     return TimeBreakdown(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoslapo.cost.epilogue import accumulation_s, loss_scaler_s, optimizer_s
 from autoslapo.cost.memory import checkpointed_layer_ids, state_bytes_per_param
 from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, bubble_slots, group_bandwidth
 from autoslapo.layout import rank_layers
@@ -49,7 +50,11 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     per_stage, n_ckpt = len(ranks[slot]), sum(1 for i in ranks[slot] if i in ckpt)
     n_params = max(len(r) for r in ranks) * model.layer_params() / t + model.embedding_params()
     weight_e, grad_e, _ = state_bytes_per_param(config, perf.runtime)  # fp32 in autoslapo's runtime
-    accum = r.mem(n_params * grad_e * 3, 1) if m > 1 else 0.0
+    # the fp16 loss scaler hooks each parameter tensor of the busiest rank (a trace from before they
+    # were counted gives none: the hooks' bytes only)
+    lt = int(x.get("layer_tensors", 0))
+    tensors = per_stage * lt + int(x.get("tensors", 0)) - blocks * lt
+    accum = accumulation_s(r.mem, n_params, grad_e, m) + loss_scaler_s(r.mem, config, perf.runtime, n_params, tensors)
     fwd_mb = per_stage * layer_f + rest_f
     bwd_mb = 2 * fwd_mb + accum
     dp_bw, pp_bw = group_bandwidth(cluster, t, dp), group_bandwidth(cluster, t * dp, pp)
@@ -76,6 +81,6 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         pp_comm=(m + slots) * p2p * v + tied,
         bubble=slots * (fwd_mb + bwd_mb + rec_mb + tp_mb),
         dp_comm=dp_comm,
-        optimizer=r.mem(opt_params * (28 if config.precision == "fp32" else 32), 4),
+        optimizer=optimizer_s(r.mem, config, opt_params),
         overhead=perf.step_overhead_s + m * perf.microbatch_overhead_s,
     )

@@ -17,7 +17,8 @@ by a trace on the meta device (cached by digest): ``params``, ``layer_params`` (
 ``torch.utils.flop_counter``), ``act_bytes`` and ``layer_act_bytes`` (fp32 bytes saved for backward
 per sample outside the blocks / by one block), ``layer_input_bytes`` (one block's input per
 sample: what a checkpointed block keeps), ``ops`` and ``layer_ops`` (aten ops of one forward / of
-one block: kernel launches); with a ``family``, what selective recomputation of a block's attention
+one block: kernel launches), ``tensors`` and ``layer_tensors`` (parameter tensors of the model / of
+one block: what the fp16 loss scaler hooks); with a ``family``, what selective recomputation of a block's attention
 module (``family.attention``) changes, per sample and block: ``attn_act_bytes`` (saved inside it),
 ``attn_kept_bytes`` (what selective recomputation keeps of it: its input and the outputs of its
 matrix products with weights, ``mm``/``addmm``), ``attn_core_flops`` and ``attn_core_ops`` (its
@@ -71,7 +72,7 @@ __all__ = [
 TRACE_VERSION = 1  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
 TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
-              "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", *ATTENTION_KEYS)
+              "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", "tensors", "layer_tensors", *ATTENTION_KEYS)
 
 
 @dataclass(frozen=True)
@@ -399,6 +400,8 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
         "act_bytes": saved[-1] // micro_batch, "layer_act_bytes": sum(saved[:-1]) // n // micro_batch,
         "layer_input_bytes": sum(inputs) // n // micro_batch,
         "ops": sum(ops), "layer_ops": sum(ops[:-1]) // n,
+        "tensors": len(list(model.parameters())),
+        "layer_tensors": sum(len(list(b.parameters())) for b in blocks) // n if blocks else 0,
     }
 
 

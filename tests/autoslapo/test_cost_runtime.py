@@ -231,3 +231,30 @@ def test_torch_cross_entropy_holds_three_fp32_tensors_at_tp_1() -> None:
     fp32 = cfg.with_(precision="fp32")  # no upcast: the count was already three fp32 tensors
     assert (loss_tensor_bytes(model, fp32, tokens, transients=True, runtime=AUTOSLAPO_GPU)
             == loss_tensor_bytes(model, fp32, tokens, transients=True) == rows * 12)
+
+
+@pytest.mark.parametrize(("name", "mb"), [("gpt2-xl", 4), ("bert-large", 32), ("resnet-50", 128)])
+def test_the_fp16_loss_scaler_hooks_are_priced_in_autoslapos_runtime_only(name: str, mb: int) -> None:
+    # autoslapo.runtime.scaler's hook reads each fp32 gradient twice and writes it once (plus a byte
+    # mask), every micro-batch: ~16 bytes a parameter over HBM and six kernels a tensor, a few percent
+    # of a V100 step at these micro-batches
+    from autoslapo.cost.conv import _stage_params as conv_stage_params
+    from autoslapo.cost.epilogue import SCALER_BYTES_PER_PARAM, loss_scaler_s
+
+    model = ModelSpec.from_name(name)
+    v100 = ClusterSpec(gpus=8, gpu_type="v100-32gb")
+    ours, stack = for_autoslapo_runtime(device_perf(v100)), device_perf(v100)
+    fp16 = ScheduleConfig(dp=8, micro_batch=mb, grad_accum=2, precision="fp16", ckpt_ratio=1.0)
+    with_hooks = estimate(model, fp16, v100, perf=ours).time
+    # the same step with bf16's arithmetic rate: V100 runs both at its 16-bit tensor-core peak
+    without = estimate(model, fp16.with_(precision="bf16"), v100, perf=ours, validate=False).time
+    extra = with_hooks.compute - without.compute
+    params = conv_stage_params(model, fp16) if name == "resnet-50" else max(stage_params(model, fp16))
+    assert extra > 0 and with_hooks.total > without.total
+    hbm = ours.hbm_gbps * 1e9 * ours.bw_eff
+    assert extra >= 2 * params * SCALER_BYTES_PER_PARAM / hbm * (1 - 1e-9)  # at least its traffic, 2 micro-batches
+    assert 0.005 < extra / with_hooks.total < 0.05  # the 1-3 % the README estimated
+    # the published stacks unscale once a step in fused kernels (their optimizer term): no hooks
+    assert estimate(model, fp16, v100, perf=stack).time.compute == pytest.approx(
+        estimate(model, fp16.with_(precision="bf16"), v100, perf=stack, validate=False).time.compute)
+    assert loss_scaler_s(lambda b, k: b, fp16.with_(precision="bf16"), ours.runtime, 1e9, 10) == 0.0

@@ -39,6 +39,14 @@ def test_the_worked_example_is_measured_by_its_trace(cache: Path) -> None:
     assert spec.family == "user" and spec.preset == "my_model" and x["layers"] == "blocks" and x["tp"]
     assert spec.num_params() == sum(p.numel() for p in model.parameters())
     assert spec.layer_params() == sum(p.numel() for p in model.blocks[0].parameters())
+    # the parameter tensors the fp16 loss scaler hooks (autoslapo.cost.epilogue)
+    assert x["tensors"] == len(list(model.parameters())) and x["layer_tensors"] == len(list(model.blocks[0].parameters()))
+    from autoslapo.cost.device import device_perf, for_autoslapo_runtime
+
+    v100 = ClusterSpec(gpus=2, gpu_type="v100-32gb")
+    ours, fp16 = for_autoslapo_runtime(device_perf(v100)), ScheduleConfig(dp=2, micro_batch=4, precision="fp16")
+    hooked = estimate(spec, fp16, v100, perf=ours).time.compute
+    assert hooked > estimate(spec, fp16.with_(precision="bf16"), v100, perf=ours, validate=False).time.compute
     # 4 blocks, hidden 64, 4 heads, MLP 256, 32 tokens, vocab 512: Megatron's per-matrix count per sample
     s, h, f, v = 32, 64, 256, 512
     block = s * (2 * 4 * h * h + 2 * 2 * h * f) + 2 * 2 * s * s * h
