@@ -108,6 +108,10 @@ class ScheduleConfig:
         "choice", "cross-entropy kernel: eager (whole tokens x vocabulary logits) or chunked (head matmul, "
         "log-softmax and loss chunk by chunk over tokens, logits recomputed in backward)", "loss",
         choices=LOSS_KERNELS, sweep=LOSS_KERNELS, verify=True, since=2, transformer_only=True))
+    channels_last: bool = field(default=False, metadata=knob(
+        "bool", "keep a convolutional network's feature maps channels-last (NHWC), the layout cuDNN's "
+        "tensor-core convolutions read; in the default NCHW each convolution's input and output are "
+        "transposed around it", "cl", sweep=(False, True), verify=True, since=3, conv_only=True))
 
     def __post_init__(self) -> None:
         for k in KNOBS:

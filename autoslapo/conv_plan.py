@@ -9,10 +9,12 @@
    each rank's partial sums are all-reduced before ``bn2``); the collectives of a column/row-parallel
    pair: identity forward and all-reduced input gradient at ``conv1``, all-reduce of ``conv2``'s
    output. The stem, ``conv3``, ``bn2``, ``bn3``, the shortcut and the classifier stay replicated;
-2. activation checkpointing of ``config.checkpointed_layers(blocks)`` (ratio and placement over the
+2. ``channels_last``: the stem and every block run on NHWC feature maps (``Schedule.channels_last``),
+   a pipeline stage's last block handing its output back in NCHW for the send;
+3. activation checkpointing of ``config.checkpointed_layers(blocks)`` (ratio and placement over the
    blocks, within each pipeline chunk when pp > 1); ``compile_layers`` runs each block as a
    torch.compile region;
-3. the pipeline cuts: pp x virtual stages chunks of blocks, as even as they can be (the stem on the first
+4. the pipeline cuts: pp x virtual stages chunks of blocks, as even as they can be (the stem on the first
    stage, pooling and the classifier on the last: ``autoslapo.models.adapters.wideresnet_adapter``).
 
 Knobs that act on attention, tokens or a vocabulary (``Knob.transformer_only``) are refused for the
@@ -108,6 +110,11 @@ def apply_conv_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig, 
             _shard_block(block)
     # pipeline chunks as even as they can be, the smaller at the ends (layout.chunk_sizes)
     bounds = layout.chunk_bounds(spec.layers, config.pp * config.virtual_stages)
+    cuts = [b - 1 for _, b in bounds[:-1]]
+    if config.channels_last:  # every block's input made NHWC; a stage's last block sends NCHW
+        sch["stem"].channels_last()
+        for i, block in enumerate(blocks):
+            block.channels_last(contiguous_output=i in cuts)
     # the ratio and placement within each chunk, as autoslapo.plan does for transformer layers
     ckpt = [a + i for a, b in bounds for i in config.checkpointed_layers(b - a)]
     for i in ckpt:
@@ -116,13 +123,12 @@ def apply_conv_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig, 
         backend = "aot_eager" if compiler == "eager" else compiler
         for block in blocks:
             block.fuse(compiler=backend)
-    cuts = [b - 1 for _, b in bounds[:-1]]
     for i in cuts:  # a stage ends after these blocks (autoslapo.models.adapters.wideresnet_adapter)
         blocks[i].cut_pipeline_stage()
     plan: dict[str, Any] = {
         "family": spec.family, "config": config.to_dict(), "skipped": [], "tp": config.tp,
         "sharded": ["conv1", "bn1", "conv2"] if config.tp > 1 else [], "checkpointed": ckpt,
-        "compiled_layers": config.compile_layers, "pipeline_cuts": cuts,
+        "compiled_layers": config.compile_layers, "pipeline_cuts": cuts, "channels_last": config.channels_last,
         "stages": [[a, b] for a, b in bounds],
     }
     sch.meta["plan"] = plan

@@ -43,7 +43,8 @@ class Knob:
     stored before the knob existed keep their digests. ``transformer_only``: the knob acts on attention,
     tokens or a vocabulary, so a convolutional family (WideResNet) runs it at its default only:
     spaces and sweeps keep it there and a config that sets it otherwise is refused
-    (``autoslapo.layout.inapplicable_knobs``). ``refines``: the knob this one refines; when that one
+    (``autoslapo.layout.inapplicable_knobs``). ``conv_only``: the other way round, the knob acts on
+    convolutions' feature maps, so every other family runs it at its default only. ``refines``: the knob this one refines; when that one
     is pinned and this one is not, a search keeps this one at its default (``--ckpt-ratio 1`` alone
     means whole layers recomputed, as it did before ``ckpt_granularity`` existed).
     """
@@ -63,6 +64,7 @@ class Knob:
     inert: Inert | None = None
     since: int = 1
     transformer_only: bool = False
+    conv_only: bool = False
     refines: str = ""
     # Filled in from the dataclass field by ``bind_knobs``.
     name: str = ""

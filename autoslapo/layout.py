@@ -313,6 +313,13 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
                 f"{f.name} does not apply to {model.family} (a convolutional family has no attention, tokens or "
                 f"vocabulary): got {getattr(config, f.name)!r}; leave {flag} at its default {f.default!r}"
             )
+    for f in () if is_convolutional(model.family) else fields(config):
+        if f.metadata["knob"].conv_only and getattr(config, f.name) != f.default:
+            flag = f.metadata["knob"].flag or "--" + f.name.replace("_", "-")
+            raise ConfigError(
+                f"{f.name} applies to a convolutional family only ({model.family} has no feature maps to lay "
+                f"out): got {getattr(config, f.name)!r}; leave {flag} at its default {f.default!r}"
+            )
     if config.attn_kernel == "flash" and config.precision == "fp32":
         raise ConfigError("attn_kernel flash needs 16-bit inputs (FlashAttention has fp16 and bf16 kernels only): "
                           "got precision=fp32; use sdpa or eager, or precision bf16 / fp16")
@@ -330,10 +337,11 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
 
 def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:
     """The names of ``knobs`` (``autoslapo.config.KNOBS``) that ``model``'s family cannot use:
-    ``Knob.transformer_only`` ones on a convolutional family. They stay at their defaults in spaces
-    and sweeps, and ``check_layout`` refuses a config that sets one otherwise."""
+    ``Knob.transformer_only`` ones on a convolutional family, ``Knob.conv_only`` ones on any other.
+    They stay at their defaults in spaces and sweeps, and ``check_layout`` refuses a config that sets
+    one otherwise."""
     if not is_convolutional(model.family):
-        return ()
+        return tuple(k.name for k in knobs if k.conv_only)
     return tuple(k.name for k in knobs if k.transformer_only)
 
 

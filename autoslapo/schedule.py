@@ -30,6 +30,7 @@ from autoslapo.primitives import checkpoint as _checkpoint
 from autoslapo.primitives import fuse as _fuse
 from autoslapo.primitives import kernel as _kernel
 from autoslapo.primitives import loss as _loss
+from autoslapo.primitives import memory_format as _memory_format
 from autoslapo.primitives import pipeline as _pipeline
 from autoslapo.primitives import replace as _replace
 from autoslapo.primitives import rng as _rng
@@ -182,6 +183,7 @@ class Schedule:
 
     annotate = _annotate.annotate
     checkpoint = _checkpoint.checkpoint
+    channels_last = _memory_format.channels_last
     fuse = _fuse.fuse
     attention_kernel = _kernel.attention_kernel
     vocab_parallel_loss = _loss.vocab_parallel_loss

@@ -54,6 +54,7 @@ __all__ = [
     "estimate_conv_activation_bytes",
     "estimate_conv_memory",
     "estimate_conv_time",
+    "nchw_transposes",
     "stem_activation_bytes",
 ]
 
@@ -149,6 +150,29 @@ def convolution_cluster(cluster: ClusterSpec, config: ScheduleConfig) -> Cluster
     return cluster
 
 
+def nchw_transposes(config: ScheduleConfig, cluster: ClusterSpec, perf: DevicePerf) -> bool:
+    """Whether cuDNN transposes each convolution's feature maps: its tensor-core kernels (16-bit, and
+    fp32 as TF32 where the device has it) read and write NHWC, so an NCHW input is transposed before
+    and the output after, in backward the output's gradient and the input's (NVIDIA's
+    "Convolutional Layers User's Guide", tensor layouts). Not with ``channels_last``, not in fp32 on
+    CUDA cores (their kernels take NCHW), not on a CPU (its profile measures the runtime as it runs)."""
+    if config.channels_last or perf.name == "cpu":
+        return False
+    return config.precision != "fp32" or cluster.device.tf32
+
+
+def _transpose_bytes(convs: list[Conv], images: int, tp: int, e: int) -> float:
+    # a forward's transposes: each conv's input and output read and written once; a block's convs
+    # take conv1's side (conv1, conv2 and the shortcut) or conv2's (conv3) as input
+    sides = [convs[0].out_side, convs[0].out_side, convs[1].out_side, convs[0].out_side]
+    total = 0.0
+    for c, side in zip(convs, sides, strict=False):
+        cin = c.cin / tp if c.sharded == "in" else c.cin
+        cout = c.cout / tp if c.sharded == "out" else c.cout
+        total += 2 * e * images * (cin * side**2 + cout * c.out_side**2)
+    return total
+
+
 def _conv_seconds(r: _Rates, c: Conv, images: int, tp: int) -> float:
     # a convolution as its implicit GEMM: (images x Hout x Wout) x Cout x (K^2 x Cin)
     cin = c.cin / tp if c.sharded == "in" else c.cin
@@ -160,7 +184,8 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
                        perf: DevicePerf) -> TimeBreakdown:
     """Seconds of one optimizer step: the convolutions as implicit GEMMs (backward twice forward;
     fp32 ones on TF32 tensor cores where the device has them, as PyTorch's cuDNN runs them by default),
-    BatchNorm/ReLU/add traffic, conv2's all-reduce per block over tp (forward, and conv1's input
+    BatchNorm/ReLU/add traffic, the transposes of NCHW feature maps around tensor-core convolutions
+    (``nchw_transposes``; backward twice forward's as well), conv2's all-reduce per block over tp (forward, and conv1's input
     gradient in backward), the data-parallel gradient all-reduce, the optimizer and the overheads.
     With pp > 1 the slowest rank's blocks set the pace of every micro-batch slot; the bubble is
     (pp - 1) such slots (/ virtual stages, interleaved) and each cut sends the feature map of the
@@ -172,17 +197,22 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     blocks = _blocks(model)
     tp_bw = group_bandwidth(cluster, 1, t)
     fwd_blocks, tp_blocks = [], []
+    transposed = nchw_transposes(config, cluster, perf)
     for convs in blocks:
         gemm = sum(_conv_seconds(rc, c, b, t) for c in convs)
         # each BatchNorm reads and writes its input twice in training (statistics, then normalize),
         # ReLU once, the residual add once: about 6 passes over every conv output
         ew = r.mem(sum(6 * e * b * c.cout / (t if c.sharded == "out" else 1) * c.out_side**2 for c in convs),
                    3 * len(convs) + 2)
+        if transposed:
+            ew += r.mem(_transpose_bytes(convs, b, t, e), 2 * len(convs))
         fwd_blocks.append(gemm + ew)
         c2 = convs[1]
         tp_blocks.append(2 * _ring("allreduce", b * c2.cout * c2.out_side**2 * e, t, tp_bw, perf))
     head = r.gemm(b, model.vocab, _classes_in(model))
     stem_s = _conv_seconds(rc, stem, b, 1) + r.mem(6 * e * b * stem.cout * stem.out_side**2, 4)
+    if transposed:  # the images and the 7x7 convolution's output
+        stem_s += r.mem(2 * e * b * (stem.cin * model.seq_len**2 + stem.cout * stem.out_side**2), 2)
     ckpt = set(checkpointed_layer_ids(model, config))  # within each chunk, as ``autoslapo.conv_plan`` places them
     chunks = pp * config.virtual_stages
     last = (chunks - 1) % pp

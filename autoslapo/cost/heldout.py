@@ -88,7 +88,8 @@ with data parallelism on 1 and 8 GPUs of a DGX A100 (80GB) and DGX-1 (V100 16GB 
 of the job as published, the batch a GPU of ``ConvNets/configs.yml`` (256; 112 for fp32 on V100):
 mixed precision (AMP, fp16, channels-last) and TF32 / fp32 (NCHW). Another family (convolutions,
 the only measured runs of one the project has), stack and source: pinned as micro-batch, no
-recomputation, no ZeRO; the input pipeline (DALI) is not modelled.
+recomputation, no ZeRO, and ``channels_last`` on for the AMP rows, off for the fp32 ones; the input
+pipeline (DALI) is not modelled.
 
 Each row pins its tp, pp, dp, global batch, precision, pipeline schedule and the knobs of its
 ``pinned`` column (JSON, checked by the knob declarations); what the source does not give

@@ -24,6 +24,7 @@ from autoslapo.cli import main
         (["verify", "gpt2-tiny", "--ckpt-ratio", "2"], "ckpt_ratio must be between 0 and 1"),
         (["verify", "wideresnet-tiny", "--pp", "5"], "pipeline chunks must each hold a block: got 4 blocks for pp=5"),
         (["verify", "wideresnet-tiny", "--attn", "flash"], "attn_kernel does not apply to wideresnet"),
+        (["verify", "bert-tiny", "--channels-last"], "channels_last applies to a convolutional family only"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -61,6 +62,17 @@ def test_wideresnet_tiny_tp2_passes() -> None:
     assert rc == 0, out
     line = [x for x in out.splitlines() if x.startswith("verify ")]
     assert len(line) == 1 and "ok - tp=2 pp=1 ckpt_ratio=0.5" in line[0] and "4 layers" in line[0], out
+
+
+def test_wideresnet_tiny_channels_last_over_tp_and_stages_passes() -> None:
+    # NHWC feature maps over TP's all-reduces, checkpointed blocks and 2 stages (NCHW on the wire):
+    # in float64 every output and gradient equals the unscheduled NCHW model's up to summation order
+    rc, out, _ = _verify("wideresnet-tiny", "--tp", "2", "--pp", "2", "--grad-accum", "2", "--ckpt-ratio", "0.5",
+                         "--channels-last", "--dtype", "float64")
+    assert rc == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("verify "))
+    assert "ok - tp=2 pp=2" in line and "on 4 ranks" in line, out
+    assert float(line.split("max abs diff ")[1].split(";")[0]) < 1e-10, line
 
 
 @pytest.mark.slow

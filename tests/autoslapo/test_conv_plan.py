@@ -20,12 +20,46 @@ from search_spaces import space_for
 
 TINY = ModelSpec.from_name("wideresnet-tiny")
 TRANSFORMER_ONLY = {"attn_kernel", "fuse_bias_gelu", "sequence_parallel", "ckpt_granularity", "loss_kernel"}
+CONV_ONLY = {"channels_last"}
 
 
 def test_transformer_only_knobs_are_declared_on_the_knobs() -> None:
     assert {k.name for k in KNOBS if k.transformer_only} == TRANSFORMER_ONLY
+    assert {k.name for k in KNOBS if k.conv_only} == CONV_ONLY
     assert set(inapplicable_knobs(TINY, KNOBS)) == TRANSFORMER_ONLY
-    assert inapplicable_knobs(ModelSpec.from_name("bert-tiny"), KNOBS) == ()
+    assert set(inapplicable_knobs(ModelSpec.from_name("bert-tiny"), KNOBS)) == CONV_ONLY
+
+
+def test_a_transformer_refuses_the_convolutional_knobs() -> None:
+    with pytest.raises(ConfigError, match=r"channels_last applies to a convolutional family only .*--channels-last"):
+        ScheduleConfig(channels_last=True).validate(ModelSpec.from_name("bert-tiny"))
+
+
+def test_channels_last_keeps_every_feature_map_nhwc_and_the_function() -> None:
+    # the same logits (the same sums in another order); inside, every block's output is NHWC, and
+    # with pp 2 the first stage's last block hands its output back in NCHW for the send
+    model = build_model(TINY, seed=0)
+    batch = example_batch(TINY, 2, seed=1)
+    want = model(**batch).logits.detach()
+    sch = apply_schedule(model, TINY, ScheduleConfig(channels_last=True, ckpt_ratio=0.5))
+    assert sch.meta["plan"]["channels_last"] is True
+    assert model.stem.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    outs: list[torch.Tensor] = []
+    hooks = [b.register_forward_hook(lambda _m, _a, out: outs.append(out)) for b in model.blocks]
+    logits = model(**batch).logits
+    assert torch.allclose(logits, want, atol=1e-5)
+    assert len(outs) == 4 and all(o.is_contiguous(memory_format=torch.channels_last) for o in outs)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    for h in hooks:
+        h.remove()
+    cut = build_model(TINY, seed=0)
+    plan = apply_schedule(cut, TINY, ScheduleConfig(channels_last=True, pp=2, grad_accum=2))
+    first = plan.meta["plan"]["pipeline_cuts"][0]
+    out = cut.stem(batch["images"])
+    for block in cut.blocks[:first + 1]:
+        out = block(out)
+    assert out.is_contiguous() and not out.is_contiguous(memory_format=torch.channels_last)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +102,10 @@ def test_degrees_and_sweeps_pipeline_by_blocks_and_never_use_transformer_knobs()
     assert configs and {c.pp for c in configs} > {1}
     for c in configs:
         assert all(getattr(c, n) == KNOB[n].default for n in TRANSFORMER_ONLY)
+    assert {c.channels_last for c in configs} == {False, True}
+    assert {c.channels_last for c in configs} == {False, True}  # a conv family's own knob is swept
+    bert = [c for g in candidate_configs(ModelSpec.from_name("bert-tiny"), cluster, global_batch=64) for c in g]
+    assert bert and not any(c.channels_last for c in bert)
 
 
 @pytest.mark.parametrize("space", ["wideresnet", "default"])
@@ -81,3 +119,4 @@ def test_search_space_keeps_transformer_knobs_at_defaults(space: str) -> None:
     assert {c.pp for c in configs} == {1, 2, 4}
     for c in configs:
         assert all(getattr(c, n) == KNOB[n].default for n in TRANSFORMER_ONLY)
+    assert {c.channels_last for c in configs} == {False, True}

@@ -136,3 +136,27 @@ def test_fp32_convolutions_run_on_tf32_where_the_device_has_it_and_matmuls_do_no
     half = estimate(WRN50_2, ScheduleConfig(micro_batch=64, precision="bf16"), a100)
     # TF32 at half the 16-bit rate, and fp32's elementwise traffic twice the bytes: slower, not 16x slower
     assert 1.2 < fast.step_time_s / half.step_time_s < 3.0
+
+
+def test_nchw_feature_maps_are_transposed_around_tensor_core_convolutions_only() -> None:
+    """cuDNN's tensor-core convolutions (16-bit, TF32) read and write NHWC: on NCHW feature maps
+    each one's input and output are transposed (a read and a write each, in forward; twice that in
+    backward). channels_last removes them; fp32 on a V100's CUDA cores and a CPU have none to remove."""
+    from autoslapo.cost import device_perf
+    from autoslapo.cost.conv import nchw_transposes
+
+    resnet = ModelSpec.from_name("resnet-50")
+    a100, v100, cpu = (ClusterSpec(gpus=1, gpu_type=g) for g in ("a100-80gb", "v100-32gb", "cpu"))
+    for cluster, precision, transposed in ((a100, "bf16", True), (a100, "fp32", True), (v100, "fp16", True),
+                                           (v100, "fp32", False), (cpu, "bf16", False)):
+        nchw = ScheduleConfig(micro_batch=64, precision=precision)
+        nhwc = nchw.with_(channels_last=True)
+        slow, fast = (estimate(resnet, c, cluster) for c in (nchw, nhwc))
+        assert nchw_transposes(nchw, cluster, device_perf(cluster)) is transposed
+        assert not nchw_transposes(nhwc, cluster, device_perf(cluster))
+        if transposed:
+            # memory-bound passes over every feature map: a sizeable share of a ResNet-50 step
+            assert 1.1 < slow.step_time_s / fast.step_time_s < 1.8, (cluster.gpu_type, precision)
+        else:
+            assert slow.step_time_s == fast.step_time_s
+        assert slow.memory_per_device_bytes == fast.memory_per_device_bytes  # a layout, not more memory

@@ -29,6 +29,19 @@ AWAY = ScheduleConfig(tp=2, pp=2, dp=4, micro_batch=2, grad_accum=4, ckpt_ratio=
                       zero_stage=1, attn_kernel="flash", fuse_bias_gelu=True, compile_layers=True,
                       sequence_parallel=True, pipeline_schedule="interleaved", virtual_stages=2,
                       precision="fp16", ckpt_granularity="selective", loss_kernel="chunked").validate(MODEL, CLUSTER)
+#: The same for the knobs of a convolutional family only (``Knob.conv_only``), which a transformer refuses.
+CONV_MODEL = ModelSpec.from_name("resnet-50")
+CONV_AWAY = ScheduleConfig(tp=2, pp=2, dp=4, micro_batch=2, grad_accum=4, precision="fp16",
+                           channels_last=True).validate(CONV_MODEL, CLUSTER)
+
+
+def away(k: Knob) -> ScheduleConfig:
+    """The reference configuration that moves ``k``: CONV_AWAY for a convolutional family's knob."""
+    return CONV_AWAY if k.conv_only else AWAY
+
+
+def away_value(k: Knob) -> Any:
+    return getattr(away(k), k.name)
 
 
 def _bad(k: Knob) -> Any:
@@ -41,8 +54,9 @@ def test_every_field_is_a_declared_knob_and_the_reference_config_moves_each() ->
     assert [f.name for f in fields(ScheduleConfig)] == [k.name for k in KNOBS]
     for k in KNOBS:
         assert k.help and k.label and k.flag.startswith("--")
-        assert getattr(AWAY, k.name) != k.default, f"AWAY leaves {k.name} at its default"
-        assert not (k.inert and k.inert(AWAY.to_dict(), MODEL.layers)), f"{k.name} is inert in AWAY"
+        assert away_value(k) != k.default, f"AWAY leaves {k.name} at its default"
+        assert not (k.inert and k.inert(away(k).to_dict(), MODEL.layers)), f"{k.name} is inert in AWAY"
+    assert all(getattr(AWAY, k.name) == k.default for k in KNOBS if k.conv_only)  # a transformer refuses them
 
 
 @pytest.mark.parametrize("k", KNOBS, ids=lambda k: k.name)
@@ -57,10 +71,10 @@ def test_search_spaces_take_every_knob_but_the_derived(k: Knob) -> None:
     assert (k.name in ORDINAL) == (k.ordered and not k.derived)
     if k.derived:
         with pytest.raises(ConfigError, match="derived"):
-            space_from_dict({"name": "x", "fixed": {k.name: getattr(AWAY, k.name)}})
+            space_from_dict({"name": "x", "fixed": {k.name: away_value(k)}})
         return
-    space = space_from_dict({"name": "x", "fixed": {k.name: getattr(AWAY, k.name)}})
-    assert space.fixed[k.name] == getattr(AWAY, k.name)
+    space = space_from_dict({"name": "x", "fixed": {k.name: away_value(k)}})
+    assert space.fixed[k.name] == away_value(k)
     with pytest.raises(ConfigError, match=k.name):
         space_from_dict({"name": "x", "fixed": {k.name: _bad(k)}})
 
@@ -78,7 +92,7 @@ def test_a_space_canonicalises_every_inert_knob_to_its_default() -> None:
 
 @pytest.mark.parametrize("k", KNOBS, ids=lambda k: k.name)
 def test_the_cost_sweep_honours_every_pinned_knob(k: Knob) -> None:
-    value = getattr(AWAY, k.name)
+    value = away_value(k)
     pins = {k.name: value}
     # Knobs that only mean something together with others are pinned with what they need.
     if k.name in ("virtual_stages", "pipeline_schedule"):
@@ -87,7 +101,7 @@ def test_the_cost_sweep_honours_every_pinned_knob(k: Knob) -> None:
         pins["tp"] = 2
     if k.name == "ckpt_placement":
         pins["ckpt_ratio"] = 0.5
-    groups = list(candidate_configs(MODEL, CLUSTER, **pins))
+    groups = list(candidate_configs(CONV_MODEL if k.conv_only else MODEL, CLUSTER, **pins))
     assert groups, f"pinning {k.name}={value!r} left no configuration"
     assert all(getattr(c, k.name) == value for g in groups for c in g)
 
@@ -114,9 +128,9 @@ def test_every_command_parses_its_knob_flags(command: cli_knobs.Command) -> None
     flags = {s for a in sub._actions for s in a.option_strings}
     for k in taken:
         assert k.flag in flags, f"autoslapo {command} has no {k.flag}"
-        args = sub.parse_args(["bert", "--gpus", "16", *_flag_args(k, getattr(AWAY, k.name))]
-                              if command != "verify" else ["bert", *_flag_args(k, getattr(AWAY, k.name))])
-        assert cli_knobs.knob_values(args, command)[k.name] == getattr(AWAY, k.name)
+        args = sub.parse_args(["bert", "--gpus", "16", *_flag_args(k, away_value(k))]
+                              if command != "verify" else ["bert", *_flag_args(k, away_value(k))])
+        assert cli_knobs.knob_values(args, command)[k.name] == away_value(k)
 
 
 def test_a_boolean_flag_alone_turns_its_knob_on() -> None:
@@ -127,9 +141,8 @@ def test_a_boolean_flag_alone_turns_its_knob_on() -> None:
 
 
 def test_tables_show_every_knob_that_is_set() -> None:
-    text = describe(AWAY.to_dict())
     for k in KNOBS:
-        assert k.show(getattr(AWAY, k.name)) in text.split(), f"describe() hides {k.name}"
+        assert k.show(away_value(k)) in describe(away(k).to_dict()).split(), f"describe() hides {k.name}"
 
 
 def test_the_perturbed_simulator_gives_every_effect_knob_a_hidden_effect() -> None:
@@ -157,7 +170,7 @@ def test_knobs_added_later_leave_earlier_digests_alone() -> None:
     first = {k: v for k, v in d.items() if KNOB[k].since == 1}
     assert config_hash(d) == config_hash(first)
     for k in later:
-        assert config_hash({**d, k.name: getattr(AWAY, k.name)}) != config_hash(d)
+        assert config_hash({**d, k.name: away_value(k)}) != config_hash(d)
 
 
 def test_the_store_frame_has_a_column_for_every_knob() -> None:

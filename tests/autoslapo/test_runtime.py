@@ -28,6 +28,10 @@ TOL = 1e-5
 # relative gradient perturbation of 1e-7 gives 7.5e-5 in one process). A missing gradient sum shows
 # as >= 1e-3; ``autoslapo verify`` checks every gradient itself to 2e-7.
 TOL_CONV = 5e-5
+# channels-last: oneDNN's NHWC convolutions sum the weight gradients in yet another order; step 1 agrees
+# to 1.2e-7 and AdamW's first update makes that 5.3e-5 at step 2 (measured; float64 ``autoslapo verify``
+# of the same layouts: 1.3e-13), still an order of magnitude under a missing sum
+TOL_CHANNELS_LAST = 1e-4
 
 MATRIX: list[dict[str, Any]] = [
     {"tp": 2, "dp": 2, "ckpt_ratio": 0.5},
@@ -117,6 +121,11 @@ MATRIX_EXTRA: dict[str, list[dict[str, Any]]] = {
         {"tp": 2, "pp": 2, "grad_accum": 2, "ckpt_ratio": 0.5},
         {"pp": 4, "grad_accum": 4},
         {"pp": 2, "dp": 2, "grad_accum": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2},
+        # channels-last feature maps: under DeepSpeed's ZeRO (which re-lays the weights), over TP,
+        # and sent between stages (NCHW on the wire, gradients too)
+        {"dp": 4, "zero_stage": 3, "channels_last": True},
+        {"tp": 2, "dp": 2, "zero_stage": 2, "ckpt_ratio": 0.5, "channels_last": True},
+        {"pp": 2, "dp": 2, "zero_stage": 1, "grad_accum": 2, "ckpt_ratio": 0.5, "channels_last": True},
     ],
     "t5": [
         {"tp": 4, "ckpt_ratio": 0.75, "ckpt_granularity": "selective"},
@@ -164,7 +173,7 @@ def _check(runs: list[tuple[str, dict[str, Any]]]) -> None:
     for (name, kw), (spec, config), got in zip(runs, configs, out.values[0], strict=True):
         want = reference_losses(spec, global_batch=config.global_batch, micro_batch=config.micro_batch,
                                 steps=STEPS)
-        tol = TOL_CONV if is_convolutional(spec.family) else TOL
+        tol = TOL_CHANNELS_LAST if config.channels_last else TOL_CONV if is_convolutional(spec.family) else TOL
         assert got["losses"] == pytest.approx(want, abs=tol), (name, kw)
         assert len(got["losses"]) == STEPS
     # every rank agrees on the losses
