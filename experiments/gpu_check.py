@@ -10,6 +10,9 @@ unscheduled model's (relative ``LOSS_RTOL`` at every step: the script exits 1 ot
 memory saving (``torch.cuda.max_memory_allocated``) is printed beside the cost model's prediction.
 fp16 with dynamic loss scaling trains the same steps; its losses must stay within ``FP16_RTOL`` of
 the fp32 run's (its loss scale and skipped steps are printed).
+Feature-map layouts: ResNet-50 in bf16 with NCHW and with channels-last feature maps
+(``--channels-last``): their losses must agree, and the measured speed-up is printed beside the cost
+model's.
 Memory model: every trial that ran, its measured peak beside ``estimate(...).memory_per_device_bytes``
 on a one-device cluster of the detected device (the error per row and the mean absolute error).
 Time model: the same trials' samples/s beside ``estimate(...).samples_per_s`` (autoslapo's runtime,
@@ -57,6 +60,10 @@ LOSS_RTOL = 1e-4
 #: fp16 with dynamic loss scaling against the fp32 run, relative at every step (fp16's rounding; a
 #: step applied with overflowed gradients makes the loss non-finite, and the trial fails).
 FP16_RTOL = 5e-3
+#: The feature-map layout check: a convolutional net's micro-batch, and how close channels-last's
+#: losses must stay to NCHW's (16-bit convolutions summed in another order by other kernels).
+LAYOUT_BATCH = {"resnet-50": 128, "wideresnet-tiny": 2}
+LAYOUT_RTOL = 5e-3
 
 
 @dataclass
@@ -108,12 +115,12 @@ def render_time(rows: list[Row], preset: str) -> list[str]:
     note = ("; on CPU a dry run's tiny models take milliseconds a step and share the cores with whatever "
             "else runs, so the CPU rows check the logic only" if preset == "cpu" else "")
     lines = [f"time model vs measured (autoslapo's runtime on this device, no calibration{note}):",
-             f"{'model':<12} {'schedule':<28} {'predicted/s':>11} {'measured/s':>10} {'error %':>8}"]
+             f"{'model':<15} {'schedule':<28} {'predicted/s':>11} {'measured/s':>10} {'error %':>8}"]
     errors = []
     for r in done:
         pred, got = _estimate(r, preset).samples_per_s, r.result.samples_per_s
         errors.append(abs(pred / got - 1))
-        lines.append(f"{r.model:<12} {r.label:<28} {pred:>11.2f} {got:>10.2f} {100 * (pred / got - 1):>+8.1f}")
+        lines.append(f"{r.model:<15} {r.label:<28} {pred:>11.2f} {got:>10.2f} {100 * (pred / got - 1):>+8.1f}")
     lines.append(f"time model: mean absolute error {100 * sum(errors) / len(errors):.1f}% over {len(errors)} trials "
                  "(positive: the model predicts faster than measured)")
     for model in dict.fromkeys(r.model for r in done):
@@ -238,6 +245,37 @@ def check_kernels(name: str, args: argparse.Namespace, budget: Budget, out: list
     return verdicts
 
 
+def check_layouts(name: str, args: argparse.Namespace, budget: Budget, out: list[Row], preset: str) -> list[str]:
+    """NCHW against channels-last feature maps (``--channels-last``) for a convolutional net: the same
+    schedule twice. One verdict: PASS when both ran and their losses agree within ``LAYOUT_RTOL`` at
+    every step, with the measured speed-up beside the cost model's (which prices the transposes cuDNN
+    makes of NCHW feature maps around its tensor-core convolutions)."""
+    spec = ModelSpec.from_name(name)
+    mb = LAYOUT_BATCH[name]
+    base = ScheduleConfig(precision="fp32" if args.dry_run_cpu else "bf16", micro_batch=mb)
+    rows: list[Row] = []
+    for label, cfg in (("NCHW", base), ("channels-last", base.with_(channels_last=True))):
+        r = _trial(spec, cfg, args, budget, dropout=None)
+        if r is None:
+            return [f"SKIP {name} channels-last against NCHW: the budget ran out"]
+        print(f"  {name} {label}: {r.status} {r.samples_per_s:.2f} samples/s {r.reason}", flush=True)
+        rows.append(Row(name, f"{label} (mb={mb})", cfg, r))
+    out.extend(rows)
+    nchw, nhwc = rows
+    if not nchw.result.ok:
+        return [f"SKIP {name} channels-last against NCHW: the NCHW run did not complete ({nchw.result.reason})"]
+    if not nhwc.result.ok:
+        return [f"FAIL {name} channels-last: {nhwc.result.status} ({nhwc.result.reason}) where NCHW ran"]
+    want, got = nchw.result.extra.get("losses", []), nhwc.result.extra.get("losses", [])
+    worst = max((abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want, strict=True)), default=0.0)
+    equal = len(got) == len(want) > 0 and worst <= LAYOUT_RTOL
+    measured = nhwc.result.samples_per_s / nchw.result.samples_per_s
+    predicted = _estimate(nhwc, preset).samples_per_s / _estimate(nchw, preset).samples_per_s
+    return [f"{'PASS' if equal else 'FAIL'} {name} channels-last against NCHW ({base.precision}, micro-batch {mb}): "
+            f"losses within {LAYOUT_RTOL:g} (max relative difference {worst:.1e} over {len(got)} steps); "
+            f"speed-up {measured:.2f}x measured, {predicted:.2f}x predicted"]
+
+
 def render_memory(rows: list[Row], preset: str) -> list[str]:
     """The memory model's check: predicted vs measured peak per device for every trial that ran."""
     done = [r for r in rows if r.result.ok and r.result.peak_memory_bytes > 0]
@@ -246,13 +284,13 @@ def render_memory(rows: list[Row], preset: str) -> list[str]:
     kind = done[0].result.extra.get("memory_kind", "")
     lines = [f"memory model vs measured ({kind}; on CPU the peak resident set includes the Python + torch "
              f"runtime, so the CPU rows check the logic only):",
-             f"{'model':<12} {'schedule':<28} {'predicted GiB':>13} {'measured GiB':>12} {'error %':>8}"]
+             f"{'model':<15} {'schedule':<28} {'predicted GiB':>13} {'measured GiB':>12} {'error %':>8}"]
     errors = []
     for r in done:
         pred, got = _predicted_bytes(r, preset), r.result.peak_memory_bytes
         err = 100 * (pred - got) / got
         errors.append(abs(err))
-        lines.append(f"{r.model:<12} {r.label:<28} {pred / 2**30:>13.2f} {got / 2**30:>12.2f} {err:>+8.1f}")
+        lines.append(f"{r.model:<15} {r.label:<28} {pred / 2**30:>13.2f} {got / 2**30:>12.2f} {err:>+8.1f}")
     lines.append(f"memory model: mean absolute error {sum(errors) / len(errors):.1f}% over {len(errors)} trials "
                  f"(positive: the model predicts more than was allocated)")
     return lines
@@ -263,20 +301,20 @@ def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, 
     lines = [
         f"# gpu_check on {device} ({platform.node()}), peak {peak:g} TFLOP/s, "
         f"{args.steps} steps ({args.warmup} warm-up), wall {wall:.0f} s",
-        f"{'model':<12} {'schedule':<28} {'status':<9} {'mb':>4} {'ckpt':>5} {'attn':<6} "
+        f"{'model':<15} {'schedule':<28} {'status':<9} {'mb':>4} {'ckpt':>5} {'attn':<6} "
         f"{'samples/s':>10} {'MFU %':>7} {'peak GiB':>9}",
     ]
     for r in rows:
         if "fp32" in r.label:  # the lean-kernel rows: MFU against a bf16 peak means nothing
             res = r.result
             lines.append(
-                f"{r.model:<12} {r.label:<28} {res.status:<9} {r.config.micro_batch:>4} {r.config.ckpt_ratio:>5.2f} "
+                f"{r.model:<15} {r.label:<28} {res.status:<9} {r.config.micro_batch:>4} {r.config.ckpt_ratio:>5.2f} "
                 f"{r.config.attn_kernel:<6} {res.samples_per_s:>10.2f} {'-':>7} {res.peak_memory_bytes / 2**30:>9.2f}")
             continue
         res = r.result
         mfu = 100 * res.tflops_per_device / peak if peak else 0.0
         lines.append(
-            f"{r.model:<12} {r.label:<28} {res.status:<9} {r.config.micro_batch:>4} {r.config.ckpt_ratio:>5.2f} "
+            f"{r.model:<15} {r.label:<28} {res.status:<9} {r.config.micro_batch:>4} {r.config.ckpt_ratio:>5.2f} "
             f"{r.config.attn_kernel:<6} {res.samples_per_s:>10.2f} {mfu:>7.2f} {res.peak_memory_bytes / 2**30:>9.2f}"
         )
     for model in dict.fromkeys(r.model for r in rows):
@@ -285,7 +323,7 @@ def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, 
             base = mine[0].result.samples_per_s
             top = max(mine[1:], key=lambda r: r.result.samples_per_s)
             lines.append(f"{model}: best schedule '{top.label}' is {top.result.samples_per_s / base:.2f}x out of the box")
-    lines += ["lean kernels vs the unscheduled model:", *(verdicts or ["(not run)"])]
+    lines += ["lean kernels vs the unscheduled model, channels-last vs NCHW:", *(verdicts or ["(not run)"])]
     lines += render_memory(rows, preset)
     lines += render_time(rows, preset)
     return "\n".join(lines) + "\n"
@@ -323,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     for m in models:  # the kernels first: they are the check a short budget must still reach
         print(f"{m} lean kernels:", flush=True)
         verdicts += check_kernels(m, args, budget, rows, preset)
+    conv = "wideresnet-tiny" if args.dry_run_cpu else "resnet-50"
+    print(f"{conv} feature-map layouts:", flush=True)
+    verdicts += check_layouts(conv, args, budget, rows, preset)
     for m in models:
         print(f"{m}:", flush=True)
         check_model(m, args, budget, rows)
