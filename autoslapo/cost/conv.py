@@ -56,6 +56,7 @@ __all__ = [
     "estimate_conv_time",
     "nchw_transposes",
     "stem_activation_bytes",
+    "winograd",
 ]
 
 
@@ -150,6 +151,19 @@ def convolution_cluster(cluster: ClusterSpec, config: ScheduleConfig) -> Cluster
     return cluster
 
 
+#: cuDNN's Winograd algorithms for 3x3 stride-1 convolutions on CUDA cores (fp32 where the device has
+#: no TF32 tensor cores): F(2x2, 3x3) computes a 2x2 output tile with 16 multiplications instead of 36
+#: (Lavin and Gray 2016, "Fast Algorithms for Convolutional Neural Networks", table 1), taken as the
+#: gain in arithmetic rate; not fitted. The input and output transforms are not priced apart.
+WINOGRAD_GAIN = 36 / 16
+
+
+def winograd(config: ScheduleConfig, cluster: ClusterSpec, perf: DevicePerf) -> bool:
+    """Whether 3x3 stride-1 convolutions run as Winograd's (cuDNN picks it for fp32 on CUDA cores;
+    tensor-core kernels, 16-bit or TF32, are implicit GEMMs; a CPU's profile measures its own)."""
+    return config.precision == "fp32" and not cluster.device.tf32 and perf.name != "cpu"
+
+
 def nchw_transposes(config: ScheduleConfig, cluster: ClusterSpec, perf: DevicePerf) -> bool:
     """Whether cuDNN transposes each convolution's feature maps: its tensor-core kernels (16-bit, and
     fp32 as TF32 where the device has it) read and write NHWC, so an NCHW input is transposed before
@@ -185,7 +199,8 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     """Seconds of one optimizer step: the convolutions as implicit GEMMs (backward twice forward;
     fp32 ones on TF32 tensor cores where the device has them, as PyTorch's cuDNN runs them by default),
     BatchNorm/ReLU/add traffic, the transposes of NCHW feature maps around tensor-core convolutions
-    (``nchw_transposes``; backward twice forward's as well), conv2's all-reduce per block over tp (forward, and conv1's input
+    (``nchw_transposes``; backward twice forward's as well), Winograd's 3x3 convolutions in fp32 on CUDA
+    cores (``winograd``), conv2's all-reduce per block over tp (forward, and conv1's input
     gradient in backward), the data-parallel gradient all-reduce, the optimizer and the overheads.
     With pp > 1 the slowest rank's blocks set the pace of every micro-batch slot; the bubble is
     (pp - 1) such slots (/ virtual stages, interleaved) and each cut sends the feature map of the
@@ -197,9 +212,11 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     blocks = _blocks(model)
     tp_bw = group_bandwidth(cluster, 1, t)
     fwd_blocks, tp_blocks = [], []
-    transposed = nchw_transposes(config, cluster, perf)
+    transposed, fast_3x3 = nchw_transposes(config, cluster, perf), winograd(config, cluster, perf)
     for convs in blocks:
         gemm = sum(_conv_seconds(rc, c, b, t) for c in convs)
+        if fast_3x3 and convs[1].out_side == convs[0].out_side:  # conv2, 3x3, stride 1
+            gemm -= _conv_seconds(rc, convs[1], b, t) * (1 - 1 / WINOGRAD_GAIN)
         # each BatchNorm reads and writes its input twice in training (statistics, then normalize),
         # ReLU once, the residual add once: about 6 passes over every conv output
         ew = r.mem(sum(6 * e * b * c.cout / (t if c.sharded == "out" else 1) * c.out_side**2 for c in convs),

@@ -160,3 +160,22 @@ def test_nchw_feature_maps_are_transposed_around_tensor_core_convolutions_only()
         else:
             assert slow.step_time_s == fast.step_time_s
         assert slow.memory_per_device_bytes == fast.memory_per_device_bytes  # a layout, not more memory
+
+
+def test_fp32_3x3_convolutions_on_cuda_cores_run_as_winograds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN computes fp32 3x3 stride-1 convolutions on CUDA cores (V100) by Winograd's F(2x2, 3x3):
+    2.25x fewer multiplications (Lavin and Gray 2016). Tensor-core kernels (16-bit, TF32) do not."""
+    from autoslapo.cost import device_perf
+    from autoslapo.cost.conv import WINOGRAD_GAIN, winograd
+
+    assert WINOGRAD_GAIN == 36 / 16
+    resnet = ModelSpec.from_name("resnet-50")
+    v100, a100 = ClusterSpec(gpus=1, gpu_type="v100-32gb"), ClusterSpec(gpus=1, gpu_type="a100-80gb")
+    fp32 = ScheduleConfig(micro_batch=112, precision="fp32")
+    assert winograd(fp32, v100, device_perf(v100))
+    assert not winograd(fp32, a100, device_perf(a100))  # TF32 tensor cores
+    assert not winograd(fp32.with_(precision="fp16"), v100, device_perf(v100))
+    # a share of ResNet-50's arithmetic is in its 3x3 stride-1 convolutions: the step is faster, not 2.25x
+    with_wino = estimate(resnet, fp32, v100).time.compute
+    monkeypatch.setattr("autoslapo.cost.conv.WINOGRAD_GAIN", 1.0)
+    assert 1.15 < estimate(resnet, fp32, v100).time.compute / with_wino < 1.6
