@@ -306,20 +306,14 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             f"input back as a residual): got sequence_parallel on for {model.preset}; turn it off"
         )
     # the knobs ``inapplicable_knobs`` names, read off the config's own field declarations
-    for f in fields(config) if is_convolutional(model.family) else ():
-        if f.metadata["knob"].transformer_only and getattr(config, f.name) != f.default:
+    for f in fields(config):
+        if _inapplicable(f.metadata["knob"], model) and getattr(config, f.name) != f.default:
             flag = f.metadata["knob"].flag or "--" + f.name.replace("_", "-")
-            raise ConfigError(
-                f"{f.name} does not apply to {model.family} (a convolutional family has no attention, tokens or "
-                f"vocabulary): got {getattr(config, f.name)!r}; leave {flag} at its default {f.default!r}"
-            )
-    for f in () if is_convolutional(model.family) else fields(config):
-        if f.metadata["knob"].conv_only and getattr(config, f.name) != f.default:
-            flag = f.metadata["knob"].flag or "--" + f.name.replace("_", "-")
-            raise ConfigError(
-                f"{f.name} applies to a convolutional family only ({model.family} has no feature maps to lay "
-                f"out): got {getattr(config, f.name)!r}; leave {flag} at its default {f.default!r}"
-            )
+            why = (f"does not apply to {model.family} (a convolutional family has no attention, tokens or vocabulary)"
+                   if is_convolutional(model.family) else
+                   f"applies to a convolutional family only ({model.family} has no feature maps to lay out)")
+            raise ConfigError(f"{f.name} {why}: got {getattr(config, f.name)!r}; leave {flag} at its default "
+                              f"{f.default!r}")
     if config.attn_kernel == "flash" and config.precision == "fp32":
         raise ConfigError("attn_kernel flash needs 16-bit inputs (FlashAttention has fp16 and bf16 kernels only): "
                           "got precision=fp32; use sdpa or eager, or precision bf16 / fp16")
@@ -335,14 +329,16 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             raise ConfigError(f"precision bf16 is not supported on {dev.name}; use fp16 or fp32")
 
 
+def _inapplicable(knob: Knob, model: ModelSpec) -> bool:
+    return knob.transformer_only if is_convolutional(model.family) else knob.conv_only
+
+
 def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:
     """The names of ``knobs`` (``autoslapo.config.KNOBS``) that ``model``'s family cannot use:
     ``Knob.transformer_only`` ones on a convolutional family, ``Knob.conv_only`` ones on any other.
     They stay at their defaults in spaces and sweeps, and ``check_layout`` refuses a config that sets
     one otherwise."""
-    if not is_convolutional(model.family):
-        return tuple(k.name for k in knobs if k.conv_only)
-    return tuple(k.name for k in knobs if k.transformer_only)
+    return tuple(k.name for k in knobs if _inapplicable(k, model))
 
 
 def default_precision(has_bf16: bool, runnable: Collection[str] | None = None) -> str:

@@ -214,9 +214,9 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     fwd_blocks, tp_blocks = [], []
     transposed, fast_3x3 = nchw_transposes(config, cluster, perf), winograd(config, cluster, perf)
     for convs in blocks:
-        gemm = sum(_conv_seconds(rc, c, b, t) for c in convs)
-        if fast_3x3 and convs[1].out_side == convs[0].out_side:  # conv2, 3x3, stride 1
-            gemm -= _conv_seconds(rc, convs[1], b, t) * (1 - 1 / WINOGRAD_GAIN)
+        # conv2 (3x3) as Winograd's where it keeps conv1's side (stride 1)
+        wino = fast_3x3 and convs[1].k == 3 and convs[1].out_side == convs[0].out_side
+        gemm = sum(_conv_seconds(rc, c, b, t) / (WINOGRAD_GAIN if wino and i == 1 else 1.0) for i, c in enumerate(convs))
         # each BatchNorm reads and writes its input twice in training (statistics, then normalize),
         # ReLU once, the residual add once: about 6 passes over every conv output
         ew = r.mem(sum(6 * e * b * c.cout / (t if c.sharded == "out" else 1) * c.out_side**2 for c in convs),

@@ -18,8 +18,8 @@ by a trace on the meta device (cached by digest): ``params``, ``layer_params`` (
 per sample outside the blocks / by one block), ``layer_input_bytes`` (one block's input per
 sample: what a checkpointed block keeps), ``ops`` and ``layer_ops`` (aten ops of one forward / of
 one block: kernel launches), ``tensors`` and ``layer_tensors`` (parameter tensors of the model / of
-one block: what the fp16 loss scaler hooks); with a ``family``, what selective recomputation of a block's attention
-module (``family.attention``) changes, per sample and block: ``attn_act_bytes`` (saved inside it),
+one block: what the fp16 loss scaler hooks); with a ``family``, what selective recomputation of a
+block's attention module (``family.attention``) changes, per sample and block: ``attn_act_bytes`` (saved inside it),
 ``attn_kept_bytes`` (what selective recomputation keeps of it: its input and the outputs of its
 matrix products with weights, ``mm``/``addmm``), ``attn_core_flops`` and ``attn_core_ops`` (its
 other FLOPs and aten ops: what runs again). The transformer fields say what the generic rules need:
