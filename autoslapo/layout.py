@@ -305,15 +305,13 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             f"sequence_parallel cannot split {model.family}'s layers (its attention module adds its own "
             f"input back as a residual): got sequence_parallel on for {model.preset}; turn it off"
         )
-    # the knobs ``inapplicable_knobs`` names, read off the config's own field declarations
-    for f in fields(config):
-        if _inapplicable(f.metadata["knob"], model) and getattr(config, f.name) != f.default:
-            flag = f.metadata["knob"].flag or "--" + f.name.replace("_", "-")
+    # the knobs ``inapplicable_knobs`` names, read off the config's own field declarations (once: a hot path)
+    conv = is_convolutional(model.family)
+    for name, default, flag in _restricted_fields(conv):
+        if getattr(config, name) != default:
             why = (f"does not apply to {model.family} (a convolutional family has no attention, tokens or vocabulary)"
-                   if is_convolutional(model.family) else
-                   f"applies to a convolutional family only ({model.family} has no feature maps to lay out)")
-            raise ConfigError(f"{f.name} {why}: got {getattr(config, f.name)!r}; leave {flag} at its default "
-                              f"{f.default!r}")
+                   if conv else f"applies to a convolutional family only ({model.family} has no feature maps to lay out)")
+            raise ConfigError(f"{name} {why}: got {getattr(config, name)!r}; leave {flag} at its default {default!r}")
     if config.attn_kernel == "flash" and config.precision == "fp32":
         raise ConfigError("attn_kernel flash needs 16-bit inputs (FlashAttention has fp16 and bf16 kernels only): "
                           "got precision=fp32; use sdpa or eager, or precision bf16 / fp16")
@@ -329,8 +327,17 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             raise ConfigError(f"precision bf16 is not supported on {dev.name}; use fp16 or fp32")
 
 
-def _inapplicable(knob: Knob, model: ModelSpec) -> bool:
-    return knob.transformer_only if is_convolutional(model.family) else knob.conv_only
+def _inapplicable(knob: Knob, convolutional: bool) -> bool:
+    return knob.transformer_only if convolutional else knob.conv_only
+
+
+@functools.cache
+def _restricted_fields(convolutional: bool) -> tuple[tuple[str, object, str], ...]:
+    """(name, default, flag) of the ``ScheduleConfig`` knobs a (non-)convolutional family cannot use."""
+    from autoslapo.config import ScheduleConfig  # that module imports this one
+
+    return tuple((f.name, f.default, f.metadata["knob"].flag or "--" + f.name.replace("_", "-"))
+                 for f in fields(ScheduleConfig) if _inapplicable(f.metadata["knob"], convolutional))
 
 
 def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:
@@ -338,7 +345,7 @@ def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ..
     ``Knob.transformer_only`` ones on a convolutional family, ``Knob.conv_only`` ones on any other.
     They stay at their defaults in spaces and sweeps, and ``check_layout`` refuses a config that sets
     one otherwise."""
-    return tuple(k.name for k in knobs if _inapplicable(k, model))
+    return tuple(k.name for k in knobs if _inapplicable(k, is_convolutional(model.family)))
 
 
 def default_precision(has_bf16: bool, runnable: Collection[str] | None = None) -> str:
