@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from autoslapo.errors import ConfigError
@@ -333,11 +332,11 @@ def _inapplicable(knob: Knob, convolutional: bool) -> bool:
 
 @functools.cache
 def _restricted_fields(convolutional: bool) -> tuple[tuple[str, object, str], ...]:
-    """(name, default, flag) of the ``ScheduleConfig`` knobs a (non-)convolutional family cannot use."""
-    from autoslapo.config import ScheduleConfig  # that module imports this one
+    """(name, default, flag) of the ``ScheduleConfig`` knobs a (non-)convolutional family cannot use,
+    as ``autoslapo.config.KNOBS`` binds them (its flags and defaults)."""
+    from autoslapo.config import KNOBS  # that module imports this one
 
-    return tuple((f.name, f.default, f.metadata["knob"].flag or "--" + f.name.replace("_", "-"))
-                 for f in fields(ScheduleConfig) if _inapplicable(f.metadata["knob"], convolutional))
+    return tuple((k.name, k.default, k.flag) for k in KNOBS if _inapplicable(k, convolutional))
 
 
 def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:

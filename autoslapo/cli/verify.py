@@ -150,12 +150,18 @@ def run(args: argparse.Namespace) -> int:
     )
     pipe = f", pipeline {results[0]['pipeline']}" if config.pp > 1 else ""
     shape = f"{spec.num_params():,} parameters" if spec.family == "user" else f"hidden {spec.hidden}"
+    from autoslapo.models.spec import is_convolutional
+
+    if is_convolutional(spec.family):  # no attention, tokens or vocabulary; its layout knob
+        kernels = "channels-last" if config.channels_last else "nchw"
+    else:
+        kernels = (f"attn={config.attn_kernel}{' sp' if config.sequence_parallel else ''}"
+                   f"{' chunked-loss' if config.loss_kernel == 'chunked' else ''}"
+                   f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}")
     print(
         f"verify {args.model}: ok - tp={config.tp} pp={config.pp} ckpt_ratio={config.ckpt_ratio:g}"
         f"{' ' + config.ckpt_granularity if config.ckpt_granularity != 'full' and config.ckpt_ratio > 0 else ''} "
-        f"attn={config.attn_kernel}{' sp' if config.sequence_parallel else ''}"
-        f"{' chunked-loss' if config.loss_kernel == 'chunked' else ''}"
-        f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}; {shape}, {depth}, "
+        f"{kernels}; {shape}, {depth}, "
         f"batch {args.batch}x{spec.seq_len} {args.dtype}, dropout off; {checked} checks of outputs and "
         f"parameter values/gradients on {config.world_size} ranks{pipe}; max abs diff "
         f"{max_diff:.2g}; {elapsed:.1f} s"
