@@ -31,7 +31,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -162,11 +162,16 @@ def bench_landscape(name: str, model: ModelSpec, cluster: ClusterSpec, seeds: in
                     make_truth: Callable[[int], object], log: Callable[[str], None],
                     space: SearchSpace | None = None, runtime_device: str | None = None,
                     cap: int | None = None, local_every: int | None = None,
-                    seed_list: list[int] | None = None) -> dict[str, object]:
+                    seed_list: list[int] | None = None,
+                    measured: Mapping[str, TrialResult] | None = None) -> dict[str, object]:
     bound = (space or space_for(model.family)).bind(model, cluster)
     prior = cost_prior(model, cluster, runtime_device=runtime_device)
-    # A measured landscape holds only what the runtime can run: the configurations the prior keeps.
+    # A measured landscape holds only what the runtime could run when it was measured: the
+    # configurations the prior keeps that the landscape has (ZeRO-2 over pipeline stages, allowed
+    # since, was not measured).
     configs = [c for c in bound.configs() if runtime_device is None or prior(c).fits]
+    if measured is not None:
+        configs = [c for c in configs if c.config_hash() in measured]
     ranked = sorted((c for c in configs if prior(c).fits), key=lambda c: -prior(c).samples_per_s)
     # Only the bound space and the prior matter for the recipe's pick: nothing is evaluated or measured.
     ctx = BaselineContext(bound, prior, lambda c: TrialResult.failure("failed", "not evaluated"), {})
@@ -299,7 +304,7 @@ def main() -> int:
         results[f"measured:{args.measured.name}"] = bench_landscape(
             f"measured {args.measured.name}", model, cluster, args.seeds, args.budget,
             lambda s: ReplayEvaluator(table), log, space=space_from_dict(LANDSCAPE_SPACE), runtime_device="cpu",
-            cap=args.cap, local_every=args.local_every, seed_list=seed_list)
+            cap=args.cap, local_every=args.local_every, seed_list=seed_list, measured=table)
     log("")
     log(f"{'landscape':<28} {'method':<18} {'median trials to 2%':>20} {'reached':>8} {'median final/opt':>17}")
     for name, summ in results.items():

@@ -50,6 +50,43 @@ def test_local_refinement_proposes_unmeasured_neighbours_of_the_best() -> None:
     assert "local" in sources and len(seen) == len(set(seen)) == len(bound.configs())
 
 
+def test_a_repeat_of_a_measured_point_is_redirected_to_its_best_predicted_neighbour() -> None:
+    """TPE landing on a measured point gets that point's best-predicted unmeasured one-knob neighbour,
+    and the repeat stays out of its history (told as failed, not as a second copy of the value)."""
+    import optuna
+
+    bound = SMALL.bind(TINY, CPU4)
+    ev = SimEvaluator(TINY, CPU4)
+    prior = cost_prior(TINY, CPU4)
+    p = Proposer(bound, seed=0, prior=prior)
+    first = p.propose()
+    assert first is not None
+    p.complete(first, ev.evaluate(first.config))
+    point = p._encode(first.config)
+    assert point is not None
+    p.study.enqueue_trial(point)  # the sampler's next ask is the measured point again
+    prop = p.propose()
+    assert prop is not None and prop.source == "neighbour"
+    diff = [k for k in bound.domains if getattr(prop.config, k) != getattr(first.config, k)]
+    assert len(diff) == 1 and prop.config not in p.measured
+    # the best-predicted of the launchable one-knob neighbours
+    options = []
+    for k, dom in bound.domains.items():
+        for v in dom:
+            c = bound.derive({**bound.params_of(first.config), k: v})
+            if c != first.config and not hasattr(c, "reason") and prior(c).fits:
+                options.append(prior(c).samples_per_s)
+    assert prior(prop.config).samples_per_s == max(options)
+    states = [t.state for t in p.study.get_trials(deepcopy=False)]
+    assert states.count(optuna.trial.TrialState.FAIL) == 1
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 1  # the first trial only: no repeat told
+
+
+def test_random_and_grid_samplers_keep_their_repeats() -> None:
+    for sampler in ("random", "grid"):
+        assert not Proposer(SMALL.bind(TINY, CPU4), sampler=sampler, seed=0).redirect_repeats
+
+
 def test_known_configs_are_never_proposed_again() -> None:
     bound = SMALL.bind(TINY, CPU4)
     first = Proposer(bound, seed=1)
