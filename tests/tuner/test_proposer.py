@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from autoslapo.cluster import ClusterSpec
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
-from search_spaces import get_space, space_from_dict
+from search_spaces import Invalid, get_space, space_from_dict
 from tuner import Prediction, Proposer, SimEvaluator
 from tuner.baselines import deepspeed_config, megatron_config
 from tuner.evaluators import PerturbedSimEvaluator, cost_prior
@@ -74,7 +74,7 @@ def test_a_repeat_of_a_measured_point_is_redirected_to_its_best_predicted_neighb
     for k, dom in bound.domains.items():
         for v in dom:
             c = bound.derive({**bound.params_of(first.config), k: v})
-            if c != first.config and not hasattr(c, "reason") and prior(c).fits:
+            if c != first.config and not isinstance(c, Invalid) and prior(c).fits:
                 options.append(prior(c).samples_per_s)
     assert prior(prop.config).samples_per_s == max(options)
     states = [t.state for t in p.study.get_trials(deepcopy=False)]
