@@ -11,8 +11,8 @@ The physical correction moves whole terms (compute, links, latencies, memory); w
 differently for one knob value (its fused kernel or ZeRO-3 slower than modelled, a pipeline
 schedule faster) it cannot express. ``KnobEffects`` is that second layer: a multiplicative effect
 per knob value, fitted to this model's residuals (log measured over log corrected prediction) by
-ridge regression toward no effect, so one trial with a knob value moves it little and many move it
-to the measured residual. It is the study's (one model on one cluster), not the cluster's, and is
+ridge regression toward no effect, its ridge weighed by the evidence: one trial with a knob value
+moves it little, many move it to the measured residual, and noisy ones less than clean ones. It is the study's (one model on one cluster), not the cluster's, and is
 not stored: a resumed study refits it from its trials.
 """
 
@@ -41,9 +41,15 @@ if TYPE_CHECKING:
 #: Keys a real trial's result carries beside its measurement (``TrialResult.extra``).
 PREDICTED_SAMPLES = "predicted_samples_per_s"
 PREDICTED_MEMORY = "predicted_memory_bytes"
-#: Ridge of the knob effects, in observations: the log residuals' noise variance over the effects'
-#: prior variance (effects of ~10 %, trial-to-trial noise and model error of ~7 %).
-EFFECT_RIDGE = 0.5
+#: The knob effects' ridge, in observations, is the log residuals' noise variance over the effects'
+#: prior variance, and neither is known before a study measures: trial-to-trial noise runs from ~1 % (a
+#: GPU step timed over many steps) to ~25 % (ranks oversubscribing CPU cores: configurations of the
+#: measured bert-tiny landscape that differ in one knob scatter by 0.21-0.28 in log), effects from 3 % to
+#: 30 %, so the ratio from ~2^-10 to ~2^6. ``fit_knob_effects`` averages the fits over this grid, each
+#: weighted by its evidence (the marginal likelihood of the residuals: MacKay 1992, "Bayesian
+#: interpolation"; Rasmussen & Williams 2006, section 5.4): noisy trials move the effects little, clean
+#: ones move them fast.
+RIDGE_GRID = tuple(2.0 ** (k / 2) for k in range(-20, 13))
 #: The physical correction the prior uses is replaced only when a factor moved by more than this
 #: (relative): re-predicting a 20,000-configuration space takes seconds, and smaller moves do not
 #: change its ranking.
@@ -81,26 +87,54 @@ class KnobEffects:
         return math.exp(sum(math.log(self.effects.get(kv, 1.0)) for kv in _knob_values(config)))
 
 
-def fit_knob_effects(residuals: Sequence[tuple[ScheduleConfig, float]], ridge: float = EFFECT_RIDGE) -> KnobEffects:
-    """Ridge regression of log residuals on one-hot knob values (every knob of ``KNOBS``).
-
-    Takes ``(config, log(measured / predicted))`` pairs and the ridge (>= 0, in observations).
-    Returns the ``KnobEffects`` (empty with no pairs). Raises ConfigError for a negative ridge.
-    """
-    if ridge < 0:
-        raise ConfigError(f"the knob-effect ridge must not be negative: got {ridge}; pass 0 or more")
-    if not residuals:
-        return KnobEffects()
+def _design(residuals: Sequence[tuple[ScheduleConfig, float]]) -> tuple[list[tuple[str, str]], Any, Any]:
+    """The one-hot knob values of ``residuals``' configurations and their residuals, both centred."""
     rows = [_knob_values(c) for c, _ in residuals]
     cols = sorted({kv for row in rows for kv in row})
     index = {kv: j for j, kv in enumerate(cols)}
     x = np.zeros((len(rows), len(cols)))
     for i, row in enumerate(rows):
         x[i, [index[kv] for kv in row]] = 1.0
-    y = np.array([r for _, r in residuals])
-    # Dual form: (X X^T + ridge I) alpha = y, beta = X^T alpha; well-posed at ridge 0 with few rows too.
-    gram = x @ x.T + max(ridge, 1e-9) * np.eye(len(rows))
-    beta = x.T @ np.linalg.solve(gram, y)
+    y = np.array([r for _, r in residuals], dtype=float)
+    return cols, x - x.mean(axis=0), y - y.mean()
+
+
+def fit_knob_effects(residuals: Sequence[tuple[ScheduleConfig, float]], ridge: float | None = None) -> KnobEffects:
+    """Ridge regression of log residuals on one-hot knob values (every knob of ``KNOBS``).
+
+    Takes ``(config, log(measured / predicted))`` pairs. The regression has an unpenalised intercept
+    that is dropped: the level is the physical correction's, the effects say how knob values differ,
+    so residuals all alike (or a single configuration, whose values all come together) give no effect.
+    ``ridge`` (>= 0, in observations) fixes the ridge; None averages over ``RIDGE_GRID`` weighted by
+    each ridge's evidence. Returns the ``KnobEffects`` (empty with fewer than two pairs, each effect
+    within [1/e, e]). Raises ConfigError for a negative ridge.
+    """
+    if ridge is not None and ridge < 0:
+        raise ConfigError(f"the knob-effect ridge must not be negative: got {ridge}; pass 0 or more")
+    if len(residuals) < 2:
+        return KnobEffects()
+    cols, x, y = _design(residuals)
+    u, s, vt = np.linalg.svd(x, full_matrices=False)
+    keep = s > 1e-9 * max(1.0, float(s.max(initial=0.0)))
+    u, s, vt = u[:, keep], s[keep], vt[keep]
+    z = u.T @ y
+    yy = float(y @ y)
+    if not s.size or yy <= 1e-18:
+        return KnobEffects()
+    s2 = s * s
+    if ridge is not None:
+        shrink = s / (s2 + max(ridge, 1e-9))
+    else:
+        # y ~ N(0, noise * (I + X X^T / ridge)) for each ridge; the noise profiled out (n - 1 degrees of
+        # freedom after centring), log evidence = -(n - 1) / 2 log(q / (n - 1)) - 1/2 log det.
+        dof = len(residuals) - 1
+        grid = np.array(RIDGE_GRID)[:, None]
+        q = yy - np.sum(z * z * s2 / (s2 + grid), axis=1)
+        logdet = np.sum(np.log1p(s2 / grid), axis=1)
+        ll = -0.5 * dof * np.log(np.maximum(q, 1e-18) / dof) - 0.5 * logdet
+        w = np.exp(ll - ll.max())
+        shrink = (w / w.sum()) @ (s / (s2 + grid))
+    beta = vt.T @ (shrink * z)
     return KnobEffects({kv: float(math.exp(min(1.0, max(-1.0, b)))) for kv, b in zip(cols, beta, strict=True)})
 
 
