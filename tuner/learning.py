@@ -12,8 +12,9 @@ differently for one knob value (its fused kernel or ZeRO-3 slower than modelled,
 schedule faster) it cannot express. ``KnobEffects`` is that second layer: a multiplicative effect
 per knob value, fitted to this model's residuals (log measured over log corrected prediction) by
 ridge regression toward no effect, its ridge weighed by the evidence: one trial with a knob value
-moves it little, many move it to the measured residual, and noisy ones less than clean ones. It is the study's (one model on one cluster), not the cluster's, and is
-not stored: a resumed study refits it from its trials.
+moves it little, many move it to the measured residual, and noisy ones less than clean ones. It is
+the study's (one model on one cluster), not the cluster's, and is not stored: a resumed study
+refits it from its trials.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class KnobEffects:
 
 
 def _design(residuals: Sequence[tuple[ScheduleConfig, float]]) -> tuple[list[tuple[str, str]], Any, Any]:
-    """The one-hot knob values of ``residuals``' configurations and their residuals, both centred."""
+    """The one-hot knob values of ``residuals``' configurations (a column each) and their residuals."""
     rows = [_knob_values(c) for c, _ in residuals]
     cols = sorted({kv for row in rows for kv in row})
     index = {kv: j for j, kv in enumerate(cols)}
@@ -96,46 +97,42 @@ def _design(residuals: Sequence[tuple[ScheduleConfig, float]]) -> tuple[list[tup
     for i, row in enumerate(rows):
         x[i, [index[kv] for kv in row]] = 1.0
     y = np.array([r for _, r in residuals], dtype=float)
-    return cols, x - x.mean(axis=0), y - y.mean()
+    return cols, x, y
 
 
 def fit_knob_effects(residuals: Sequence[tuple[ScheduleConfig, float]], ridge: float | None = None) -> KnobEffects:
     """Ridge regression of log residuals on one-hot knob values (every knob of ``KNOBS``).
 
-    Takes ``(config, log(measured / predicted))`` pairs. The regression has an unpenalised intercept
-    that is dropped: the level is the physical correction's, the effects say how knob values differ,
-    so residuals all alike (or a single configuration, whose values all come together) give no effect.
-    ``ridge`` (>= 0, in observations) fixes the ridge; None averages over ``RIDGE_GRID`` weighted by
-    each ridge's evidence. Returns the ``KnobEffects`` (empty with fewer than two pairs, each effect
-    within [1/e, e]). Raises ConfigError for a negative ridge.
+    Takes ``(config, log(measured / predicted))`` pairs. ``ridge`` (>= 0, in observations) fixes the
+    ridge; None averages the fits over ``RIDGE_GRID``, each weighted by its evidence. Returns the
+    ``KnobEffects`` (empty with no pairs; each effect within [1/e, e]). Raises ConfigError for a
+    negative ridge.
     """
     if ridge is not None and ridge < 0:
         raise ConfigError(f"the knob-effect ridge must not be negative: got {ridge}; pass 0 or more")
-    if len(residuals) < 2:
+    if not residuals:
         return KnobEffects()
     cols, x, y = _design(residuals)
+    # In the singular vectors of X the ridge fit is a shrink per direction, for every ridge at once.
     u, s, vt = np.linalg.svd(x, full_matrices=False)
-    keep = s > 1e-9 * max(1.0, float(s.max(initial=0.0)))
+    keep = s > 1e-9 * float(s.max(initial=0.0))
     u, s, vt = u[:, keep], s[keep], vt[keep]
-    z = u.T @ y
-    yy = float(y @ y)
-    if not s.size or yy <= 1e-18:
+    if not s.size:
         return KnobEffects()
-    s2 = s * s
+    z, yy, s2 = u.T @ y, float(y @ y), s * s
     if ridge is not None:
         shrink = s / (s2 + max(ridge, 1e-9))
     else:
-        # y ~ N(0, noise * (I + X X^T / ridge)) for each ridge; the noise profiled out (n - 1 degrees of
-        # freedom after centring), log evidence = -(n - 1) / 2 log(q / (n - 1)) - 1/2 log det.
-        dof = len(residuals) - 1
+        # y ~ N(0, noise (I + X X^T / ridge)); with the noise profiled out the log evidence of a ridge is
+        # -n/2 log(y^T (I + X X^T / ridge)^-1 y / n) - 1/2 log det(I + X X^T / ridge).
+        n = len(residuals)
         grid = np.array(RIDGE_GRID)[:, None]
         q = yy - np.sum(z * z * s2 / (s2 + grid), axis=1)
-        logdet = np.sum(np.log1p(s2 / grid), axis=1)
-        ll = -0.5 * dof * np.log(np.maximum(q, 1e-18) / dof) - 0.5 * logdet
+        ll = -0.5 * n * np.log(np.maximum(q, 1e-18) / n) - 0.5 * np.sum(np.log1p(s2 / grid), axis=1)
         w = np.exp(ll - ll.max())
         shrink = (w / w.sum()) @ (s / (s2 + grid))
-    beta = vt.T @ (shrink * z)
-    return KnobEffects({kv: float(math.exp(min(1.0, max(-1.0, b)))) for kv, b in zip(cols, beta, strict=True)})
+    beta = np.clip(vt.T @ (shrink * z), -1.0, 1.0)
+    return KnobEffects({kv: float(math.exp(b)) for kv, b in zip(cols, beta, strict=True)})
 
 
 def with_prediction(result: TrialResult, prediction: Prediction) -> TrialResult:
