@@ -116,15 +116,14 @@ def _planted(c: ScheduleConfig) -> float:
 
 
 def test_knob_effects_recover_planted_per_value_effects() -> None:
-    """Residuals made of a hidden factor per knob value (and 2 % noise): the fit finds how each
-    configuration's factor differs from another's from 60 configurations, its ridge weighed by the
-    evidence or fixed; one configuration moves them little."""
+    """Residuals made of a hidden factor per knob value (and 2 % noise): the ridge fit, its ridge
+    weighed by the evidence or fixed, finds each value's factor from 60 configurations; one
+    configuration moves them little."""
     configs = random.Random(0).sample(list(space_for(BASE.family).bind(BASE, V100_16).configs()), 60)
     pairs = _planted_residuals(configs, 0.02)
-    ref = configs[0]
     for got in (fit_knob_effects(pairs), fit_knob_effects(pairs, ridge=0.5)):
-        for c in configs[1:12]:
-            assert got.factor(c) / got.factor(ref) == pytest.approx(_planted(c) / _planted(ref), rel=0.06), c
+        for c in configs[:10]:
+            assert got.factor(c) == pytest.approx(_planted(c), rel=0.06), c
     for ridge in (None, 0.5):
         one = fit_knob_effects([(configs[0], math.log(2.0))], ridge=ridge)
         assert 1.0 < one.factor(configs[0]) < 2.0  # the ridge holds a single point back
