@@ -10,21 +10,23 @@ the next and every send and receive a blocking ``dist.send`` / ``dist.recv`` pai
     those semantics (a send and its receive complete together, at the later of the two arrivals,
     plus a transfer time) and compares the makespan with the cost model's (m + p - 1) (tf + tb).
 (b) Fits the three published MT-NLG iteration times (Smith et al. 2022: tp 8, pp 35, dp 8 / 10 /
-    12, 1,920 sequences, micro-batch 1, so m = 240 / 192 / 160) with a slot time and a bubble of x
-    slots, T = (m + x) * slot, and says which x the rows imply.
+    12, 1,920 sequences, micro-batch 1, so m = 240 / 192 / 160; read from the validation's held-out
+    rows) with a slot time and a bubble of x slots, T = (m + x) * slot, and says which x they imply.
 
 Usage: python experiments/deepspeed_schedule.py
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-# (micro-batches, iteration seconds) of smith2022_mtnlg_table (autoslapo/cost/data/a100_heldout_deepspeed.csv)
-MTNLG_ROWS = ((240, 60.1), (192, 50.2), (160, 44.4))
-MTNLG_STAGES = 35
+HELDOUT = Path(__file__).resolve().parents[1] / "autoslapo" / "cost" / "data" / "a100_heldout_deepspeed.csv"
+MTNLG = "smith2022_mtnlg_table"
 
 Op = tuple[str, int]  # ("F" | "B", 0) or ("send" | "recv", peer stage)
 
@@ -84,6 +86,17 @@ def makespan(stage_ops: list[list[Op]], tf: float, tb: float, transfer: float = 
     return max(clock)
 
 
+def mtnlg_rows(path: Path = HELDOUT) -> tuple[int, tuple[tuple[int, float], ...]]:
+    """MT-NLG's pipeline stages and its rows as (micro-batches a pipeline, iteration seconds)."""
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["source"] == MTNLG and r["metric"] == "iteration_time_s"]
+    stages = {int(r["pp"]) for r in rows}
+    if not rows or len(stages) != 1:
+        raise SystemExit(f"{path}: expected {MTNLG} rows of one pipeline depth, got {len(rows)} rows, depths {stages}")
+    micro = [int(r["global_batch"]) // (int(r["dp"]) * int(json.loads(r["pinned"])["micro_batch"])) for r in rows]
+    return stages.pop(), tuple((m, float(r["value"])) for m, r in zip(micro, rows, strict=True))
+
+
 def fit_bubble(rows: tuple[tuple[int, float], ...]) -> tuple[float, float, float]:
     """Least squares of T = slot * m + slot * x over ``rows``: (slot s, bubble slots x, worst relative error)."""
     n = len(rows)
@@ -104,17 +117,19 @@ def main() -> int:
             got = makespan(ops, tf, tb)
             want = (m + p - 1) * (tf + tb)
             print(f"{p:>6} {m:>13} {tf:>4g} {tb:>4g} {got:>10.1f} {want:>8.1f}  {got / want:.4f}")
-    ops = streams(240, MTNLG_STAGES)
+    stages, rows = mtnlg_rows()
+    m0 = rows[0][0]
+    ops = streams(m0, stages)
     extra = makespan(ops, 1.0, 3.0, 0.01) - makespan(ops, 1.0, 3.0)
-    print(f"a transfer of t on every send adds {extra / 0.01 / (240 + MTNLG_STAGES - 1):.2f} t a slot on the critical "
-          "path (pp 35, m 240): four sequential transfers where Megatron's batched send-and-receive has two")
-    slot, x, worst = fit_bubble(MTNLG_ROWS)
-    print("# (b) MT-NLG's three iteration times as (m + x) slots")
-    print(f"slot {slot * 1e3:.1f} ms, bubble {x:.1f} slots = {x / (MTNLG_STAGES - 1):.2f} (p - 1); worst row "
-          f"{worst:.1%}")
-    fixed = [t / (m + MTNLG_STAGES - 1) * 1e3 for m, t in MTNLG_ROWS]
-    print("with the 1F1B bubble of p - 1 = 34 slots the rows need slots of " + " / ".join(f"{v:.1f}" for v in fixed)
-          + " ms (m = 240 / 192 / 160): not one slot")
+    print(f"a transfer of t on every send adds {extra / 0.01 / (m0 + stages - 1):.2f} t a slot on the critical "
+          f"path (pp {stages}, m {m0}): four sequential transfers where Megatron's batched send-and-receive has two")
+    slot, x, worst = fit_bubble(rows)
+    print(f"# (b) MT-NLG's {len(rows)} iteration times as (m + x) slots ({HELDOUT.name})")
+    print(f"slot {slot * 1e3:.1f} ms, bubble {x:.1f} slots = {x / (stages - 1):.2f} (p - 1); worst row {worst:.1%}")
+    fixed = [t / (m + stages - 1) * 1e3 for m, t in rows]
+    print(f"with the 1F1B bubble of p - 1 = {stages - 1} slots the rows need slots of "
+          + " / ".join(f"{v:.1f}" for v in fixed) + " ms (m = " + " / ".join(str(m) for m, _ in rows)
+          + "): not one slot")
     return 0
 
 

@@ -40,3 +40,10 @@ def test_the_bubble_fit_recovers_a_planted_bubble(sched) -> None:  # type: ignor
     rows = tuple((m, (m + 50.0) * 0.2) for m in (240, 192, 160))
     slot, x, worst = sched.fit_bubble(rows)
     assert slot == pytest.approx(0.2) and x == pytest.approx(50.0) and worst < 1e-9
+
+
+def test_mtnlgs_rows_come_from_the_validations_held_out_data(sched) -> None:  # type: ignore[no-untyped-def]
+    stages, rows = sched.mtnlg_rows()
+    assert stages == 35 and [m for m, _ in rows] == [240, 192, 160]
+    slot, x, worst = sched.fit_bubble(rows)
+    assert 0.19 < slot < 0.2 and 60 < x < 70 and worst < 0.01
