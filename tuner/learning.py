@@ -88,18 +88,6 @@ class KnobEffects:
         return math.exp(sum(math.log(self.effects.get(kv, 1.0)) for kv in _knob_values(config)))
 
 
-def _design(residuals: Sequence[tuple[ScheduleConfig, float]]) -> tuple[list[tuple[str, str]], Any, Any]:
-    """The one-hot knob values of ``residuals``' configurations (a column each) and their residuals."""
-    rows = [_knob_values(c) for c, _ in residuals]
-    cols = sorted({kv for row in rows for kv in row})
-    index = {kv: j for j, kv in enumerate(cols)}
-    x = np.zeros((len(rows), len(cols)))
-    for i, row in enumerate(rows):
-        x[i, [index[kv] for kv in row]] = 1.0
-    y = np.array([r for _, r in residuals], dtype=float)
-    return cols, x, y
-
-
 def fit_knob_effects(residuals: Sequence[tuple[ScheduleConfig, float]], ridge: float | None = None) -> KnobEffects:
     """Ridge regression of log residuals on one-hot knob values (every knob of ``KNOBS``).
 
@@ -112,7 +100,13 @@ def fit_knob_effects(residuals: Sequence[tuple[ScheduleConfig, float]], ridge: f
         raise ConfigError(f"the knob-effect ridge must not be negative: got {ridge}; pass 0 or more")
     if not residuals:
         return KnobEffects()
-    cols, x, y = _design(residuals)
+    rows = [_knob_values(c) for c, _ in residuals]
+    cols = sorted({kv for row in rows for kv in row})
+    index = {kv: j for j, kv in enumerate(cols)}
+    x = np.zeros((len(rows), len(cols)))
+    for i, row in enumerate(rows):
+        x[i, [index[kv] for kv in row]] = 1.0
+    y = np.array([r for _, r in residuals], dtype=float)
     # In the singular vectors of X the ridge fit is a shrink per direction, for every ridge at once.
     u, s, vt = np.linalg.svd(x, full_matrices=False)
     keep = s > 1e-9 * float(s.max(initial=0.0))
