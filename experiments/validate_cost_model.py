@@ -235,11 +235,13 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
     lines.append(f"## Published runs held out (autoslapo/cost/data/{HELDOUT_DATA.name}, {MEGATRON_DATA.name}, "
                  f"{V100_DATA.name}, {DEEPSPEED_DATA.name}, {TORCHTITAN_DATA.name}, {RESNET_DATA.name}; never fitted)")
     lines.append("Llama 3 405B pre-training on H100 (Dubey et al. 2024, table 4): tp, pp, dp, global batch, bf16 and "
-                 "the interleaved schedule pinned; micro-batch, virtual stages, checkpointing and kernels the model's "
-                 "fastest that fits; its 126 layers as Meta split them (16 x 8 chunks, the first holding the embedding "
+                 "the interleaved schedule pinned, and fused elementwise kernels (compile_layers: the paper names "
+                 "none, assumed as for the ADLR rows; a fused SwiGLU keeps 3 of the MLP's 4 wide tensors); "
+                 "micro-batch, virtual stages, checkpointing, ZeRO stage and attention kernel the model's fastest "
+                 "that fits; its 126 layers as Meta split them (16 x 8 chunks, the first holding the embedding "
                  "alone and the last the head alone); compared: model TFLOP/s a GPU. The paper trained "
-                 "without activation checkpointing (section 3.3.2); the last columns give that schedule's error and "
-                 "predicted memory, which the model puts above 80 GB.")
+                 "without activation checkpointing (section 3.3.2); the last columns give that schedule's error at "
+                 "each virtual-stage count and its predicted memory at 8.")
     lines.append("GPT 22B-1T on A100 with Megatron-LM (Korthikanti et al. 2022, table 5): every knob pinned (tp 8, "
                  "pp, dp 1, micro-batch, full recomputation or sequence parallelism + selective recomputation, "
                  "Megatron's fused kernels without flash attention, 1F1B as the paper gives no schedule); compared: "
@@ -269,7 +271,7 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
     lines.append(f"{'source':24} {'model':13} {'gpu':10} {'prec':4} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} "
                  f"{'recompute':>9} {'sp':>2} {'pred GiB':>8} {'published':>9} {'predicted':>9} {'error':>7}  "
                  "no recompute: error at v=" + "/".join(str(v) for v in VIRTUAL_STAGES) + f", GiB at v={VIRTUAL_STAGES[-1]} "
-                 "(interleaved rows)")
+                 "(interleaved rows; unfused: without the pinned fused kernels)")
     for c in checks:
         r, cfg, e = c.row, c.estimate.config, c.estimate
         per_v = ""
@@ -279,6 +281,9 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
             bare = [estimate(model, replace(cfg, virtual_stages=v, ckpt_ratio=0.0), cluster) for v in VIRTUAL_STAGES]
             per_v = (" / ".join(f"{b.tflops_per_device / c.measured - 1:+.1%}" for b in bare)
                      + f", {bare[-1].memory_per_device_bytes / 2**30:.1f}")
+            if cfg.compile_layers:  # what the fused kernels save: the same schedule unfused
+                unfused = estimate(model, replace(bare[-1].config, compile_layers=False), cluster)
+                per_v += f" ({unfused.memory_per_device_bytes / 2**30:.1f} unfused)"
         recompute = "none" if cfg.ckpt_ratio == 0 else f"{cfg.ckpt_granularity} {cfg.ckpt_ratio:g}"
         lines.append(f"{r['source']:24} {r['model']:13} {r['gpu']:10} {cfg.precision:4} {r['gpus']:>6} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>4} "
                      f"{cfg.micro_batch:>3} {cfg.grad_accum:>3} {cfg.virtual_stages:>2} {recompute:>9} "

@@ -134,8 +134,8 @@ _GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_add
 # fraction of the quoted peak is therefore 0.8 of A100's 0.82 (not cuBLAS's best-case ~0.72 on
 # one GEMM at boost clock): a device efficiency, the same for every row on the device. Checked on
 # runs never fitted (``autoslapo.cost.heldout``: Llama 3 405B on 8,192 / 16,384 H100, Dubey et al.
-# 2024 table 4, the paper's own schedule without recomputation): +3.7 % / +3.2 % model TFLOP/s a
-# GPU; A100's 0.82 would be +21.8 % / +20.7 %.
+# 2024 table 4, the paper's own schedule without recomputation, fused kernels pinned): +1.2 % /
+# +3.7 % model TFLOP/s a GPU; A100's 0.82 would be +18.5 % / +21.5 %.
 H100_GEMM_EFF = 0.66
 PERF: dict[str, DevicePerf] = {
     "v100-16gb": DevicePerf("v100-16gb", gemm_eff=0.80, sms=80, hbm_gbps=900.0, **_GPU),  # type: ignore[arg-type]

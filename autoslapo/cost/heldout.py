@@ -13,8 +13,10 @@ puts one layer fewer on the first and last of its 16 stages (section 3.3.2): wit
 its first chunk holds the embedding alone and its last the head alone, as the model's chunks
 (``layout.chunk_sizes``) place 126 layers in 128 chunks. The paper
 trained these rows without activation checkpointing (section 3.3.2, after freeing each stage's input
-and output tensors early); the model puts that schedule above 80 GB, so its fastest that fits
-recomputes layers, and is pessimistic by that recomputation.
+and output tensors early). It names no kernels; the rows pin fused elementwise kernels
+(``compile_layers``), as the ADLR rows do: with them a SwiGLU keeps gate and up, not its activation,
+and the paper's schedule fits in 80 GB (unfused, the model puts it above, and its fastest that fits
+recomputes layers).
 
 ``data/a100_heldout_megatron.csv``, ``korthikanti2022_table5``: "Reducing Activation Recomputation
 in Large Transformer Models" (Korthikanti et al., NVIDIA, arXiv 2205.05198, 2022), table 5: the

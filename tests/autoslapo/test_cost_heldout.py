@@ -64,18 +64,26 @@ def _paper_schedule(c: HeldOutCheck) -> ScheduleConfig:
     return replace(c.estimate.config, ckpt_ratio=0.0, virtual_stages=8)
 
 
-def test_the_held_out_runs_fit_and_their_own_schedule_lands_within_ten_percent(checks: list[HeldOutCheck]) -> None:
+def test_the_held_out_runs_fit_as_meta_ran_them_and_land_within_five_percent(checks: list[HeldOutCheck]) -> None:
+    """With fused elementwise kernels pinned (a fused SwiGLU keeps 3 of the MLP's 4 wide tensors), the
+    model's fastest schedule that fits is the paper's: no recomputation, 8 virtual stages."""
     assert len(checks) == 2
     for c in checks:
+        cfg = c.estimate.config
+        assert not c.refused and cfg.tp == 8 and cfg.pp == 16 and cfg.compile_layers
+        assert cfg.ckpt_ratio == 0.0 and cfg.virtual_stages == 8, cfg
+        assert abs(c.error) < 0.05, (c.row["gpus"], c.error)
+
+
+def test_unfused_the_paper_schedule_would_not_fit(checks: list[HeldOutCheck]) -> None:
+    """The fused kernels are what fits it: unfused, autograd keeps the SwiGLU's activation too, and
+    the same schedule needs more than the 80 GB a device has (so what fits would recompute)."""
+    for c in checks:
         r = c.row
-        assert not c.refused
-        assert c.estimate.config.tp == 8 and c.estimate.config.pp == 16
         cluster = ClusterSpec(gpus=int(r["gpus"]), gpu_type=r["gpu"], gpus_per_node=8)
-        own = estimate(row_model(r), _paper_schedule(c), cluster)
-        assert abs(own.tflops_per_device / c.measured - 1) < 0.10, (r["gpus"], own.tflops_per_device)
-        # the model puts that schedule above 80 GB, so what fits recomputes (per op: the cheapest
-        # recomputation that fits) and is slower, by about a tenth
-        assert not own.fits and c.estimate.config.ckpt_ratio > 0 and -0.11 < c.error < -0.05
+        unfused = estimate(row_model(r), replace(_paper_schedule(c), compile_layers=False), cluster)
+        assert not unfused.fits
+        assert unfused.memory_per_device_bytes > 1.1 * c.estimate.memory_per_device_bytes
 
 
 def test_the_a100_gemm_efficiency_would_overrate_h100(checks: list[HeldOutCheck]) -> None:
