@@ -251,11 +251,14 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
                  "(assumed: the post names no kernels), eager attention and loss; compared: sequences/s.")
     lines.append("MT-NLG 530B on A100 80GB with DeepSpeed's pipeline engine and Megatron's TP (Smith et al. 2022): tp 8, "
                  "pp 35, batch 1,920, fp16, micro-batch 1, every layer recomputed, Megatron's fused kernels, ZeRO-1, "
-                 "1F1B; a stack ~40 % slower than Megatron-LM's own run of the same layout (korthikanti2022_table5, "
-                 "530B), which no knob expresses; compared: sequences/s.")
+                 "1F1B run by DeepSpeed's pipeline engine (its blocking sends and receives: four transfers a "
+                 "micro-batch on the critical path, Megatron's batched exchange two; autoslapo.cost.p2p); a stack "
+                 "~40 % slower than Megatron-LM's own run of the same layout (korthikanti2022_table5, 530B), more "
+                 "than those transfers explain; compared: sequences/s.")
     lines.append("BLOOM 176B on 384 A100 80GB with the same stack, Megatron-DeepSpeed (BigScience 2022, the run's "
                  "tr11-176B-ml script and model page): tp 4, pp 12, dp 8, micro-batch 2, batch 2,048, bf16, every "
-                 "layer recomputed, Megatron's fused kernels, ZeRO-1 (its BF16 optimizer), 1F1B, Jean Zay's "
+                 "layer recomputed, Megatron's fused kernels, ZeRO-1 (its BF16 optimizer), 1F1B on DeepSpeed's "
+                 "pipeline engine, Jean Zay's "
                  "Omni-Path network (6.25 GB/s a GPU across nodes); compared: sequences/s, the iteration time "
                  "from its ~150 TFLOP/s a GPU by the stack's formula (104.5 s).")
     lines.append("Llama 2 13B / 70B and Llama 3 8B / 70B on 64 A100 80GB with torchtitan's FSDP2 (its performance.md, "

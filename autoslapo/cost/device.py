@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.errors import ConfigError
+
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
 
@@ -19,6 +21,8 @@ MiB = 1024**2
 GiB = 1024**3
 
 #: ``DevicePerf.runtime`` of autoslapo's own runtime on a CPU rank and on a GPU (see ``DevicePerf``).
+#: Pipeline engines whose point-to-point transfers the step-time model counts (``pipeline_transfers``).
+PIPELINE_ENGINES = ("megatron", "deepspeed")
 AUTOSLAPO_CPU = "autoslapo"
 AUTOSLAPO_GPU = "autoslapo-gpu"
 
@@ -67,6 +71,10 @@ class DevicePerf:
     ``gemm_curve``: optional measured ``(flops, tflops)`` points (a CPU profile); replaces the
     GEMM model when given. ``mem_curve``: optional measured ``(bytes, GB/s)`` of copies by size (a
     CPU's caches make small tensors faster than DRAM); replaces ``hbm_gbps`` when given.
+    ``pipeline_engine``: whose pipeline runs the stages, for its point-to-point transfers a step
+    (``pipeline_transfers``): ``"megatron"``, Megatron-LM's 1F1B with its batched send-and-receive
+    (also autoslapo's runtime, ``torch.distributed.pipelining``); ``"deepspeed"``, DeepSpeed's
+    ``PipelineEngine`` (Megatron-DeepSpeed), whose sends and receives each block.
     ``gemm_fixed_s``: a GEMM launch's fixed ramp-and-drain time (its efficiency saturates with its
     size). ``host_op_s``: the host's time to issue one kernel from eager PyTorch (a micro-batch takes
     at least its kernels times this). Both in ``autoslapo.cost.kernels``; 0 on a CPU profile, whose
@@ -96,6 +104,12 @@ class DevicePerf:
     mem_curve: tuple[tuple[float, float], ...] = ()
     gemm_fixed_s: float = 0.0
     host_op_s: float = 0.0
+    pipeline_engine: str = "megatron"
+
+    def __post_init__(self) -> None:
+        if self.pipeline_engine not in PIPELINE_ENGINES:
+            raise ConfigError(f"pipeline_engine must be one of {', '.join(PIPELINE_ENGINES)}: got "
+                              f"{self.pipeline_engine!r}; use megatron for Megatron-LM or autoslapo's runtime")
 
     @classmethod
     def from_profile(cls, base: DevicePerf, profile: dict[str, Any]) -> DevicePerf:

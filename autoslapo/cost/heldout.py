@@ -52,9 +52,11 @@ announcement, which some write-ups give as 40GB: the README reports both), a bat
 60.1 / 50.2 / 44.4 s an iteration (126 / 121 / 113 TFLOP/s a GPU, which the times reproduce),
 fp16 with activation checkpointing, on DeepSpeed's pipeline engine with Megatron's tensor
 parallelism: pinned as micro-batch 1, full recomputation, Megatron's fused kernels, eager attention
-and loss, ZeRO-1, 1F1B. This stack ran the same model and layout about 40 % slower per sequence
-and GPU than Megatron-LM's own later run (``korthikanti2022_table5``, 530B), which the model has no
-knob for: these rows report that difference, not a fit.
+and loss, ZeRO-1, 1F1B; the ``pipeline_engine`` column (``deepspeed``) has the model count that
+engine's blocking sends and receives (``autoslapo.cost.p2p``). This stack ran the same model and
+layout about 40 % slower per sequence and GPU than Megatron-LM's own later run
+(``korthikanti2022_table5``, 530B), more than those transfers explain: these rows report that
+difference, not a fit.
 
 The same file, ``bigscience2022_bloom``: BLOOM 176B (BigScience, Le Scao et al., arXiv 2211.05100,
 2022; 70 layers, hidden 14,336, 112 heads, sequence 2,048, a vocabulary of 250,680 padded to 250,880
@@ -106,11 +108,13 @@ the job for a ``samples_per_s`` row.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import KNOB, ScheduleConfig
+from autoslapo.cost.device import PIPELINE_ENGINES, DevicePerf, device_perf
 from autoslapo.cost.estimate import estimate
 from autoslapo.cost.field import FieldCheck
 from autoslapo.cost.field import load_rows as load_field_rows
@@ -179,6 +183,19 @@ def pinned_knobs(row: dict[str, str]) -> dict[str, object]:
     return {k: KNOB[k].check(v, "a held-out row") for k, v in pinned.items()}
 
 
+def row_perf(row: dict[str, str], cluster: ClusterSpec) -> DevicePerf:
+    """The device preset with the row's pipeline engine (optional ``pipeline_engine`` column:
+    ``megatron`` when empty or absent, ``deepspeed`` for Megatron-DeepSpeed's runs)."""
+    engine = row.get("pipeline_engine") or "megatron"
+    if engine not in PIPELINE_ENGINES:
+        raise ConfigError(f"a held-out row's pipeline_engine must be one of {', '.join(PIPELINE_ENGINES)}: got "
+                          f"{engine!r}; leave it empty for Megatron-LM's")
+    if engine == "deepspeed" and row["pipeline_schedule"] != "1f1b":
+        raise ConfigError(f"DeepSpeed's pipeline engine runs its own TrainSchedule, priced as 1f1b: got "
+                          f"pipeline_schedule {row['pipeline_schedule']!r} with it; write 1f1b")
+    return replace(device_perf(cluster), pipeline_engine=engine)
+
+
 def check_row(row: dict[str, str]) -> HeldOutCheck:
     """Estimate the row's schedule (see the module docstring) and compare its metric."""
     if row["metric"] not in METRICS or int(row["cp"]) != 1:
@@ -190,13 +207,15 @@ def check_row(row: dict[str, str]) -> HeldOutCheck:
     fixed: dict[str, Any] = dict(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), precision=row["precision"],
                                  pipeline_schedule=row["pipeline_schedule"])
     fixed.update(pinned_knobs(row))
-    best = best_config(model, cluster, global_batch=int(row["global_batch"]), **fixed)
+    perf = row_perf(row, cluster)
+    best = best_config(model, cluster, global_batch=int(row["global_batch"]), perf=perf, **fixed)
     if row["pipeline_schedule"] == "interleaved" and "virtual_stages" not in fixed:
         # the sweep interleaves 2 chunks a rank; the fastest that fits over the other counts too
         for v in VIRTUAL_STAGES:
             if pp_problem(int(row["pp"]), model, cluster, v):
                 continue
-            e = best_config(model, cluster, global_batch=int(row["global_batch"]), virtual_stages=v, **fixed)
+            e = best_config(model, cluster, global_batch=int(row["global_batch"]), virtual_stages=v, perf=perf,
+                            **fixed)
             if e.fits and e.samples_per_s > best.samples_per_s:
                 best = e
     if row["metric"] == "tokens_per_s_per_gpu":

@@ -47,6 +47,7 @@ from autoslapo.cost.memory import (
     stage_params,
     state_bytes_per_param,
 )
+from autoslapo.cost.p2p import pipeline_transfers
 from autoslapo.layout import chunk_sizes, rank_layers
 
 if TYPE_CHECKING:
@@ -428,11 +429,11 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     p2p_bytes = T * h * e / (t if config.sequence_parallel else 1)
     if model.encoder_decoder:  # T5: both streams, source and target tokens
         p2p_bytes = b * (s + model.decoder_seq_len) * h * e
-    p2p = 2 * (p2p_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
+    transfer = p2p_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s if pp > 1 else 0.0
     v = config.virtual_stages
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
     slots = bubble_slots(config, model.blocks, per_stage)
-    pp_comm = (m + slots) * p2p * v
+    pp_comm = pipeline_transfers(perf.pipeline_engine, m, pp, (m + slots) * v) * transfer
     if pp > 1 and model.shared_layers:
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
         # group once a step, after the schedule (``PipelineRuntime.sync_tied_grads``)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from autoslapo.cost.epilogue import accumulation_s, loss_scaler_s, optimizer_s
 from autoslapo.cost.memory import checkpointed_layer_ids, state_bytes_per_param
+from autoslapo.cost.p2p import pipeline_transfers
 from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, bubble_slots, group_bandwidth
 from autoslapo.layout import rank_layers
 
@@ -71,14 +72,14 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
              if config.ckpt_granularity == "selective" else layer_f + 2 * tp_one)
     rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
     slots = bubble_slots(config, blocks, per_stage)
-    p2p = 2 * (hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s) if pp > 1 else 0.0
+    transfer = hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s if pp > 1 else 0.0
     tied = _ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf) if pp > 1 else 0.0
     opt_params = n_params / (dp if z >= 1 else 1)
     return TimeBreakdown(
         compute=m * (fwd_mb + bwd_mb),
         recompute=m * rec_mb,
         tp_comm=m * tp_mb,
-        pp_comm=(m + slots) * p2p * v + tied,
+        pp_comm=pipeline_transfers(perf.pipeline_engine, m, pp, (m + slots) * v) * transfer + tied,
         bubble=slots * (fwd_mb + bwd_mb + rec_mb + tp_mb),
         dp_comm=dp_comm,
         optimizer=optimizer_s(r.mem, config, opt_params),

@@ -199,6 +199,38 @@ def test_the_bloom_row_is_its_published_tflops_on_jean_zays_network_and_fits(all
     assert dgx.step_time_s < c.estimate.step_time_s
 
 
+def test_megatron_deepspeeds_rows_run_deepspeeds_pipeline_engine(all_checks: list[HeldOutCheck]) -> None:
+    """MT-NLG and BLOOM ran on DeepSpeed's pipeline engine, whose blocking sends and receives put four
+    transfers a micro-batch on the critical path (``autoslapo.cost.p2p``), where Megatron-LM's batched
+    exchange puts two: the same schedule's point-to-point time grows by that count, nothing else moves."""
+    checks = [c for c in all_checks if c.row["source"] in ("smith2022_mtnlg_table", "bigscience2022_bloom")]
+    assert len(checks) == 4
+    for c in checks:
+        r, cfg = c.row, c.estimate.config
+        assert r["pipeline_engine"] == "deepspeed"
+        cluster = row_cluster(r)
+        megatron = estimate(row_model(r), cfg, cluster)  # the preset: Megatron-LM's engine
+        mine, theirs = c.estimate.time, megatron.time
+        m, p = cfg.grad_accum, cfg.pp
+        assert mine.pp_comm / theirs.pp_comm == pytest.approx((4 * m + 2 * (p - 4)) / (2 * (m + p - 1)), rel=1e-6)
+        assert (mine.compute, mine.recompute, mine.bubble) == pytest.approx((theirs.compute, theirs.recompute, theirs.bubble))
+        assert c.estimate.step_time_s > megatron.step_time_s
+    assert all(not c.row.get("pipeline_engine") for c in all_checks if c.row["source"] == "korthikanti2022_table5")
+
+
+@pytest.mark.parametrize("change, match", [({"pipeline_engine": "gloo"}, "pipeline_engine must be one of"),
+                                           ({"pipeline_schedule": "interleaved"}, "TrainSchedule")])
+def test_a_bad_pipeline_engine_is_refused_with_the_rule(change: dict[str, str], match: str) -> None:
+    row = {**load_rows(DEEPSPEED_DATA)[0], **change}
+    with pytest.raises(ConfigError, match=match):
+        check_row(row)
+
+
+def test_a_device_with_an_unknown_pipeline_engine_is_refused() -> None:
+    with pytest.raises(ConfigError, match="pipeline_engine must be one of megatron, deepspeed"):
+        replace(PERF["a100-80gb"], pipeline_engine="pipedream")
+
+
 def test_the_resnet50_rows_are_torchvisions_shape_fit_and_amp_lands_within_ten_percent_on_one_gpu(
         all_checks: list[HeldOutCheck]) -> None:
     """NVIDIA's DeepLearningExamples ResNet-50 v1.5: the wideresnet family at width factor 1 is torchvision's

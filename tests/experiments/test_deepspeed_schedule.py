@@ -47,3 +47,20 @@ def test_mtnlgs_rows_come_from_the_validations_held_out_data(sched) -> None:  # 
     assert stages == 35 and [m for m, _ in rows] == [240, 192, 160]
     slot, x, worst = sched.fit_bubble(rows)
     assert 0.19 < slot < 0.2 and 60 < x < 70 and worst < 0.01
+
+
+@pytest.mark.parametrize(("stages", "micro_batches"), [(2, 1), (2, 9), (3, 1), (3, 2), (4, 8), (7, 5), (12, 16), (35, 40)])
+def test_the_cost_models_deepspeed_transfers_are_the_replays(sched, stages: int, micro_batches: int) -> None:  # type: ignore[no-untyped-def]
+    """``autoslapo.cost.p2p.pipeline_transfers`` for DeepSpeed's engine counts the transfers the replay of its
+    TrainSchedule puts on the critical path; Megatron's batched exchange puts two a slot."""
+    from autoslapo.cost.p2p import pipeline_transfers
+
+    ops = sched.streams(micro_batches, stages)
+    t = 1e-3  # small beside the compute, so the critical path keeps its shape
+    replayed = (sched.makespan(ops, 1.0, 3.0, t) - sched.makespan(ops, 1.0, 3.0)) / t
+    slots = micro_batches + stages - 1
+    assert pipeline_transfers("deepspeed", micro_batches, stages, slots) == pytest.approx(replayed, abs=1e-6)
+    assert pipeline_transfers("megatron", micro_batches, stages, slots) == 2 * slots
+    if stages >= 3 and micro_batches >= 2:  # a micro-batch more: four transfers more, Megatron's two
+        more = pipeline_transfers("deepspeed", micro_batches + 1, stages, slots + 1)
+        assert more - pipeline_transfers("deepspeed", micro_batches, stages, slots) == 4
