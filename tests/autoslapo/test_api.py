@@ -128,6 +128,7 @@ def _both(url: str) -> list[dict[str, Any]]:
     return [_train_two_steps(url, {}), _train_two_steps(url, {"measured_only": True}), _train_fp16_pipeline(url)]
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_apply_best_trains_the_tuned_schedule_on_two_ranks(url: str) -> None:
     from autoslapo.dist import spawn
 

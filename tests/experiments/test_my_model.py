@@ -22,6 +22,7 @@ def _autoslapo(*args: str, cache: Path, timeout: float = 900) -> subprocess.Comp
                           timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_verify_tp2_checks_outputs_and_every_gradient(tmp_path: Path) -> None:
     # selective recomputation of the checkpointed blocks' attention (the file's family.attention)
     proc = _autoslapo("verify", str(EXAMPLE), "--tp", "2", "--ckpt-ratio", "0.5", "--ckpt-granularity", "selective",

@@ -71,6 +71,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     s.close()
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_sign_in_submit_a_study_and_watch_it_finish_in_chromium(server: Server, tmp_path: Path) -> None:
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,

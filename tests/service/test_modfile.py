@@ -390,6 +390,7 @@ def test_without_the_flag_a_module_file_is_refused_before_anything_runs(client: 
     assert r.status_code == 403 and "--allow-module-files" in r.json()["error"]
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_submit_run_and_ask_for_the_best_of_a_module_file(open_client: TestClient, tokens: dict[str, str],
                                                           module_worker: Worker, service_store: Store,
                                                           tmp_path: Path) -> None:
@@ -424,6 +425,7 @@ def test_submit_run_and_ask_for_the_best_of_a_module_file(open_client: TestClien
     assert by_signature.json() == posted_estimate.json() and by_signature.json()["model"] == "tiny"
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_a_worker_that_takes_a_module_job_over_builds_the_same_spec(service_store: Store, cache: Path) -> None:
     request = StudyRequest.from_json({**BASE, "model": payload(), "trials": 5, "name": "mod"}, allow_module_files=True)
     first = request.model_spec()
@@ -442,6 +444,7 @@ def test_a_worker_that_takes_a_module_job_over_builds_the_same_spec(service_stor
     assert len([t for t in service_store.trials("mod") if t.status != "pruned"]) == 5
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_a_worker_without_the_flag_leaves_a_module_job_to_one_that_has_it(service_store: Store) -> None:
     request = StudyRequest.from_json({**BASE, "model": payload(), "trials": 2, "name": "mod"}, allow_module_files=True)
     service_store.jobs.submit("mod", request.to_dict())

@@ -90,6 +90,7 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
     p.close()
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_remote_tune_and_best_against_a_running_server(procs: Processes, tmp_path: Path) -> None:
     procs.serve()
     procs.worker()
@@ -169,6 +170,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads children from Linux's /proc")
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_kill_9_of_the_server_takes_its_workers_down(procs: Processes) -> None:
     server = procs.serve("--workers", "1")
     r = httpx.post(f"{procs.base}/v1/studies", headers={"Authorization": f"Bearer {procs.submit}"}, timeout=10,
@@ -252,6 +254,7 @@ def test_kill_9_of_worker_and_server_loses_nothing(store_url: str, tmp_path: Pat
         procs.close()
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_remote_tune_and_best_of_a_config_json(procs: Processes) -> None:
     """`tune CONFIG.json --server` sends the config as data; `best CONFIG.json --server` and
     `autoslapo.best(CONFIG.json, server=)` find its study by the spec's signature."""

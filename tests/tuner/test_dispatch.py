@@ -70,6 +70,7 @@ def test_joining_an_address_where_nothing_listens_is_one_line_of_bad_input(
     assert not db.exists()  # refused before the store was opened
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_a_real_trial_needing_several_nodes_reserves_a_bundle_per_machine(store: Store) -> None:
     from tuner import StudyRunner
     from tuner.dispatch import ranks_per_node, trial_resources

@@ -83,6 +83,7 @@ def _check(url: str, budget: int) -> None:
     store.close()
 
 
+@pytest.mark.slow  # an end-to-end run of separate processes (see pyproject's markers)
 def test_kill_9_then_resume_ends_with_exactly_the_budget(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'kill.db'}"
     _run(url, 25, kill_after=0.0, kill_at_trials=8)
