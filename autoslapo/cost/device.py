@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 MiB = 1024**2
 GiB = 1024**3
 
-#: ``DevicePerf.runtime`` of autoslapo's own runtime on a CPU rank and on a GPU (see ``DevicePerf``).
-#: Pipeline engines whose point-to-point transfers the step-time model counts (``pipeline_transfers``).
+#: Pipeline engines whose point-to-point transfers the step-time model counts
+#: (``autoslapo.cost.p2p.pipeline_transfers``).
 PIPELINE_ENGINES = ("megatron", "deepspeed")
+#: ``DevicePerf.runtime`` of autoslapo's own runtime on a CPU rank and on a GPU (see ``DevicePerf``).
 AUTOSLAPO_CPU = "autoslapo"
 AUTOSLAPO_GPU = "autoslapo-gpu"
 

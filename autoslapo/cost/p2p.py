@@ -17,8 +17,8 @@ def pipeline_transfers(engine: str, m: int, pp: int, slots: float) -> float:
     each activation and gradient: replayed instruction by instruction (``experiments/
     deepspeed_schedule.py``, every stage's stream of the installed DeepSpeed, a send meeting its
     receive), its critical path holds ``4 m + 2 (pp - 4)`` transfers for pp >= 3 and m >= 2 (2 m
-    for two stages, 2 (pp - 1) for one micro-batch): twice Megatron's a micro-batch, since the
-    receive of a gradient waits for the stage behind to finish its own send.
+    for two stages, 2 (pp - 1) for one micro-batch): four a micro-batch, twice Megatron's
+    (``tests/experiments/test_deepspeed_schedule.py`` checks this count against the replay).
     """
     if pp <= 1:
         return 0.0
