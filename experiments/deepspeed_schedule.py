@@ -3,8 +3,9 @@
 The cost model times a 1F1B pipeline as (m + p - 1) slots of a micro-batch's forward and backward
 on the busiest stage (m micro-batches, p stages). MT-NLG 530B and BLOOM 176B ran on DeepSpeed's
 pipeline engine (Megatron-DeepSpeed), whose ``TrainSchedule`` is a different program: 2 (m + p - 1)
-steps a stage, each one forward or one backward (forward on a stage's even steps, its neighbours' odd), with the sends of one step deferred to
-the next and every send and receive a blocking ``dist.send`` / ``dist.recv`` pair.
+steps a stage, each one forward or one backward (forward on a stage's even steps, its neighbours'
+odd), with the sends of one step deferred to the next and every send and receive a blocking
+``dist.send`` / ``dist.recv`` pair.
 
 (a) Replays the installed DeepSpeed's own ``TrainSchedule`` instruction streams (every stage's) with
     those semantics (a send and its receive complete together, at the later of the two arrivals,

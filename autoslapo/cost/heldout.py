@@ -114,7 +114,7 @@ from typing import Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import KNOB, ScheduleConfig
-from autoslapo.cost.device import PIPELINE_ENGINES, DevicePerf, device_perf
+from autoslapo.cost.device import DevicePerf, device_perf
 from autoslapo.cost.estimate import estimate
 from autoslapo.cost.field import FieldCheck
 from autoslapo.cost.field import load_rows as load_field_rows
@@ -186,10 +186,7 @@ def pinned_knobs(row: dict[str, str]) -> dict[str, object]:
 def row_perf(row: dict[str, str], cluster: ClusterSpec) -> DevicePerf:
     """The device preset with the row's pipeline engine (optional ``pipeline_engine`` column:
     ``megatron`` when empty or absent, ``deepspeed`` for Megatron-DeepSpeed's runs)."""
-    engine = row.get("pipeline_engine") or "megatron"
-    if engine not in PIPELINE_ENGINES:
-        raise ConfigError(f"a held-out row's pipeline_engine must be one of {', '.join(PIPELINE_ENGINES)}: got "
-                          f"{engine!r}; leave it empty for Megatron-LM's")
+    engine = row.get("pipeline_engine") or "megatron"  # an unknown one: ``DevicePerf`` says the rule
     if engine == "deepspeed" and row["pipeline_schedule"] != "1f1b":
         raise ConfigError(f"DeepSpeed's pipeline engine runs its own TrainSchedule, priced as 1f1b: got "
                           f"pipeline_schedule {row['pipeline_schedule']!r} with it; write 1f1b")
