@@ -45,6 +45,7 @@ from autoslapo.cost.heldout import (
     MEGATRON_DATA,
     RESNET_DATA,
     TORCHTITAN_DATA,
+    TORCHTITAN_H100_DATA,
     V100_DATA,
     VIRTUAL_STAGES,
     known_oom_fits,
@@ -108,16 +109,17 @@ V100_SOURCE = "adlr2020_megatron_v1"
 DEEPSPEED_SOURCE = "smith2022_mtnlg_table"
 BLOOM_SOURCE = "bigscience2022_bloom"
 TORCHTITAN_SOURCE = "torchtitan2024_a100"
+TORCHTITAN_H100_SOURCE = "torchtitan2024_h100"
 RESNET_SOURCE = "nvidia_dle_resnet50"
 FITTED = {"narayanan2021_table1": True, "nvidia_dle_bert_pretrain": True, FIELD_SOURCE: False, HELDOUT_SOURCE: False,
           MEGATRON_SOURCE: False, V100_SOURCE: False, DEEPSPEED_SOURCE: False, BLOOM_SOURCE: False,
-          TORCHTITAN_SOURCE: False, RESNET_SOURCE: False}
+          TORCHTITAN_SOURCE: False, RESNET_SOURCE: False, TORCHTITAN_H100_SOURCE: False}
 METRIC = {"narayanan2021_table1": "TFLOP/s a GPU (incl. recompute)", "nvidia_dle_bert_pretrain": "sequences/s",
           FIELD_SOURCE: "tokens/s a GPU", HELDOUT_SOURCE: "model TFLOP/s a GPU",
           MEGATRON_SOURCE: "sequences/s (batch / iteration time)", V100_SOURCE: "sequences/s (batch / iteration time)",
           DEEPSPEED_SOURCE: "sequences/s (batch / iteration time)",
           BLOOM_SOURCE: "sequences/s (batch / iteration time from TFLOP/s)", TORCHTITAN_SOURCE: "tokens/s a GPU",
-          RESNET_SOURCE: "images/s of the job"}
+          RESNET_SOURCE: "images/s of the job", TORCHTITAN_H100_SOURCE: "tokens/s a GPU"}
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,8 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
     checks = heldout_check_all()
     lines.append("")
     lines.append(f"## Published runs held out (autoslapo/cost/data/{HELDOUT_DATA.name}, {MEGATRON_DATA.name}, "
-                 f"{V100_DATA.name}, {DEEPSPEED_DATA.name}, {TORCHTITAN_DATA.name}, {RESNET_DATA.name}; never fitted)")
+                 f"{V100_DATA.name}, {DEEPSPEED_DATA.name}, {TORCHTITAN_DATA.name}, {RESNET_DATA.name}, "
+                 f"{TORCHTITAN_H100_DATA.name}; never fitted)")
     lines.append("Llama 3 405B pre-training on H100 (Dubey et al. 2024, table 4): tp, pp, dp, global batch, bf16 and "
                  "the interleaved schedule pinned, and fused elementwise kernels (compile_layers: the paper names "
                  "none, assumed as for the ADLR rows; a fused SwiGLU keeps 3 of the MLP's 4 wide tensors); "
@@ -264,13 +267,18 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
     lines.append("Llama 2 13B / 70B and Llama 3 8B / 70B on 64 A100 80GB with torchtitan's FSDP2 (its performance.md, "
                  "April 2024): every knob pinned (ZeRO-3, sdpa, an eager fp32 loss, the row's micro-batch, its "
                  "checkpointing: full, every second layer as ratio 0.5, its 'selective op' policy as "
-                 "ckpt_granularity op, or none); compared: tokens/s a GPU.")
+                 "ckpt_granularity op, or none), and its RMSNorm as each model's train config ran it (Triton-fused "
+                 "for 8B and 13B, eager for 70B); compared: tokens/s a GPU.")
     lines.append("ResNet-50 v1.5 on 1 and 8 A100 80GB / V100 16GB / V100 32GB with NVIDIA's DeepLearningExamples "
                  "(PyTorch, NGC 21.03): the resnet-50 preset (the wideresnet family at width factor 1), data parallel, the row's batch a GPU (256; "
                  "112 for V100 fp32), no recomputation; AMP as fp16, TF32 / FP32 as fp32 (convolutions on TF32 "
                  "tensor cores on A100, as cuDNN runs them by default); not modelled: the input pipeline (DALI), "
                  "NCHW's layout transposes (TF32 / FP32 rows) and cuDNN's choice of algorithm a convolution; compared: "
                  "images/s of the job.")
+    lines.append("Llama 3.1 8B on 8 and 128 H100 (96 GB HBM2e at 2.4 TB/s, 500 W) with torchtitan's FSDP2 (its "
+                 "performance.md of 2025, December 2024 stack): ZeRO-3, local batch 2, its 'selective op' policy, "
+                 "eager RMSNorm, sdpa, an eager fp32 loss, without and with torch.compile (compile_layers); the "
+                 "preset's SXM peak (the page: between SXM's 989 and NVL's 835 TFLOP/s); compared: tokens/s a GPU.")
     lines.append(f"{'source':24} {'model':13} {'gpu':10} {'prec':4} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} "
                  f"{'recompute':>9} {'sp':>2} {'pred GiB':>8} {'published':>9} {'predicted':>9} {'error':>7}  "
                  "no recompute: error at v=" + "/".join(str(v) for v in VIRTUAL_STAGES) + f", GiB at v={VIRTUAL_STAGES[-1]} "
@@ -287,6 +295,8 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
             if cfg.compile_layers:  # what the fused kernels save: the same schedule unfused
                 unfused = estimate(model, replace(bare[-1].config, compile_layers=False), cluster)
                 per_v += f" ({unfused.memory_per_device_bytes / 2**30:.1f} unfused)"
+        elif r["source"] == TORCHTITAN_H100_SOURCE:
+            per_v = "compiled" if cfg.compile_layers else "eager"
         recompute = "none" if cfg.ckpt_ratio == 0 else f"{cfg.ckpt_granularity} {cfg.ckpt_ratio:g}"
         lines.append(f"{r['source']:24} {r['model']:13} {r['gpu']:10} {cfg.precision:4} {r['gpus']:>6} {cfg.tp:>2} {cfg.pp:>2} {cfg.dp:>4} "
                      f"{cfg.micro_batch:>3} {cfg.grad_accum:>3} {cfg.virtual_stages:>2} {recompute:>9} "

@@ -23,6 +23,8 @@ GiB = 1024**3
 #: Pipeline engines whose point-to-point transfers the step-time model counts
 #: (``autoslapo.cost.p2p.pipeline_transfers``).
 PIPELINE_ENGINES = ("megatron", "deepspeed")
+#: How the training code runs an RMSNorm (``autoslapo.cost.kernels.norm_traffic``).
+NORM_KERNELS = ("eager", "fused")
 #: ``DevicePerf.runtime`` of autoslapo's own runtime on a CPU rank and on a GPU (see ``DevicePerf``).
 AUTOSLAPO_CPU = "autoslapo"
 AUTOSLAPO_GPU = "autoslapo-gpu"
@@ -76,6 +78,9 @@ class DevicePerf:
     (``pipeline_transfers``): ``"megatron"``, Megatron-LM's 1F1B with its batched send-and-receive
     (also autoslapo's runtime, ``torch.distributed.pipelining``); ``"deepspeed"``, DeepSpeed's
     ``PipelineEngine`` (Megatron-DeepSpeed), whose sends and receives each block.
+    ``norm_kernel``: how the training code runs an RMSNorm: ``"eager"``, eight ops as transformers
+    writes it (autoslapo's models); ``"fused"``, one kernel (a Triton or CUDA RMSNorm). Compiled
+    layers (the ``compile_layers`` knob) fuse it either way.
     ``gemm_fixed_s``: a GEMM launch's fixed ramp-and-drain time (its efficiency saturates with its
     size). ``host_op_s``: the host's time to issue one kernel from eager PyTorch (a micro-batch takes
     at least its kernels times this). Both in ``autoslapo.cost.kernels``; 0 on a CPU profile, whose
@@ -106,11 +111,15 @@ class DevicePerf:
     gemm_fixed_s: float = 0.0
     host_op_s: float = 0.0
     pipeline_engine: str = "megatron"
+    norm_kernel: str = "eager"
 
     def __post_init__(self) -> None:
         if self.pipeline_engine not in PIPELINE_ENGINES:
             raise ConfigError(f"pipeline_engine must be one of {', '.join(PIPELINE_ENGINES)}: got "
                               f"{self.pipeline_engine!r}; use megatron for Megatron-LM or autoslapo's runtime")
+        if self.norm_kernel not in NORM_KERNELS:
+            raise ConfigError(f"norm_kernel must be one of {', '.join(NORM_KERNELS)}: got {self.norm_kernel!r}; "
+                              "use eager for transformers' RMSNorm, fused for a one-kernel one")
 
     @classmethod
     def from_profile(cls, base: DevicePerf, profile: dict[str, Any]) -> DevicePerf:
@@ -149,8 +158,8 @@ _GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_add
 # fraction of the quoted peak is therefore 0.8 of A100's 0.82 (not cuBLAS's best-case ~0.72 on
 # one GEMM at boost clock): a device efficiency, the same for every row on the device. Checked on
 # runs never fitted (``autoslapo.cost.heldout``: Llama 3 405B on 8,192 / 16,384 H100, Dubey et al.
-# 2024 table 4, the paper's own schedule without recomputation, fused kernels pinned): +1.2 % /
-# +3.7 % model TFLOP/s a GPU; A100's 0.82 would be +18.5 % / +21.5 %.
+# 2024 table 4, the paper's own schedule without recomputation, fused kernels pinned): +1.1 % /
+# +3.5 % model TFLOP/s a GPU; A100's 0.82 would be +18.2 % / +21.2 %.
 H100_GEMM_EFF = 0.66
 PERF: dict[str, DevicePerf] = {
     "v100-16gb": DevicePerf("v100-16gb", gemm_eff=0.80, sms=80, hbm_gbps=900.0, **_GPU),  # type: ignore[arg-type]

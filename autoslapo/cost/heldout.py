@@ -1,6 +1,6 @@
 """Check the cost model against published training runs it was never fitted to. Pure.
 
-Six tables, seven sources (held out: no device or runtime figure was set from them):
+Seven tables, eight sources (held out: no device or runtime figure was set from them):
 
 ``data/h100_heldout_bf16.csv``, ``dubey2024_llama3_table4``: "The Llama 3 Herd of Models" (Dubey et
 al., Meta, arXiv 2407.21783, 2024), table 4: Llama 3 405B pre-training (8,192-token sequences, 16M
@@ -82,7 +82,23 @@ micro-batch; its activation checkpointing as knobs: "full" as ``ckpt_ratio=1``, 
 (its policy of that commit, ``parallelize_llama.py``: keep the outputs of the sdpa kernels and of
 every mm but each second one) as ``ckpt_granularity="op"``, "no" as ``ckpt_ratio=0``. The page also
 says that Llama 2 70B at local batch 2 with selective (op) checkpointing ran out of memory
-(``KNOWN_OOM``): a run the model must refuse.
+(``KNOWN_OOM``): a run the model must refuse. The commits' train configs run Llama 3 8B and Llama 2
+13B with torchtitan's Triton RMSNorm (``norm_type = "fused_rmsnorm"``), the 70B models with its eager
+one (``"rmsnorm"``): the ``norm_kernel`` column (``DevicePerf.norm_kernel``).
+
+``data/h100_heldout_torchtitan.csv``, ``torchtitan2024_h100``: torchtitan's H100 benchmark
+(``benchmarks/llama3_h100_202412_torchtitan.md``, first published as the same performance page in
+2025; torch, torchao and torchtitan of December 2024), tables 1 and 3: Llama 3.1 8B (the Llama 3 8B shape), FSDP2 on 8 and 128 GPUs, local batch 2 of 8,192
+tokens, its selective "op" checkpointing (``train_configs/llama3_8b.toml`` at the runs' commit
+9dec370: ``selective_ac_option = 'op'``, ``norm_type = "rmsnorm"``, eager), without and with
+``torch.compile`` (pinned as ``compile_layers``), tokens/s a GPU as published (the rows with Float8
+or context parallelism are left out: the model has neither). Another GPU generation for the
+torchtitan stack: H100 SXM of Meta's Grand Teton with 96 GB of HBM2e at 2.4 TB/s (columns
+``memory_gb``, ``hbm_gbps``), 400 Gb/s a GPU between hosts, power-limited to 500 W, whose peak the
+page puts "between SXM and NVL" (989 and 835 TFLOP/s): the rows use the preset's SXM figure (column
+``peak_tflops`` empty), the README gives both bounds. What the rows check whatever the peak: the
+gain of ``torch.compile`` (16 % measured), which is what eager RMSNorms and rotary positions cost. The page's memory readings (82.4 / 77.0 GiB on 8
+GPUs, 67.0 / 62.0 on 128) are the allocator's peak reserve, not compared here.
 
 ``data/a100_v100_heldout_resnet50.csv``, ``nvidia_dle_resnet50``: NVIDIA DeepLearningExamples,
 ``PyTorch/Classification/ConvNets/resnet50v1.5/README.md``, "Training performance results" (the
@@ -129,8 +145,9 @@ V100_DATA = Path(__file__).with_name("data") / "v100_heldout_megatron.csv"
 DEEPSPEED_DATA = Path(__file__).with_name("data") / "a100_heldout_deepspeed.csv"
 TORCHTITAN_DATA = Path(__file__).with_name("data") / "a100_heldout_torchtitan.csv"
 RESNET_DATA = Path(__file__).with_name("data") / "a100_v100_heldout_resnet50.csv"
+TORCHTITAN_H100_DATA = Path(__file__).with_name("data") / "h100_heldout_torchtitan.csv"
 #: Every held-out table ``check_all`` reads.
-DATA_FILES = (DATA, MEGATRON_DATA, V100_DATA, DEEPSPEED_DATA, TORCHTITAN_DATA, RESNET_DATA)
+DATA_FILES = (DATA, MEGATRON_DATA, V100_DATA, DEEPSPEED_DATA, TORCHTITAN_DATA, RESNET_DATA, TORCHTITAN_H100_DATA)
 METRICS = ("model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu", "samples_per_s")
 #: A published run that ran out of memory (torchtitan's performance.md, footnote 1: Llama 2 70B on 64
 #: A100 80GB at local batch 2 with selective op checkpointing), as (row of its table with the same
@@ -159,11 +176,14 @@ def row_model(row: dict[str, str]) -> ModelSpec:
 
 
 def row_cluster(row: dict[str, str]) -> ClusterSpec:
-    """The row's cluster: 8 devices a node, and the node network the row gives (optional
-    ``inter_node_gbps`` column: GB/s a device; empty or absent, the device preset's)."""
+    """The row's cluster: 8 devices a node, and what the row gives of its device (optional columns,
+    empty or absent: the preset's): ``inter_node_gbps`` (GB/s a device), ``memory_gb`` (10^9 bytes)
+    and ``peak_tflops`` (16-bit dense)."""
     gpus = int(row["gpus"])
     return ClusterSpec(gpus=gpus, gpu_type=row["gpu"], gpus_per_node=min(8, gpus),
-                       inter_node_gbps=float(row.get("inter_node_gbps") or 0.0))
+                       inter_node_gbps=float(row.get("inter_node_gbps") or 0.0),
+                       memory_bytes=int(float(row.get("memory_gb") or 0.0) * 1e9),
+                       peak_tflops=float(row.get("peak_tflops") or 0.0))
 
 
 def pinned_knobs(row: dict[str, str]) -> dict[str, object]:
@@ -184,13 +204,15 @@ def pinned_knobs(row: dict[str, str]) -> dict[str, object]:
 
 
 def row_perf(row: dict[str, str], cluster: ClusterSpec) -> DevicePerf:
-    """The device preset with the row's pipeline engine (optional ``pipeline_engine`` column:
-    ``megatron`` when empty or absent, ``deepspeed`` for Megatron-DeepSpeed's runs)."""
+    """The device preset with the row's stack and device figures, each from an optional column
+    (empty or absent: the preset's): ``pipeline_engine`` (``deepspeed`` for Megatron-DeepSpeed's
+    runs), ``norm_kernel`` (``fused`` for a one-kernel RMSNorm) and ``hbm_gbps``."""
     engine = row.get("pipeline_engine") or "megatron"  # an unknown one: ``DevicePerf`` says the rule
     if engine == "deepspeed" and row["pipeline_schedule"] != "1f1b":
         raise ConfigError(f"DeepSpeed's pipeline engine runs its own TrainSchedule, priced as 1f1b: got "
                           f"pipeline_schedule {row['pipeline_schedule']!r} with it; write 1f1b")
-    return replace(device_perf(cluster), pipeline_engine=engine)
+    perf = replace(device_perf(cluster), pipeline_engine=engine, norm_kernel=row.get("norm_kernel") or "eager")
+    return replace(perf, hbm_gbps=float(row["hbm_gbps"])) if row.get("hbm_gbps") else perf
 
 
 def check_row(row: dict[str, str]) -> HeldOutCheck:

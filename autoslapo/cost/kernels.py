@@ -33,6 +33,16 @@ Three effects that a per-FLOP and per-byte roofline misses, each with its basis:
   retires: a micro-batch takes at least its kernel count times ``DevicePerf.host_op_s``. Megatron's
   pipeline synchronizes the host at every point-to-point exchange, so the floor applies per
   micro-batch, not per step.
+- **Eager RMSNorm and rotary positions.** A LayerNorm is one kernel (a read and a write). An
+  RMSNorm as transformers writes it (``LlamaRMSNorm``, ``T5LayerNorm``; torchtitan's ``RMSNorm`` of
+  2024 the same) is eight eager ops: a cast to fp32, a square, a mean, an add and a reciprocal
+  square root (a value a token), a product, a cast back and the weight's product, 36 HBM bytes an
+  element in 16-bit (28 in fp32, where the casts return their input). Rotary positions
+  (``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin``, and the same for k) are five ops
+  a tensor: a negation and a concatenation of halves, two products and a sum, 12 element sizes of
+  traffic an element (torchtitan's complex-number form moves about as much). Compiled, each is one
+  pass: a read and a write. Their share of a layer grows with the device's FLOPs over its
+  bandwidth, so an eager LLaMA is slower against its FLOPs on an H100 than on an A100.
 """
 
 from __future__ import annotations
@@ -49,6 +59,36 @@ FLASH_SOFTMAX_EXPOSED = 0.5
 # Fraction of the FP32 peak those elementwise operations reach inside the kernel (register-resident:
 # the same fraction as a large GEMM of its tensor-core peak is an upper bound; use it).
 FLASH_FP32_EFF = 0.8
+
+
+#: Families whose norms are RMSNorms as transformers writes them, and those with rotary positions
+#: (see the module docstring).
+RMS_NORM_FAMILIES = ("llama", "t5")
+ROTARY_FAMILIES = ("llama",)
+
+
+def norm_traffic(family: str, elem: float, fused: bool) -> tuple[float, int]:
+    """(HBM bytes an element, kernels) of one norm of ``family`` over ``elem``-byte activations."""
+    if fused or family not in RMS_NORM_FAMILIES:
+        return 2 * elem, 1
+    if elem == 4:  # fp32: the casts are no-ops
+        return 28.0, 6
+    return 20 + 2 * elem + 2 * (elem + 4), 8
+
+
+def rotary_traffic(elem: float, fused: bool) -> tuple[float, int]:
+    """(HBM bytes an element of q or k, kernels a tensor) of rotary positions (see the module docstring)."""
+    return (2 * elem, 1) if fused else (12 * elem, 5)
+
+
+def layer_norms_and_rotary(family: str, elem: float, fused: bool, hidden: int, kv_width: int,
+                           norm_kernel: str = "eager") -> tuple[float, float, int]:
+    """(HBM bytes a token of a layer's two norms, of its rotary positions over q (``hidden`` wide) and k
+    (``kv_width``), kernels beyond a LayerNorm's one a norm) for ``family``; ``fused``: compiled layers
+    (every elementwise chain one pass), ``norm_kernel`` ``"fused"``: a one-kernel RMSNorm only."""
+    norm, norm_kernels = norm_traffic(family, elem, fused or norm_kernel == "fused")
+    rope, rope_kernels = rotary_traffic(elem, fused) if family in ROTARY_FAMILIES else (0.0, 0)
+    return 2 * norm * hidden, rope * (hidden + kv_width), 2 * (norm_kernels - 1) + 2 * rope_kernels
 
 
 def flash_traffic_bytes(seq_q: float, seq_k: float, head_dim: float, batch: float, elem: float,

@@ -38,6 +38,7 @@ from autoslapo.cost.kernels import (
     gemm_size_efficiency,
     host_floor_s,
     interp_rate,
+    layer_norms_and_rotary,
 )
 from autoslapo.cost.memory import (
     TANH_GELU_FAMILIES,
@@ -258,14 +259,14 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
             bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
         attn_kernels = 1
     # elementwise traffic per token: norms, dropout + residual, activation, q/k/v layout copies
-    rep: float = 2 * (2 * h * e)  # two norms: read + write
+    rep, rope, extra_kernels = layer_norms_and_rotary(model.family, e, fused, h, kvd, r.perf.norm_kernel)
     per_res = (3 * e + 1) * h if fused else (5 * e + 1) * h
     if not dropout:
         per_res = 3 * e * h
     rep += 2 * per_res
     if config.sequence_parallel:
         rep /= t
-    kernels = 8 if fused else 14
+    kernels = (8 if fused else 14) + extra_kernels
     bias_fused = fused or config.fuse_bias_gelu
     if model.gated_mlp:
         act = 3 * e * f if fused else 5 * e * f  # silu, product
@@ -281,7 +282,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
     # q/k/v transposes into the [b, heads, s, d] layout and the context's back; a flash_attn kernel
     # reads and writes [b, s, heads, d] in place
     layout = 0.0 if config.attn_kernel == "flash" else 2 * e * (h + 2 * kvd) + 2 * e * h
-    shard = act + layout
+    shard = act + layout + rope
     ew = r.mem(T * (rep + shard / t), kernels)
     fwd = g + fwd_attn + ew
     bwd_total = bwd + bwd_attn + 2 * ew

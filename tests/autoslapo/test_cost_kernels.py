@@ -16,6 +16,9 @@ from autoslapo.cost.kernels import (
     flash_traffic_bytes,
     gemm_size_efficiency,
     host_floor_s,
+    layer_norms_and_rotary,
+    norm_traffic,
+    rotary_traffic,
 )
 from autoslapo.cost.time import estimate_time
 from autoslapo.models.spec import ModelSpec
@@ -131,3 +134,36 @@ def test_pipeline_sends_cross_nodes_and_scale_with_micro_batches() -> None:
     t8, t4 = estimate_time(model, across, many, perf), estimate_time(model, fewer, many, perf)
     assert t8.pp_comm / t4.pp_comm == pytest.approx((8 + 3) / (4 + 3))
     assert t8.bubble == pytest.approx(t4.bubble)
+
+
+def test_an_eager_rmsnorm_moves_its_eight_ops_bytes_and_a_layernorm_one_pass() -> None:
+    """transformers' RMSNorm in 16-bit: cast 2+4, square 4+4, mean 4, product 4+4, cast 4+2, weight 2+2."""
+    assert norm_traffic("llama", 2, fused=False) == (36.0, 8)
+    assert norm_traffic("t5", 4, fused=False) == (28.0, 6)  # fp32: the casts return their input
+    assert norm_traffic("llama", 2, fused=True) == (4.0, 1)
+    assert norm_traffic("gpt2", 2, fused=False) == (4.0, 1)  # torch's LayerNorm kernel
+    assert rotary_traffic(2, fused=False) == (24.0, 5) and rotary_traffic(2, fused=True) == (4.0, 1)
+    norms, rope, extra = layer_norms_and_rotary("llama", 2, False, 4096, 1024)
+    assert (norms, rope, extra) == (2 * 36 * 4096, 24 * (4096 + 1024), 2 * 7 + 2 * 5)
+    assert layer_norms_and_rotary("llama", 2, False, 4096, 1024, "fused")[0] == 2 * 4 * 4096
+    assert layer_norms_and_rotary("gpt2", 2, False, 4096, 4096) == (2 * 4 * 4096, 0.0, 0)
+
+
+def test_an_eager_llama_layer_is_slower_than_fused_norms_and_compiled_layers_on_h100() -> None:
+    """The eager norms and rotary positions are a larger share of a layer on an H100 than on an A100
+    (more FLOPs a byte of bandwidth); a GPT-2 layer (LayerNorm, learned positions) has neither."""
+    llama = ModelSpec(family="llama", hidden=4096, layers=8, heads=32, kv_heads=8, ffn=14336, seq_len=8192,
+                      vocab=128256, max_positions=8192)
+    cfg = ScheduleConfig(dp=8, micro_batch=1)
+    share = {}
+    for gpu in ("a100-80gb", "h100-80gb"):
+        cluster = ClusterSpec(gpus=8, gpu_type=gpu)
+        eager = estimate_time(llama, cfg, cluster, PERF[gpu]).compute
+        fused_norm = estimate_time(llama, cfg, cluster, replace(PERF[gpu], norm_kernel="fused")).compute
+        compiled = estimate_time(llama, replace(cfg, compile_layers=True), cluster, PERF[gpu]).compute
+        assert eager > fused_norm > compiled
+        share[gpu] = 1 - compiled / eager
+    assert share["h100-80gb"] > share["a100-80gb"] > 0.05
+    gpt = _gpt(2048)
+    assert (estimate_time(gpt, cfg, A100, PERF["a100-80gb"]).compute
+            == estimate_time(gpt, cfg, A100, replace(PERF["a100-80gb"], norm_kernel="fused")).compute)
