@@ -276,7 +276,7 @@ def heldout_part(lines: list[str], rows: list[Row]) -> bool:
                  "NCHW's layout transposes (TF32 / FP32 rows) and cuDNN's choice of algorithm a convolution; compared: "
                  "images/s of the job.")
     lines.append("Llama 3.1 8B on 8 and 128 H100 (96 GB HBM2e at 2.4 TB/s, 500 W) with torchtitan's FSDP2 (its "
-                 "performance.md of 2025, December 2024 stack): ZeRO-3, local batch 2, its 'selective op' policy, "
+                 "benchmarks/llama3_h100_202412_torchtitan.md, its December 2024 stack): ZeRO-3, local batch 2, its 'selective op' policy, "
                  "eager RMSNorm, sdpa, an eager fp32 loss, without and with torch.compile (compile_layers); the "
                  "preset's SXM peak (the page: between SXM's 989 and NVL's 835 TFLOP/s); compared: tokens/s a GPU.")
     lines.append(f"{'source':24} {'model':13} {'gpu':10} {'prec':4} {'gpus':>6} {'tp':>2} {'pp':>2} {'dp':>4} {'mb':>3} {'ga':>3} {'v':>2} "

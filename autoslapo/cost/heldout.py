@@ -87,18 +87,19 @@ says that Llama 2 70B at local batch 2 with selective (op) checkpointing ran out
 one (``"rmsnorm"``): the ``norm_kernel`` column (``DevicePerf.norm_kernel``).
 
 ``data/h100_heldout_torchtitan.csv``, ``torchtitan2024_h100``: torchtitan's H100 benchmark
-(``benchmarks/llama3_h100_202412_torchtitan.md``, first published as the same performance page in
-2025; torch, torchao and torchtitan of December 2024), tables 1 and 3: Llama 3.1 8B (the Llama 3 8B shape), FSDP2 on 8 and 128 GPUs, local batch 2 of 8,192
-tokens, its selective "op" checkpointing (``train_configs/llama3_8b.toml`` at the runs' commit
-9dec370: ``selective_ac_option = 'op'``, ``norm_type = "rmsnorm"``, eager), without and with
-``torch.compile`` (pinned as ``compile_layers``), tokens/s a GPU as published (the rows with Float8
-or context parallelism are left out: the model has neither). Another GPU generation for the
-torchtitan stack: H100 SXM of Meta's Grand Teton with 96 GB of HBM2e at 2.4 TB/s (columns
-``memory_gb``, ``hbm_gbps``), 400 Gb/s a GPU between hosts, power-limited to 500 W, whose peak the
-page puts "between SXM and NVL" (989 and 835 TFLOP/s): the rows use the preset's SXM figure (column
-``peak_tflops`` empty), the README gives both bounds. What the rows check whatever the peak: the
-gain of ``torch.compile`` (16 % measured), which is what eager RMSNorms and rotary positions cost. The page's memory readings (82.4 / 77.0 GiB on 8
-GPUs, 67.0 / 62.0 on 128) are the allocator's peak reserve, not compared here.
+(``benchmarks/llama3_h100_202412_torchtitan.md``, first published as the same performance page in 2025;
+torch, torchao and torchtitan of December 2024), tables 1 and 3: Llama 3.1 8B (the Llama 3 8B shape),
+FSDP2 on 8 and 128 GPUs, local batch 2 of 8,192 tokens, its selective "op" checkpointing
+(``train_configs/llama3_8b.toml`` at the runs' commit 9dec370: ``selective_ac_option = 'op'``,
+``norm_type = "rmsnorm"``, eager), without and with ``torch.compile`` (pinned as ``compile_layers``),
+tokens/s a GPU as published (the rows with Float8 or context parallelism are left out: the model has
+neither). Another GPU generation for the torchtitan stack: H100 SXM of Meta's Grand Teton with 96 GB of
+HBM2e at 2.4 TB/s (columns ``memory_gb``, ``hbm_gbps``), 400 Gb/s a GPU between hosts, power-limited to
+500 W, whose peak the page puts "between SXM and NVL" (989 and 835 TFLOP/s): the rows use the preset's
+SXM figure (column ``peak_tflops`` empty), the README gives both bounds. What the rows check whatever
+the peak: the gain of ``torch.compile`` (16 % measured), the eager elementwise chains that compiled
+layers fuse (in the model, the RMSNorms and rotary positions most of it). The page's memory readings (82.4 / 77.0 GiB on 8 GPUs, 67.0 / 62.0 on 128) are the
+allocator's peak reserve, not compared here.
 
 ``data/a100_v100_heldout_resnet50.csv``, ``nvidia_dle_resnet50``: NVIDIA DeepLearningExamples,
 ``PyTorch/Classification/ConvNets/resnet50v1.5/README.md``, "Training performance results" (the
