@@ -98,8 +98,8 @@ HBM2e at 2.4 TB/s (columns ``memory_gb``, ``hbm_gbps``), 400 Gb/s a GPU between 
 500 W, whose peak the page puts "between SXM and NVL" (989 and 835 TFLOP/s): the rows use the preset's
 SXM figure (column ``peak_tflops`` empty), the README gives both bounds. What the rows check whatever
 the peak: the gain of ``torch.compile`` (16 % measured), the eager elementwise chains that compiled
-layers fuse (in the model, the RMSNorms and rotary positions most of it). The page's memory readings (82.4 / 77.0 GiB on 8 GPUs, 67.0 / 62.0 on 128) are the
-allocator's peak reserve, not compared here.
+layers fuse (in the model, the RMSNorms and rotary positions most of it). The page's memory readings
+(82.4 / 77.0 GiB on 8 GPUs, 67.0 / 62.0 on 128) are the allocator's peak reserve, not compared here.
 
 ``data/a100_v100_heldout_resnet50.csv``, ``nvidia_dle_resnet50``: NVIDIA DeepLearningExamples,
 ``PyTorch/Classification/ConvNets/resnet50v1.5/README.md``, "Training performance results" (the
