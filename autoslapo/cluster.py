@@ -49,6 +49,10 @@ class DeviceSpec:
 # Sources: NVIDIA V100/A100/H100/H200 datasheets (dense, no sparsity); NVLink 2/3/4 per-GPU
 # bandwidth (150/300/450 GB/s one way); inter-node: 8x HDR/NDR InfiniBand per DGX node shared by
 # 8 GPUs (25 / 50 GB/s per GPU); V100: p3dn nodes, 100 Gb/s EFA per node (1.56 GB/s per GPU).
+# B200: the HGX B200 datasheet's figures a GPU (its 16-bit and TF32 tensor-core rates are quoted
+# with sparsity, 4.5 and 2.2 PFLOP/s: dense is half; fp32 75 TFLOP/s; 180 GB of HBM3e, of which
+# nvidia-smi reports 183,359 MiB), NVLink 5 (1.8 TB/s both ways, 900 one way) and a DGX B200's
+# eight 400 Gb/s ConnectX-7 ports (50 GB/s a GPU).
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
     for d in [
@@ -58,6 +62,7 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec("a100-80gb", 81920 * MiB, 312.0, 19.5, 300.0, 25.0, True, True, tf32=True),
         DeviceSpec("h100-80gb", 81559 * MiB, 989.0, 67.0, 450.0, 50.0, True, True, tf32=True),
         DeviceSpec("h200-141gb", 143771 * MiB, 989.0, 67.0, 450.0, 50.0, True, True, tf32=True),
+        DeviceSpec("b200-180gb", 183359 * MiB, 2250.0, 75.0, 900.0, 50.0, True, True, tf32=True),
         # A CPU rank of this kind of machine (2 cores, 24 GiB, gloo over loopback). Rough defaults:
         # `autoslapo profile` measures the real figures and `with_profile` applies them.
         DeviceSpec("cpu", 12 * GiB, 0.05, 0.05, 1.0, 1.0, False, True),

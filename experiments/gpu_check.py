@@ -82,7 +82,8 @@ def _device(dry: bool) -> tuple[str, str]:
     import torch
 
     name = torch.cuda.get_device_name(0).lower()
-    for key, dev in (("h200", "h200-141gb"), ("h100", "h100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb")):
+    for key, dev in (("b200", "b200-180gb"), ("h200", "h200-141gb"), ("h100", "h100-80gb"), ("a100", "a100-80gb"),
+                     ("v100", "v100-32gb")):
         if key in name:
             return name, dev
     return name, "h100-80gb"

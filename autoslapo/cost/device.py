@@ -141,9 +141,9 @@ class DevicePerf:
 
 
 # GPU figures. HBM: NVIDIA datasheets (V100 900 GB/s, A100-40GB 1555, A100-80GB SXM 2039, H100 SXM
-# 3350, H200 4800). Large-GEMM efficiency: cuBLAS fp16/bf16 reaches ~80-85% of peak on V100/A100
-# (H100: see H100_GEMM_EFF below). Elementwise
-# kernels reach ~80% of HBM bandwidth (STREAM-like copies). NCCL ring allreduce reaches ~80% of the
+# 3350, H200 4800, B200 7700); SMs 80, 108, 132, 148. Large-GEMM efficiency: cuBLAS fp16/bf16
+# reaches ~80-85% of peak on V100/A100 (H100, B200: see H100_GEMM_EFF below). Elementwise kernels
+# reach ~80% of HBM bandwidth (STREAM-like copies). NCCL ring allreduce reaches ~80% of the
 # NVLink/InfiniBand line rate as bus bandwidth (nccl-tests). Kernel launch ~5 us; a GEMM's fixed
 # ramp and drain 3 us and the host's issue cost a kernel 8 us (see autoslapo.cost.kernels).
 _GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_additive=False, gemm_fixed_s=3e-6,
@@ -161,6 +161,13 @@ _GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_add
 # 2024 table 4, the paper's own schedule without recomputation, fused kernels pinned): +1.1 % /
 # +3.5 % model TFLOP/s a GPU; A100's 0.82 would be +18.2 % / +21.2 %.
 H100_GEMM_EFF = 0.66
+# Blackwell (B200, HGX at 1,000 W): NVIDIA's first MLPerf Training submissions (v4.1, November
+# 2024; NVIDIA's technical blog "NVIDIA Blackwell Doubles LLM Training Performance in MLPerf
+# Training v4.1") ran GPT-3 175B pre-training 2.0x as fast a GPU as Hopper, both in FP8, where the
+# datasheets' dense FP8 peaks differ 2.27x (4,500 against 1,979 TFLOP/s) and HBM 2.3x (7.7 against
+# 3.35 TB/s): a step reaches 0.88 of Hopper's fraction of peak (2.0 / 2.27; Hopper's ran on 4x the
+# GPUs, so this is if anything low). Not checked on a B200 run: no held-out source has one.
+B200_GEMM_EFF = round(H100_GEMM_EFF * 2.0 / (4500 / 1979), 2)
 PERF: dict[str, DevicePerf] = {
     "v100-16gb": DevicePerf("v100-16gb", gemm_eff=0.80, sms=80, hbm_gbps=900.0, **_GPU),  # type: ignore[arg-type]
     "v100-32gb": DevicePerf("v100-32gb", gemm_eff=0.80, sms=80, hbm_gbps=900.0, **_GPU),  # type: ignore[arg-type]
@@ -168,6 +175,7 @@ PERF: dict[str, DevicePerf] = {
     "a100-80gb": DevicePerf("a100-80gb", gemm_eff=0.82, sms=108, hbm_gbps=2039.0, **_GPU),  # type: ignore[arg-type]
     "h100-80gb": DevicePerf("h100-80gb", gemm_eff=H100_GEMM_EFF, sms=132, hbm_gbps=3350.0, **_GPU),  # type: ignore[arg-type]
     "h200-141gb": DevicePerf("h200-141gb", gemm_eff=H100_GEMM_EFF, sms=132, hbm_gbps=4800.0, **_GPU),  # type: ignore[arg-type]
+    "b200-180gb": DevicePerf("b200-180gb", gemm_eff=B200_GEMM_EFF, sms=148, hbm_gbps=7700.0, **_GPU),  # type: ignore[arg-type]
     # A CPU rank without a profile: rough figures for a 2-core VM (one core a rank). `autoslapo
     # profile` replaces them with measured ones. Framework dispatch (~20 us an op) adds to each op;
     # gloo and compute share the cores, so communication does not overlap.

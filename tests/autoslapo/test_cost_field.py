@@ -85,3 +85,19 @@ def test_hopper_reaches_a_lower_fraction_of_peak_than_ampere() -> None:
     a100 = estimate(MPT_760M, cfg, A100x8, dropout=False)
     h100 = estimate(MPT_760M, cfg, ClusterSpec(gpus=8, gpu_type="h100-80gb"), dropout=False)
     assert h100.samples_per_s > a100.samples_per_s
+
+
+def test_blackwell_reaches_less_of_its_peak_than_hopper_but_runs_faster() -> None:
+    b200, h100 = PERF["b200-180gb"], PERF["h100-80gb"]
+    # MLPerf Training v4.1: 2.0x Hopper a GPU on GPT-3 175B where the dense FP8 peaks differ 2.27x
+    assert b200.gemm_eff == pytest.approx(h100.gemm_eff * 2.0 / (4500 / 1979), abs=0.005)
+    assert b200.hbm_gbps > PERF["h200-141gb"].hbm_gbps
+    # a compute-bound schedule (LLaMA-7B, ZeRO-3 over 8 GPUs, full recomputation): about MLPerf's 2x,
+    # less than the peaks' ratio, with the same bytes a device
+    llama, cfg = ModelSpec.from_name("llama-7b"), ScheduleConfig(dp=8, micro_batch=2, grad_accum=4, zero_stage=3,
+                                                                  attn_kernel="flash", precision="bf16", ckpt_ratio=1.0)
+    on_h100 = estimate(llama, cfg, ClusterSpec(gpus=8, gpu_type="h100-80gb"))
+    on_b200 = estimate(llama, cfg, ClusterSpec(gpus=8, gpu_type="b200-180gb"))
+    assert 1.7 < on_b200.samples_per_s / on_h100.samples_per_s < 2250 / 989
+    assert on_b200.memory_per_device_bytes == on_h100.memory_per_device_bytes
+    assert on_b200.memory_capacity_bytes > 2 * on_h100.memory_capacity_bytes
