@@ -70,6 +70,18 @@ DEVICES: dict[str, DeviceSpec] = {
 }
 
 
+
+def preset_for_device_name(name: str) -> str | None:
+    """The device preset of a CUDA device by the name nvidia-smi or torch gives it ("NVIDIA
+    A100-SXM4-40GB" -> "a100-40gb"): its generation, then the size the name states, else that
+    generation's largest; None for a device without a preset."""
+    lowered = name.lower().replace(" ", "")
+    for generation in ("b200", "h200", "h100", "a100", "v100"):
+        if generation in lowered:
+            presets = [d for d in DEVICES if d.startswith(generation + "-")]
+            return next((d for d in presets if d.split("-", 1)[1] in lowered), presets[-1])
+    return None
+
 # A cluster's links, as its user may describe them when they are not the preset's (a node with
 # fewer NICs than a DGX, PCIe instead of NVLink): field -> what it is. GB/s a device, one direction.
 LINKS: dict[str, str] = {

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scipy.stats import spearmanr
 
-from autoslapo.cluster import DEVICES, ClusterSpec
+from autoslapo.cluster import DEVICES, ClusterSpec, preset_for_device_name
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost import Estimate, estimate
 from autoslapo.cost.device import device_perf, for_autoslapo_runtime
@@ -82,11 +82,7 @@ def _device(dry: bool) -> tuple[str, str]:
     import torch
 
     name = torch.cuda.get_device_name(0).lower()
-    for key, dev in (("b200", "b200-180gb"), ("h200", "h200-141gb"), ("h100", "h100-80gb"), ("a100", "a100-80gb"),
-                     ("v100", "v100-32gb")):
-        if key in name:
-            return name, dev
-    return name, "h100-80gb"
+    return name, preset_for_device_name(name) or "h100-80gb"
 
 
 def _peak_tflops(preset: str) -> float:

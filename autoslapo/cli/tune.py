@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model preset (bert, bert-tiny, gpt2-xl, llama-70b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices (ranks) a trial uses")
     parser.add_argument("--gpu-type", default=None,
-                        help="device preset (default a100-80gb; cpu for --backend local without CUDA)")
+                        help="device preset (default: for --backend local / ray, the preset of this machine's first "
+                             "CUDA device, cpu without one; else a100-80gb)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
     add_link_arguments(parser)
     parser.add_argument("--backend", choices=["sim", "local", "ray"], default=None,
@@ -77,14 +78,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser)
 
 
-def _cuda_devices() -> int:
+def _cuda_device_names() -> list[str]:
+    """This machine's CUDA devices by name, as ``nvidia-smi -L`` lists them ("GPU 0: NVIDIA H100 80GB
+    HBM3 (UUID: ...)"); none without nvidia-smi."""
     if shutil.which("nvidia-smi") is None:
-        return 0
+        return []
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        return []
+    return [line.split(":", 1)[1].split("(UUID")[0].strip() for line in out.stdout.splitlines()
+            if line.startswith("GPU ") and ":" in line]
+
+
+def _cuda_devices() -> int:
+    return len(_cuda_device_names())
+
+
+def default_gpu_type(backend: str, cuda_names: list[str]) -> str:
+    """``--gpu-type``'s default: real trials (``local``, ``ray``) run on this machine's kind of device,
+    the preset of its first CUDA device's name (``cuda_names``), ``cpu`` without one; a described
+    cluster (``sim``), or a device without a preset, is an A100-80GB."""
+    if backend in ("local", "ray"):
+        if not cuda_names:
+            return "cpu"
+        from autoslapo.cluster import preset_for_device_name
+
+        return preset_for_device_name(cuda_names[0]) or "a100-80gb"
+    return "a100-80gb"
 
 
 class ProgressBar:
@@ -128,9 +149,7 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend
     if backend is None:
         backend = "local" if _cuda_devices() >= args.gpus else "sim"
-    gpu_type = args.gpu_type
-    if gpu_type is None:
-        gpu_type = "cpu" if backend in ("local", "ray") and _cuda_devices() == 0 else "a100-80gb"
+    gpu_type = args.gpu_type or default_gpu_type(backend, _cuda_device_names() if backend in ("local", "ray") else [])
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
     if args.ray_address and args.dispatch == "inline":

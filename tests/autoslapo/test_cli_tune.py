@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -192,3 +193,21 @@ def test_a_study_on_a_described_network_keeps_its_links(tmp_path: Path, capsys: 
         api.best_trial("gpt2-xl", gpus=64, storage=url, links={"inter_node_gbps": 12.5})
     with pytest.raises(UsageError, match=r"with inter_node_gbps 12\.5"):  # looked up before any rank is needed
         api.apply_best("gpt2-xl", gpus=64, storage=url, links={"inter_node_gbps": 12.5})
+
+
+def test_real_trials_default_to_this_machines_device_and_a_described_cluster_to_an_a100(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoslapo.cli.tune import _cuda_device_names, default_gpu_type
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a1b)'\n"
+                   "echo 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2c3d)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    names = _cuda_device_names()
+    assert names == ["NVIDIA H100 80GB HBM3"] * 2
+    assert default_gpu_type("local", names) == "h100-80gb"
+    assert default_gpu_type("ray", ["NVIDIA A100-SXM4-40GB"]) == "a100-40gb"
+    assert default_gpu_type("local", []) == "cpu"
+    assert default_gpu_type("local", ["NVIDIA GeForce RTX 4090"]) == "a100-80gb"
+    assert default_gpu_type("sim", names) == "a100-80gb"

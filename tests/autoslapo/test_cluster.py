@@ -45,3 +45,15 @@ def test_a_bad_link_bandwidth_names_the_rule_the_value_and_a_fix(value: object) 
     text = str(err.value)
     assert text.startswith("--inter-node-gbps is GB/s a device") and "above 0 and at most 10,000" in text
     assert f"got {value!r}" in text and "e.g. 6.25" in text and "\n" not in text
+
+
+@pytest.mark.parametrize(("name", "preset"), [
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100 80GB PCIe", "a100-80gb"), ("NVIDIA A100-SXM4", "a100-80gb"),
+    ("Tesla V100-SXM2-16GB", "v100-16gb"), ("Tesla V100-PCIE-32GB", "v100-32gb"), ("NVIDIA H100 80GB HBM3", "h100-80gb"),
+    ("NVIDIA H200", "h200-141gb"), ("nvidia b200", "b200-180gb"), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_a_cuda_devices_name_gives_its_preset(name: str, preset: str | None) -> None:
+    from autoslapo.cluster import DEVICES, preset_for_device_name
+
+    assert preset_for_device_name(name) == preset
+    assert preset is None or preset in DEVICES
