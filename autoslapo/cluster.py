@@ -44,6 +44,12 @@ class DeviceSpec:
     #: H100 datasheets, 156 of 312 and 495 of 989 TFLOP/s), which PyTorch's cuDNN convolutions use
     #: for fp32 tensors by default (``torch.backends.cudnn.allow_tf32``; its matmuls do not).
     tf32: bool = False
+    #: Special-function results (exp2, rsqrt, ...) a second, 10^12: 16 a clock an SM on compute
+    #: capability 7.0-10.0 (CUDA C++ Programming Guide, arithmetic instruction throughput), a quarter
+    #: of V100's and A100's 64 FP32 lanes an SM (fp32 peak / 8) and an eighth of H100's and B200's
+    #: 128 (fp32 peak / 16; H100: 3.9, as Shah et al. 2024 give it). A GPU's fused attention runs
+    #: its softmax's exponentials on them (``autoslapo.cost.kernels``).
+    sfu_tops: float = 0.0
 
 
 # Sources: NVIDIA V100/A100/H100/H200 datasheets (dense, no sparsity); NVLink 2/3/4 per-GPU
@@ -56,13 +62,13 @@ class DeviceSpec:
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
     for d in [
-        DeviceSpec("v100-16gb", 16160 * MiB, 125.0, 15.7, 150.0, 1.5625, False, False),
-        DeviceSpec("v100-32gb", 32510 * MiB, 125.0, 15.7, 150.0, 1.5625, False, False),
-        DeviceSpec("a100-40gb", 40960 * MiB, 312.0, 19.5, 300.0, 25.0, True, True, tf32=True),
-        DeviceSpec("a100-80gb", 81920 * MiB, 312.0, 19.5, 300.0, 25.0, True, True, tf32=True),
-        DeviceSpec("h100-80gb", 81559 * MiB, 989.0, 67.0, 450.0, 50.0, True, True, tf32=True),
-        DeviceSpec("h200-141gb", 143771 * MiB, 989.0, 67.0, 450.0, 50.0, True, True, tf32=True),
-        DeviceSpec("b200-180gb", 183359 * MiB, 2250.0, 75.0, 900.0, 50.0, True, True, tf32=True),
+        DeviceSpec("v100-16gb", 16160 * MiB, 125.0, 15.7, 150.0, 1.5625, False, False, sfu_tops=1.96),
+        DeviceSpec("v100-32gb", 32510 * MiB, 125.0, 15.7, 150.0, 1.5625, False, False, sfu_tops=1.96),
+        DeviceSpec("a100-40gb", 40960 * MiB, 312.0, 19.5, 300.0, 25.0, True, True, tf32=True, sfu_tops=2.44),
+        DeviceSpec("a100-80gb", 81920 * MiB, 312.0, 19.5, 300.0, 25.0, True, True, tf32=True, sfu_tops=2.44),
+        DeviceSpec("h100-80gb", 81559 * MiB, 989.0, 67.0, 450.0, 50.0, True, True, tf32=True, sfu_tops=3.9),
+        DeviceSpec("h200-141gb", 143771 * MiB, 989.0, 67.0, 450.0, 50.0, True, True, tf32=True, sfu_tops=3.9),
+        DeviceSpec("b200-180gb", 183359 * MiB, 2250.0, 75.0, 900.0, 50.0, True, True, tf32=True, sfu_tops=4.7),
         # A CPU rank of this kind of machine (2 cores, 24 GiB, gloo over loopback). Rough defaults:
         # `autoslapo profile` measures the real figures and `with_profile` applies them.
         DeviceSpec("cpu", 12 * GiB, 0.05, 0.05, 1.0, 1.0, False, True),

@@ -9,13 +9,19 @@ Three effects that a per-FLOP and per-byte roofline misses, each with its basis:
   online softmax (scale, running max, subtract, exp, running sum; in backward the recomputed
   ``exp`` and ``dS = P (dP - D)``) on the FP32 units, which an A100 runs at 19.5 TFLOP/s against
   312 for 16-bit matmul: "each non-matmul FLOP is 16x more expensive than a matmul FLOP" (Dao 2023,
-  FlashAttention-2, section 3.1). The exponential runs on the special-function units at a quarter
-  of the FP32 rate (NVIDIA A100 whitepaper: 16 SFU against 64 FP32 lanes an SM), so it counts as
-  four FP32 operations. Per score element that is about 9 FP32-equivalent operations in forward
-  (``FLASH_SOFTMAX_FWD_OPS``) and 11 in backward (``FLASH_SOFTMAX_BWD_OPS``); FlashAttention-2
-  overlaps only part of it with the products (``FLASH_SOFTMAX_EXPOSED``), which is why its
-  backward and short head dimensions reach a lower fraction of peak (Dao 2023, figures 4-6). With
-  a 64-wide head the softmax costs as much as a third of the products; with a 128-wide one a sixth.
+  FlashAttention-2, section 3.1). Per score element that is about 5 FP32 operations in forward
+  (``FLASH_SOFTMAX_FWD_OPS``) and 7 in backward (``FLASH_SOFTMAX_BWD_OPS``), a lane's cycle each
+  (the FP32 peak counts a fused multiply-add as two FLOPs), and one exponential on the
+  special-function units: 16 results a clock an SM on compute capability 7.0-10.0 (CUDA C++
+  Programming Guide, arithmetic instruction throughput; ``DeviceSpec.sfu_tops``), a quarter of an
+  A100's 64 FP32 lanes an SM but an eighth of an H100's 128, so an H100's exponentials are twice
+  as slow against its FP32 units and its matmul ("989 TFLOPS of FP16 matmul but only 3.9 TFLOPS of
+  special functions", Shah et al. 2024, FlashAttention-3, section 3; their FlashAttention-2 reaches
+  35 % of an H100's peak against up to 73 % of an A100's). FlashAttention-2 overlaps only part of
+  the softmax with the products (``FLASH_SOFTMAX_EXPOSED``), which is why its backward and short head
+  dimensions reach a lower fraction of peak (Dao 2023, figures 4-6). On an A100 the softmax costs
+  about two thirds of the products with a 64-wide head and a third with a 128-wide one (half of
+  it exposed); on an H100 a tenth more than that (0.78 and 0.39), its exponentials most of it.
 - **GEMM size.** A GEMM's rate saturates with its size. Wave quantization (tiles that leave SMs
   idle in the last wave) is modelled in ``autoslapo.cost.time``; beyond it every launch pays a
   ramp (the first wave of thread blocks filling the SMs, the prologue loading the first tiles)
@@ -50,9 +56,10 @@ from __future__ import annotations
 import itertools
 import math
 
-# FP32-equivalent operations a score element costs in the online softmax (see the module docstring).
-FLASH_SOFTMAX_FWD_OPS = 9.0
-FLASH_SOFTMAX_BWD_OPS = 11.0
+# FP32 operations a score element costs in the online softmax besides its exponential (see the
+# module docstring).
+FLASH_SOFTMAX_FWD_OPS = 5.0
+FLASH_SOFTMAX_BWD_OPS = 7.0
 # Share of the softmax's FP32 time a FlashAttention-2 kernel does not hide behind its tensor-core
 # products (warps of one block alternate between the two; the paper's tuning aims to overlap them).
 FLASH_SOFTMAX_EXPOSED = 0.5
@@ -102,15 +109,18 @@ def flash_traffic_bytes(seq_q: float, seq_k: float, head_dim: float, batch: floa
     return elem * per_problem * batch
 
 
-def flash_softmax_s(scores: float, fp32_tflops: float, backward: bool = False) -> float:
-    """Exposed seconds of the online softmax over ``scores`` score elements on the FP32 units."""
+def flash_softmax_s(scores: float, fp32_tflops: float, sfu_tops: float, backward: bool = False) -> float:
+    """Exposed seconds of the online softmax over ``scores`` score elements: its FP32 operations, a
+    lane's cycle each (``fp32_tflops / 2`` a second: the peak counts an FMA as two), and one
+    exponential each on the special-function units (``sfu_tops``, 10^12 results a second)."""
     if scores <= 0:
         return 0.0
-    if fp32_tflops <= 0:
-        raise ValueError(f"flash_softmax_s: fp32_tflops must be > 0, got {fp32_tflops}; give the device's "
-                         "FP32 (non-tensor) peak in TFLOP/s")
+    if fp32_tflops <= 0 or sfu_tops <= 0:
+        raise ValueError(f"flash_softmax_s: fp32_tflops and sfu_tops must be > 0, got {fp32_tflops} and {sfu_tops}; "
+                         "give the device's FP32 (non-tensor) peak in TFLOP/s and its exponentials a second")
     ops = FLASH_SOFTMAX_BWD_OPS if backward else FLASH_SOFTMAX_FWD_OPS
-    return FLASH_SOFTMAX_EXPOSED * scores * ops / (fp32_tflops * 1e12 * FLASH_FP32_EFF)
+    per_score = ops / (fp32_tflops / 2 * 1e12) + 1 / (sfu_tops * 1e12)
+    return FLASH_SOFTMAX_EXPOSED * scores * per_score / FLASH_FP32_EFF
 
 
 def gemm_size_efficiency(flops: float, rate_flops_s: float, fixed_s: float) -> float:

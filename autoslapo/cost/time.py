@@ -94,7 +94,7 @@ class _Rates:
         self.e = element_bytes(config)
         self.curve = perf.gemm_curve
         self.has_flash = cluster.device.flash_attention
-        self.fp32_tflops = cluster.peak_tflops_fp32
+        self.fp32_tflops, self.sfu_tops = cluster.peak_tflops_fp32, cluster.device.sfu_tops
         # a GPU's fused attention kernels keep the scores on chip (``autoslapo.cost.kernels``); a CPU's
         # sdpa is timed as its two products (its profile measures them)
         self.on_chip_attention = perf.name != "cpu" and not self.curve
@@ -134,7 +134,7 @@ class _Rates:
         if backward:
             rate *= FLASH_BWD_REL
         traffic = flash_traffic_bytes(s, s, d, batch, self.e, backward)
-        t = max(flops / rate, traffic / self.bw) + flash_softmax_s(scores, self.fp32_tflops, backward)
+        t = max(flops / rate, traffic / self.bw) + flash_softmax_s(scores, self.fp32_tflops, self.sfu_tops, backward)
         return self._finish(t)
 
     def mem(self, nbytes: float, kernels: int = 1) -> float:

@@ -10,7 +10,9 @@ from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.cost.device import PERF
 from autoslapo.cost.kernels import (
+    FLASH_FP32_EFF,
     FLASH_SOFTMAX_BWD_OPS,
+    FLASH_SOFTMAX_EXPOSED,
     FLASH_SOFTMAX_FWD_OPS,
     flash_softmax_s,
     flash_traffic_bytes,
@@ -38,14 +40,31 @@ def test_flash_traffic_is_linear_in_sequence_not_quadratic() -> None:
     assert flash_traffic_bytes(4096, 4096, 128, 16, 2, backward=True) == pytest.approx(2 * a)
 
 
-def test_flash_softmax_scales_with_scores_and_fp32_rate() -> None:
-    one = flash_softmax_s(1e9, 19.5)
-    assert flash_softmax_s(2e9, 19.5) == pytest.approx(2 * one)
-    assert flash_softmax_s(1e9, 39.0) == pytest.approx(one / 2)
-    assert flash_softmax_s(1e9, 19.5, backward=True) == pytest.approx(one * FLASH_SOFTMAX_BWD_OPS / FLASH_SOFTMAX_FWD_OPS)
-    assert flash_softmax_s(0, 19.5) == 0.0
-    with pytest.raises(ValueError, match="fp32_tflops must be > 0"):
-        flash_softmax_s(1e9, 0.0)
+def test_flash_softmax_scales_with_scores_and_both_unit_rates() -> None:
+    one = flash_softmax_s(1e9, 19.5, 2.44)
+    assert flash_softmax_s(2e9, 19.5, 2.44) == pytest.approx(2 * one)
+    assert flash_softmax_s(1e9, 39.0, 4.88) == pytest.approx(one / 2)
+    # the FP32 operations a lane's cycle each (an FMA is two FLOPs of the peak), the exponential an SFU result
+    fp32_part = FLASH_SOFTMAX_FWD_OPS / (19.5e12 / 2)
+    assert one == pytest.approx(FLASH_SOFTMAX_EXPOSED * 1e9 * (fp32_part + 1 / 2.44e12) / FLASH_FP32_EFF)
+    bwd = flash_softmax_s(1e9, 19.5, 2.44, backward=True)
+    assert bwd == pytest.approx(one * (FLASH_SOFTMAX_BWD_OPS / 9.75e12 + 1 / 2.44e12)
+                                / (FLASH_SOFTMAX_FWD_OPS / 9.75e12 + 1 / 2.44e12))
+    assert flash_softmax_s(0, 19.5, 2.44) == 0.0
+    for fp32, sfu in ((0.0, 2.44), (19.5, 0.0)):
+        with pytest.raises(ValueError, match="fp32_tflops and sfu_tops must be > 0"):
+            flash_softmax_s(1e9, fp32, sfu)
+
+
+def test_hoppers_exponentials_are_slower_against_its_fp32_units_than_amperes() -> None:
+    from autoslapo.cluster import DEVICES
+
+    a100, h100 = DEVICES["a100-80gb"], DEVICES["h100-80gb"]
+    # 16 SFU results a clock an SM against 64 FP32 lanes (A100) and 128 (H100): a quarter, an eighth
+    assert a100.peak_tflops_fp32 / 2 / a100.sfu_tops == pytest.approx(4, rel=0.01)
+    assert h100.peak_tflops_fp32 / 2 / h100.sfu_tops == pytest.approx(8.6, rel=0.01)
+    assert h100.peak_tflops / h100.sfu_tops > 1.9 * a100.peak_tflops / a100.sfu_tops
+    assert all(d.sfu_tops > 0 for d in DEVICES.values() if d.flash_attention)
 
 
 def test_gemm_size_efficiency_saturates() -> None:
