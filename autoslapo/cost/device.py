@@ -158,8 +158,8 @@ _GPU = dict(k_half=48.0, tile=128, bw_eff=0.8, op_latency_s=5e-6, op_latency_add
 # fraction of the quoted peak is therefore 0.8 of A100's 0.82 (not cuBLAS's best-case ~0.72 on
 # one GEMM at boost clock): a device efficiency, the same for every row on the device. Checked on
 # runs never fitted (``autoslapo.cost.heldout``: Llama 3 405B on 8,192 / 16,384 H100, Dubey et al.
-# 2024 table 4, the paper's own schedule without recomputation, fused kernels pinned): +1.1 % /
-# +3.5 % model TFLOP/s a GPU; A100's 0.82 would be +18.2 % / +21.2 %.
+# 2024 table 4, the paper's own schedule without recomputation, fused kernels pinned): +0.6 % /
+# +3.1 % model TFLOP/s a GPU; A100's 0.82 would be +17.6 % / +20.6 %.
 H100_GEMM_EFF = 0.66
 # Blackwell (B200, HGX at 1,000 W): NVIDIA's first MLPerf Training submissions (v4.1, November
 # 2024; NVIDIA's technical blog "NVIDIA Blackwell Doubles LLM Training Performance in MLPerf
