@@ -76,7 +76,6 @@ DEVICES: dict[str, DeviceSpec] = {
 }
 
 
-
 def preset_for_device_name(name: str) -> str | None:
     """The device preset of a CUDA device by the name nvidia-smi or torch gives it ("NVIDIA
     A100-SXM4-40GB" -> "a100-40gb"): its generation, then the size the name states, else that
@@ -87,6 +86,7 @@ def preset_for_device_name(name: str) -> str | None:
             presets = [d for d in DEVICES if d.startswith(generation + "-")]
             return next((d for d in presets if d.split("-", 1)[1] in lowered), presets[-1])
     return None
+
 
 # A cluster's links, as its user may describe them when they are not the preset's (a node with
 # fewer NICs than a DGX, PCIe instead of NVLink): field -> what it is. GB/s a device, one direction.

@@ -91,10 +91,6 @@ def _cuda_device_names() -> list[str]:
             if line.startswith("GPU ") and ":" in line]
 
 
-def _cuda_devices() -> int:
-    return len(_cuda_device_names())
-
-
 def default_gpu_type(backend: str, cuda_names: list[str]) -> str:
     """``--gpu-type``'s default: real trials (``local``, ``ray``) run on this machine's kind of device,
     the preset of its first CUDA device's name (``cuda_names``), ``cpu`` without one; a described
@@ -147,9 +143,10 @@ def run(args: argparse.Namespace) -> int:
         return run_remote(args, ProgressBar(sys.stderr, args.trials))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     backend = args.backend
+    cuda = [] if backend == "sim" else _cuda_device_names()  # asked once: a described cluster needs none
     if backend is None:
-        backend = "local" if _cuda_devices() >= args.gpus else "sim"
-    gpu_type = args.gpu_type or default_gpu_type(backend, _cuda_device_names() if backend in ("local", "ray") else [])
+        backend = "local" if len(cuda) >= args.gpus else "sim"
+    gpu_type = args.gpu_type or default_gpu_type(backend, cuda)
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
     if args.ray_address and args.dispatch == "inline":
@@ -166,9 +163,9 @@ def run(args: argparse.Namespace) -> int:
         from tuner.dispatch import join_ray
 
         join_ray(args.ray_address)  # before the store changes: a cluster that cannot be joined is bad input
-    if backend == "local" and gpu_type != "cpu" and _cuda_devices() < args.gpus:
+    if backend == "local" and gpu_type != "cpu" and len(cuda) < args.gpus:
         raise UsageError(f"--backend local runs --gpus {args.gpus} ranks on this machine's CUDA devices: it has "
-                         f"{_cuda_devices()}; use --gpu-type cpu, fewer --gpus, or --backend sim")
+                         f"{len(cuda)}; use --gpu-type cpu, fewer --gpus, or --backend sim")
     per_node = args.gpus_per_node or (args.gpus if gpu_type == "cpu" else 8)
     model = resolve_model(args.model, **shape_overrides(args))
     cluster = ClusterSpec(gpus=args.gpus, gpu_type=gpu_type, gpus_per_node=per_node).with_links(link_args(args))
