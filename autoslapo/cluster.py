@@ -75,17 +75,18 @@ DEVICES: dict[str, DeviceSpec] = {
     ]
 }
 
+#: The device preset of a described cluster when none is named (``estimate``, ``tune --backend sim``,
+#: the service).
+DEFAULT_GPU_TYPE = "a100-80gb"
+
 
 def preset_for_device_name(name: str) -> str | None:
     """The device preset of a CUDA device by the name nvidia-smi or torch gives it ("NVIDIA
     A100-SXM4-40GB" -> "a100-40gb"): its generation, then the size the name states, else that
     generation's largest; None for a device without a preset."""
     lowered = name.lower().replace(" ", "")
-    for generation in ("b200", "h200", "h100", "a100", "v100"):
-        if generation in lowered:
-            presets = [d for d in DEVICES if d.startswith(generation + "-")]
-            return next((d for d in presets if d.split("-", 1)[1] in lowered), presets[-1])
-    return None
+    presets = [d for d in DEVICES if "-" in d and d.split("-", 1)[0] in lowered]
+    return next((d for d in presets if d.split("-", 1)[1] in lowered), presets[-1]) if presets else None
 
 
 # A cluster's links, as its user may describe them when they are not the preset's (a node with
@@ -128,7 +129,7 @@ class ClusterSpec:
     """
 
     gpus: int
-    gpu_type: str = "a100-80gb"
+    gpu_type: str = DEFAULT_GPU_TYPE
     gpus_per_node: int = 8
     memory_bytes: int = 0
     peak_tflops: float = 0.0
@@ -202,7 +203,7 @@ class ClusterSpec:
         """The cluster an estimate describes: ``gpu_type`` defaults to an A100-80GB, ``gpus_per_node``
         to every device of a CPU machine, else to 8 (or ``gpus`` when fewer); ``links``: bandwidths
         that replace the preset's (``link_overrides``)."""
-        gpu_type = gpu_type or "a100-80gb"
+        gpu_type = gpu_type or DEFAULT_GPU_TYPE
         per_node = gpus_per_node or (gpus if gpu_type == "cpu" else min(8, gpus))
         return cls(gpus=gpus, gpu_type=gpu_type, gpus_per_node=per_node,
                    allow_cross_node_tp=allow_cross_node_tp).with_links(links or {})

@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
         limits = study.runtime_limits(model)
         args.gpu_type = cluster.gpu_type
     else:
-        args.gpu_type = args.gpu_type or "a100-80gb"
+        from autoslapo.cluster import DEFAULT_GPU_TYPE
+
+        args.gpu_type = args.gpu_type or DEFAULT_GPU_TYPE
         if args.gpus is None:
             raise UsageError("estimate needs --gpus N (or --cluster-from STUDY to use a study's cluster)")
         cluster = ClusterSpec.described(args.gpus, args.gpu_type, args.gpus_per_node,

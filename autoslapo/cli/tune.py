@@ -95,13 +95,13 @@ def default_gpu_type(backend: str, cuda_names: list[str]) -> str:
     """``--gpu-type``'s default: real trials (``local``, ``ray``) run on this machine's kind of device,
     the preset of its first CUDA device's name (``cuda_names``), ``cpu`` without one; a described
     cluster (``sim``), or a device without a preset, is an A100-80GB."""
+    from autoslapo.cluster import DEFAULT_GPU_TYPE, preset_for_device_name
+
     if backend in ("local", "ray"):
         if not cuda_names:
             return "cpu"
-        from autoslapo.cluster import preset_for_device_name
-
-        return preset_for_device_name(cuda_names[0]) or "a100-80gb"
-    return "a100-80gb"
+        return preset_for_device_name(cuda_names[0]) or DEFAULT_GPU_TYPE
+    return DEFAULT_GPU_TYPE
 
 
 class ProgressBar:

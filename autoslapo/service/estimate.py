@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from autoslapo.cluster import LINKS, ClusterSpec, link_overrides
+from autoslapo.cluster import DEFAULT_GPU_TYPE, LINKS, ClusterSpec, link_overrides
 from autoslapo.config import KNOB
 from autoslapo.cost.answer import calibrated_ranking, estimate_document
 from autoslapo.errors import UsageError
@@ -180,7 +180,7 @@ def estimate_router(store: Store, caller: Callable[[Request, str], Any], *, allo
     router = APIRouter()
 
     @router.get("/v1/estimate")
-    def estimate(request: Request, model: str, gpus: int, gpu_type: str = "a100-80gb",
+    def estimate(request: Request, model: str, gpus: int, gpu_type: str = DEFAULT_GPU_TYPE,
                  gpus_per_node: int | None = None, global_batch: int | None = None, top: int = 1,
                  intra_node_gbps: float | None = None, inter_node_gbps: float | None = None) -> dict[str, Any]:
         """The cost model's best schedule (or ``top`` best) for a preset (or a stored study's model signature),

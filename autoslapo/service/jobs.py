@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from autoslapo.cluster import LINKS, ClusterSpec, link_overrides
+from autoslapo.cluster import DEFAULT_GPU_TYPE, LINKS, ClusterSpec, link_overrides
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
@@ -42,7 +42,7 @@ class StudyRequest:
 
     model: ModelField  # a preset name, {"hf_config": {...}} or {"module_file": {...}} (autoslapo.service.payload)
     gpus: int
-    gpu_type: str = "a100-80gb"
+    gpu_type: str = DEFAULT_GPU_TYPE
     gpus_per_node: int | None = None
     intra_node_gbps: float | None = None  # None: the device preset's links (``autoslapo.cluster.LINKS``)
     inter_node_gbps: float | None = None
