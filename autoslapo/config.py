@@ -27,6 +27,7 @@ CkptPlacement = Literal["front", "back", "spread"]
 Precision = Literal["fp32", "bf16", "fp16"]
 CkptGranularity = Literal["full", "selective", "op"]
 LossKernel = Literal["eager", "chunked"]
+NormKernel = Literal["eager", "fused"]
 
 ATTN_KERNELS: tuple[str, ...] = ("eager", "sdpa", "flash")
 PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
@@ -34,6 +35,10 @@ CKPT_PLACEMENTS: tuple[str, ...] = ("front", "back", "spread")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 CKPT_GRANULARITIES: tuple[str, ...] = ("full", "selective", "op")
 LOSS_KERNELS: tuple[str, ...] = ("eager", "chunked")
+NORM_KERNELS: tuple[str, ...] = ("eager", "fused")
+#: Families whose norms are RMSNorms as transformers writes them (a chain of ops), which the
+#: ``norm_kernel`` knob runs as one op; the others' LayerNorm is one kernel already.
+RMS_NORM_FAMILIES: tuple[str, ...] = ("llama", "t5")
 #: Tokens per chunk of the chunked loss kernel (its schedule and its cost both read this): 1024 x a
 #: 50k-vocabulary shard is 200 MB of fp32 logits.
 LOSS_CHUNK_TOKENS = 1024
@@ -112,6 +117,11 @@ class ScheduleConfig:
         "bool", "keep a convolutional network's feature maps channels-last (NHWC), the layout cuDNN's "
         "tensor-core convolutions read; in the default NCHW each convolution's input and output are "
         "transposed around it", "cl", sweep=(False, True), verify=True, since=3, conv_only=True))
+    norm_kernel: NormKernel = field(default="eager", metadata=knob(
+        "choice", "RMSNorm kernel (LLaMA, T5): eager (transformers' chain of ops, which keeps an fp32 copy of "
+        "its input and the normalized tensor for backward) or fused (one op keeping its input and a "
+        "reciprocal RMS a row; torch's one-kernel RMSNorm on CUDA)", "norm", choices=NORM_KERNELS,
+        sweep=NORM_KERNELS, verify=True, since=4, families=RMS_NORM_FAMILIES))
 
     def __post_init__(self) -> None:
         for k in KNOBS:

@@ -46,7 +46,9 @@ class Knob:
     (``autoslapo.layout.inapplicable_knobs``). ``conv_only``: the other way round, the knob acts on
     convolutions' feature maps, so every other family runs it at its default only. ``refines``: the knob this one refines; when that one
     is pinned and this one is not, a search keeps this one at its default (``--ckpt-ratio 1`` alone
-    means whole layers recomputed, as it did before ``ckpt_granularity`` existed).
+    means whole layers recomputed, as it did before ``ckpt_granularity`` existed). ``families``: the
+    families whose models have what the knob acts on (empty: any); on another family it runs at its
+    default only, as a ``transformer_only`` knob does on a convolutional one.
     """
 
     kind: Kind
@@ -66,6 +68,7 @@ class Knob:
     transformer_only: bool = False
     conv_only: bool = False
     refines: str = ""
+    families: tuple[str, ...] = ()
     # Filled in from the dataclass field by ``bind_knobs``.
     name: str = ""
     default: Any = None

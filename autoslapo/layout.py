@@ -305,11 +305,8 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             f"input back as a residual): got sequence_parallel on for {model.preset}; turn it off"
         )
     # the knobs ``inapplicable_knobs`` names, read off the config's own field declarations (once: a hot path)
-    conv = is_convolutional(model.family)
-    for name, default, flag in _restricted_fields(conv):
+    for name, default, flag, why in _restricted_fields(model.family):
         if getattr(config, name) != default:
-            why = (f"does not apply to {model.family} (a convolutional family has no attention, tokens or vocabulary)"
-                   if conv else f"applies to a convolutional family only ({model.family} has no feature maps to lay out)")
             raise ConfigError(f"{name} {why}: got {getattr(config, name)!r}; leave {flag} at its default {default!r}")
     if config.attn_kernel == "flash" and config.precision == "fp32":
         raise ConfigError("attn_kernel flash needs 16-bit inputs (FlashAttention has fp16 and bf16 kernels only): "
@@ -326,25 +323,35 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             raise ConfigError(f"precision bf16 is not supported on {dev.name}; use fp16 or fp32")
 
 
-def _inapplicable(knob: Knob, convolutional: bool) -> bool:
-    return knob.transformer_only if convolutional else knob.conv_only
+def _inapplicable(knob: Knob, family: str) -> bool:
+    if knob.families and family not in knob.families:
+        return True
+    return knob.transformer_only if is_convolutional(family) else knob.conv_only
 
 
 @functools.cache
-def _restricted_fields(convolutional: bool) -> tuple[tuple[str, object, str], ...]:
-    """(name, default, flag) of the ``ScheduleConfig`` knobs a (non-)convolutional family cannot use,
-    as ``autoslapo.config.KNOBS`` binds them (its flags and defaults)."""
+def _restricted_fields(family: str) -> tuple[tuple[str, object, str, str], ...]:
+    """(name, default, flag, why) of the ``ScheduleConfig`` knobs ``family`` cannot use, as
+    ``autoslapo.config.KNOBS`` binds them (its flags and defaults)."""
     from autoslapo.config import KNOBS  # that module imports this one
 
-    return tuple((k.name, k.default, k.flag) for k in KNOBS if _inapplicable(k, convolutional))
+    return tuple((k.name, k.default, k.flag, _why_inapplicable(k, family)) for k in KNOBS if _inapplicable(k, family))
+
+
+def _why_inapplicable(knob: Knob, family: str) -> str:
+    if knob.families and family not in knob.families:
+        return f"applies to the {', '.join(knob.families)} families only ({family} has nothing it acts on)"
+    if is_convolutional(family):
+        return f"does not apply to {family} (a convolutional family has no attention, tokens or vocabulary)"
+    return f"applies to a convolutional family only ({family} has no feature maps to lay out)"
 
 
 def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:
     """The names of ``knobs`` (``autoslapo.config.KNOBS``) that ``model``'s family cannot use:
-    ``Knob.transformer_only`` ones on a convolutional family, ``Knob.conv_only`` ones on any other.
-    They stay at their defaults in spaces and sweeps, and ``check_layout`` refuses a config that sets
-    one otherwise."""
-    return tuple(k.name for k in knobs if _inapplicable(k, is_convolutional(model.family)))
+    ``Knob.transformer_only`` ones on a convolutional family, ``Knob.conv_only`` ones on any other,
+    ``Knob.families`` ones on a family they do not name. They stay at their defaults in spaces and
+    sweeps, and ``check_layout`` refuses a config that sets one otherwise."""
+    return tuple(k.name for k in knobs if _inapplicable(k, model.family))
 
 
 def default_precision(has_bf16: bool, runnable: Collection[str] | None = None) -> str:

@@ -10,7 +10,8 @@ applies primitives to the schedule tree, in this order:
    vocabulary padded to a multiple of tp) and, for a call with labels, the loss computed from the
    logits' vocabulary shards (``vocab_parallel_loss``); with ``loss_kernel="chunked"`` (any tp) the
    loss is computed chunk by chunk from the head's input, never holding all the logits;
-2. bias + GeLU fusion (``fuse_bias_gelu``), before any hook goes on the traced modules;
+2. bias + GeLU fusion (``fuse_bias_gelu``), before any hook goes on the traced modules, and the
+   RMSNorm kernel (``norm_kernel``: every RMSNorm of the model run as one op);
 3. the collectives: at the input of each column-parallel region an identity whose gradient is
    all-reduced, at the output of each row-parallel one an all-reduce. With ``sequence_parallel``
    the residual stream between layers is split along the sequence: the inputs of attention and MLP
@@ -42,6 +43,7 @@ from autoslapo.models.families import FamilyDescription, family_description
 from autoslapo.models.spec import is_convolutional
 from autoslapo.models.user import USER_FAMILY, load_user_model
 from autoslapo.pipeline import STAGE_BUILDER_KEY
+from autoslapo.primitives.norm import is_rms_norm
 from autoslapo.schedule import Schedule, create_schedule
 from autoslapo.user_pipeline import block_output_arity, build_user_stages
 
@@ -297,6 +299,12 @@ def apply_schedule(
         else:
             for layer, stack in blocks:
                 _fuse_bias_gelu(layer, stack, compiler)
+    norms = [node for _, node in sch.named_schedules() if is_rms_norm(node.mod)]
+    if config.norm_kernel != "eager":
+        if not norms:
+            plan["skipped"].append(f"norm_kernel: the {desc.name} family has no RMSNorm")
+        for node in norms:  # every RMSNorm: the layers' and the stacks' final ones
+            node.rms_norm_kernel(config.norm_kernel)
 
     # 3. collectives
     chunks = chunk_bounds(len(layers), config.pp * config.virtual_stages)
@@ -358,6 +366,7 @@ def apply_schedule(
         stages=[list(b) for b in chunks],
         attn_kernel=config.attn_kernel,
         fused_bias_gelu=config.fuse_bias_gelu and desc.bias_gelu is not None,
+        norm_kernel=config.norm_kernel if norms else None,
         compiled_layers=config.compile_layers,
     )
     sch.meta["plan"] = plan

@@ -31,6 +31,7 @@ from autoslapo.primitives import fuse as _fuse
 from autoslapo.primitives import kernel as _kernel
 from autoslapo.primitives import loss as _loss
 from autoslapo.primitives import memory_format as _memory_format
+from autoslapo.primitives import norm as _norm
 from autoslapo.primitives import pipeline as _pipeline
 from autoslapo.primitives import replace as _replace
 from autoslapo.primitives import rng as _rng
@@ -186,6 +187,7 @@ class Schedule:
     channels_last = _memory_format.channels_last
     fuse = _fuse.fuse
     attention_kernel = _kernel.attention_kernel
+    rms_norm_kernel = _norm.rms_norm_kernel
     vocab_parallel_loss = _loss.vocab_parallel_loss
     cut_pipeline_stage = _pipeline.cut_pipeline_stage
     join_layer_lists = _pipeline.join_layer_lists

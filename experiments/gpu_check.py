@@ -4,8 +4,8 @@ for BERT-large and GPT-2-XL on one GPU.
 Lean kernels (first, so a short budget still checks them): at one micro-batch in fp32 (no TF32,
 so the comparison is tight) with eager attention, the unscheduled model, selective recomputation
 (``--ckpt-ratio 1 --ckpt-granularity selective``), per-op recomputation (``--ckpt-granularity op``) and
-the chunked loss (``--loss-kernel chunked``)
-each train a few steps on the same weights and data; each kernel's losses must equal the
+the chunked loss (``--loss-kernel chunked``), and on four of LLaMA 7B's layers the fused RMSNorm
+(``--norm-kernel fused``: on CUDA torch's one-kernel RMSNorm, forward and backward), each train a few steps on the same weights and data; each kernel's losses must equal the
 unscheduled model's (relative ``LOSS_RTOL`` at every step: the script exits 1 otherwise), and its
 memory saving (``torch.cuda.max_memory_allocated``) is printed beside the cost model's prediction.
 fp16 with dynamic loss scaling trains the same steps; its losses must stay within ``FP16_RTOL`` of
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scipy.stats import spearmanr
 
 from autoslapo.cluster import DEVICES, ClusterSpec, preset_for_device_name
-from autoslapo.config import ScheduleConfig
+from autoslapo.config import RMS_NORM_FAMILIES, ScheduleConfig
 from autoslapo.cost import Estimate, estimate
 from autoslapo.cost.device import device_perf, for_autoslapo_runtime
 from autoslapo.models.spec import ModelSpec
@@ -54,7 +54,9 @@ from autoslapo.runtime import run_trial
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The micro-batch of the lean-kernel check per model: logits large enough to matter, quick in fp32.
-KERNEL_BATCH = {"bert-large": 8, "gpt2-xl": 2, "bert-tiny": 2, "gpt2-tiny": 2}
+KERNEL_BATCH = {"bert-large": 8, "gpt2-xl": 2, "bert-tiny": 2, "gpt2-tiny": 2, "llama-7b": 1, "llama-tiny": 2}
+#: The RMSNorm kernel's check (``--norm-kernel fused``): LLaMA 7B's layers, four of them on a GPU.
+NORM_MODEL = {"gpu": ("llama-7b", {"layers": 4}), "cpu": ("llama-tiny", {})}
 #: Largest relative difference, at any step, between a lean kernel's loss and the unscheduled model's.
 LOSS_RTOL = 1e-4
 #: fp16 with dynamic loss scaling against the fp32 run, relative at every step (fp16's rounding; a
@@ -73,6 +75,7 @@ class Row:
     config: ScheduleConfig
     result: TrialResult
     dropout: bool | None = None  # as trained: None = the family's default (on), False = off
+    shape: dict[str, int] | None = None  # the preset's fields the trial's model overrode (its layers)
 
 
 def _device(dry: bool) -> tuple[str, str]:
@@ -93,7 +96,7 @@ def _estimate(row: Row, preset: str) -> Estimate:
     """The cost model's estimate of ``row`` on one device of ``preset``, for the stack the trial ran:
     autoslapo's runtime (fp32 weights under autocast), not the published runs' a GPU preset describes."""
     cluster = ClusterSpec(gpus=1, gpu_type=preset, gpus_per_node=1)
-    spec = ModelSpec.from_name(row.model)
+    spec = ModelSpec.from_name(row.model, **(row.shape or {}))
     perf = for_autoslapo_runtime(device_perf(cluster))
     return estimate(spec, row.config, cluster, perf=perf, validate=False, dropout=row.dropout)
 
@@ -187,13 +190,15 @@ def check_model(name: str, args: argparse.Namespace, budget: Budget, out: list[R
         out.append(Row(name, label, cfg, r, dropout=False))
 
 
-def check_kernels(name: str, args: argparse.Namespace, budget: Budget, out: list[Row], preset: str) -> list[str]:
-    """Selective and per-op recomputation and the chunked loss against the unscheduled model: one verdict line each.
+def check_kernels(name: str, args: argparse.Namespace, budget: Budget, out: list[Row], preset: str,
+                  shape: dict[str, int] | None = None) -> list[str]:
+    """Selective and per-op recomputation and the chunked loss against the unscheduled model (for an
+    RMSNorm family, ``shape`` overriding its preset's fields: the fused RMSNorm): one verdict line each.
 
     A verdict starts with ``PASS`` (losses equal at every step), ``FAIL`` (they differ, or the
     kernel failed where the unscheduled model ran) or ``SKIP`` (budget, or no unscheduled run).
     """
-    spec = ModelSpec.from_name(name)
+    spec = ModelSpec.from_name(name, **(shape or {}))
     # Eager attention keeps the attention scores, which selective recomputation drops (with sdpa
     # there is little to drop, and so little to check).
     base = ScheduleConfig(precision="fp32", attn_kernel="eager", micro_batch=KERNEL_BATCH[name])
@@ -202,6 +207,8 @@ def check_kernels(name: str, args: argparse.Namespace, budget: Budget, out: list
             ("per-op recompute, fp32", base.with_(ckpt_ratio=1.0, ckpt_granularity="op")),
             ("chunked loss, fp32", base.with_(loss_kernel="chunked")),
             ("fp16, loss-scaled", base.with_(precision="fp16"))]
+    if spec.family in RMS_NORM_FAMILIES:  # the RMSNorm kernel alone (on CUDA, torch's one-kernel RMSNorm)
+        runs = [runs[0], ("fused RMSNorm, fp32", base.with_(norm_kernel="fused"))]
     rows: list[Row] = []
     for label, cfg in runs:
         r = _trial(spec, cfg, args, budget, dropout=0.0)
@@ -209,7 +216,7 @@ def check_kernels(name: str, args: argparse.Namespace, budget: Budget, out: list
             print(f"  {name} {label}: skipped (time budget)", flush=True)
             continue
         print(f"  {name} {label}: {r.status} {r.samples_per_s:.2f} samples/s {r.reason}", flush=True)
-        rows.append(Row(name, label, cfg, r, dropout=False))
+        rows.append(Row(name, label, cfg, r, dropout=False, shape=shape))
     out.extend(rows)
     ref = rows[0] if rows and rows[0].config == base else None
     verdicts = []
@@ -358,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     for m in models:  # the kernels first: they are the check a short budget must still reach
         print(f"{m} lean kernels:", flush=True)
         verdicts += check_kernels(m, args, budget, rows, preset)
+    norm_model, shape = NORM_MODEL["cpu" if args.dry_run_cpu else "gpu"]
+    print(f"{norm_model} RMSNorm kernel:", flush=True)
+    verdicts += check_kernels(norm_model, args, budget, rows, preset, shape)
     conv = "wideresnet-tiny" if args.dry_run_cpu else "resnet-50"
     print(f"{conv} feature-map layouts:", flush=True)
     verdicts += check_layouts(conv, args, budget, rows, preset)

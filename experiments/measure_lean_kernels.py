@@ -13,7 +13,10 @@ The prediction is ``estimate(...).memory_per_device_bytes`` on this machine's CP
 (``experiments/results/cost_model_profile_cpu.json``, as ``validate_cost_model.py --local`` uses).
 A saving is baseline minus variant; the ratio is measured saving over predicted saving.
 
-Run: ``.venv/bin/python experiments/measure_lean_kernels.py [--predict-only] [--families bert,gpt2]``;
+- ``norm_kernel``: the fused RMSNorm vs transformers' eager chain (no checkpointing, eager attention;
+  the RMSNorm families only).
+
+Run: ``.venv/bin/python experiments/measure_lean_kernels.py [--predict-only] [--families bert,gpt2] [--add]``;
 writes ``experiments/results/lean_kernels_cpu.txt`` and the records to ``lean_kernels_cpu.json``.
 """
 
@@ -27,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.cluster import ClusterSpec
-from autoslapo.config import ScheduleConfig
+from autoslapo.config import KNOBS, ScheduleConfig
 from autoslapo.cost import estimate
 from autoslapo.cost.profile import load_profile
+from autoslapo.layout import inapplicable_knobs
 from autoslapo.models.families import list_families
 from autoslapo.models.spec import PRESETS, ModelSpec
 
@@ -52,7 +56,14 @@ VARIANTS: list[tuple[str, dict[str, Any], str]] = [
     ("full ckpt", {"attn_kernel": "eager", "ckpt_ratio": 1.0}, "no ckpt (eager attn)"),
     ("selective ckpt", {"attn_kernel": "eager", "ckpt_ratio": 1.0, "ckpt_granularity": "selective"},
      "no ckpt (eager attn)"),
+    ("fused RMSNorm", {"attn_kernel": "eager", "norm_kernel": "fused"}, "no ckpt (eager attn)"),
 ]
+
+
+def variants_for(model: ModelSpec) -> list[tuple[str, dict[str, Any], str]]:
+    """The variants ``model``'s family can run (the RMSNorm kernel: LLaMA's and T5's norms only)."""
+    skip = set(inapplicable_knobs(model, KNOBS))
+    return [v for v in VARIANTS if not skip & set(v[1])]
 
 
 def family_model(family: str) -> ModelSpec | None:
@@ -117,13 +128,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3, help="optimizer steps a trial (one is warm-up)")
     p.add_argument("--reuse", action="store_true",
                    help=f"re-tabulate the measurements saved in {RECORDS.name} against the model's predictions now")
+    p.add_argument("--add", action="store_true",
+                   help=f"keep the measurements saved in {RECORDS.name}; measure only the variants they lack")
     args = p.parse_args(argv)
     prof = load_profile(PROFILE)
-    if args.reuse:
-        records = json.loads(RECORDS.read_text())
-        for rec in records:  # the saved measurements; the predictions of the cost model as it is now
+    saved: dict[tuple[str, str], dict[str, Any]] = {}
+    if args.reuse or args.add:
+        for rec in json.loads(RECORDS.read_text()):  # the saved measurements, predicted by the model as it is now
             rec["predicted_bytes"] = predict(ModelSpec.from_dict(rec["model"]), ScheduleConfig.from_dict(rec["config"]),
                                              prof)
+            saved[(rec["model"]["preset"], rec["variant"])] = rec
+    if args.reuse:
+        records = list(saved.values())
     else:
         records = []
         for family in args.families.split(","):
@@ -131,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             if model is None:
                 print(f"{family}: no tiny preset, skipped", flush=True)
                 continue
-            for name, knobs, baseline in VARIANTS:
+            for name, knobs, baseline in variants_for(model):
+                if (model.preset, name) in saved:  # --add: measured before
+                    records.append(saved[(model.preset, name)])
+                    continue
                 cfg = config_for(knobs)
                 rec: dict[str, Any] = {"model": model.to_dict(), "config": cfg.to_dict(), "variant": name,
                                        "baseline": baseline, "predicted_bytes": predict(model, cfg, prof)}

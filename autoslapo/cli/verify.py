@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         kernels = (f"attn={config.attn_kernel}{' sp' if config.sequence_parallel else ''}"
                    f"{' chunked-loss' if config.loss_kernel == 'chunked' else ''}"
-                   f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}")
+                   f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}"
+                   f"{' fused-rmsnorm' if config.norm_kernel == 'fused' else ''}")
     print(
         f"verify {args.model}: ok - tp={config.tp} pp={config.pp} ckpt_ratio={config.ckpt_ratio:g}"
         f"{' ' + config.ckpt_granularity if config.ckpt_granularity != 'full' and config.ckpt_ratio > 0 else ''} "

@@ -23,8 +23,6 @@ GiB = 1024**3
 #: Pipeline engines whose point-to-point transfers the step-time model counts
 #: (``autoslapo.cost.p2p.pipeline_transfers``).
 PIPELINE_ENGINES = ("megatron", "deepspeed")
-#: How the training code runs an RMSNorm (``autoslapo.cost.kernels.norm_traffic``).
-NORM_KERNELS = ("eager", "fused")
 #: ``DevicePerf.runtime`` of autoslapo's own runtime on a CPU rank and on a GPU (see ``DevicePerf``).
 AUTOSLAPO_CPU = "autoslapo"
 AUTOSLAPO_GPU = "autoslapo-gpu"
@@ -78,9 +76,6 @@ class DevicePerf:
     (``pipeline_transfers``): ``"megatron"``, Megatron-LM's 1F1B with its batched send-and-receive
     (also autoslapo's runtime, ``torch.distributed.pipelining``); ``"deepspeed"``, DeepSpeed's
     ``PipelineEngine`` (Megatron-DeepSpeed), whose sends and receives each block.
-    ``norm_kernel``: how the training code runs an RMSNorm: ``"eager"``, eight ops as transformers
-    writes it (autoslapo's models); ``"fused"``, one kernel (a Triton or CUDA RMSNorm). Compiled
-    layers (the ``compile_layers`` knob) fuse it either way.
     ``gemm_fixed_s``: a GEMM launch's fixed ramp-and-drain time (its efficiency saturates with its
     size). ``host_op_s``: the host's time to issue one kernel from eager PyTorch (a micro-batch takes
     at least its kernels times this). Both in ``autoslapo.cost.kernels``; 0 on a CPU profile, whose
@@ -111,15 +106,11 @@ class DevicePerf:
     gemm_fixed_s: float = 0.0
     host_op_s: float = 0.0
     pipeline_engine: str = "megatron"
-    norm_kernel: str = "eager"
 
     def __post_init__(self) -> None:
         if self.pipeline_engine not in PIPELINE_ENGINES:
             raise ConfigError(f"pipeline_engine must be one of {', '.join(PIPELINE_ENGINES)}: got "
                               f"{self.pipeline_engine!r}; use megatron for Megatron-LM or autoslapo's runtime")
-        if self.norm_kernel not in NORM_KERNELS:
-            raise ConfigError(f"norm_kernel must be one of {', '.join(NORM_KERNELS)}: got {self.norm_kernel!r}; "
-                              "use eager for transformers' RMSNorm, fused for a one-kernel one")
 
     @classmethod
     def from_profile(cls, base: DevicePerf, profile: dict[str, Any]) -> DevicePerf:

@@ -84,7 +84,8 @@ every mm but each second one) as ``ckpt_granularity="op"``, "no" as ``ckpt_ratio
 says that Llama 2 70B at local batch 2 with selective (op) checkpointing ran out of memory
 (``KNOWN_OOM``): a run the model must refuse. The commits' train configs run Llama 3 8B and Llama 2
 13B with torchtitan's Triton RMSNorm (``norm_type = "fused_rmsnorm"``), the 70B models with its eager
-one (``"rmsnorm"``): the ``norm_kernel`` column (``DevicePerf.norm_kernel``).
+one (``"rmsnorm"``): the ``norm_kernel`` column, pinned as that knob (eager where a row of an RMSNorm
+family leaves it empty).
 
 ``data/h100_heldout_torchtitan.csv``, ``torchtitan2024_h100``: torchtitan's H100 benchmark
 (``benchmarks/llama3_h100_202412_torchtitan.md``, first published as the same performance page in 2025;
@@ -130,7 +131,7 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.cluster import ClusterSpec
-from autoslapo.config import KNOB, ScheduleConfig
+from autoslapo.config import KNOB, RMS_NORM_FAMILIES, ScheduleConfig
 from autoslapo.cost.device import DevicePerf, device_perf
 from autoslapo.cost.estimate import estimate
 from autoslapo.cost.field import FieldCheck
@@ -207,12 +208,12 @@ def pinned_knobs(row: dict[str, str]) -> dict[str, object]:
 def row_perf(row: dict[str, str], cluster: ClusterSpec) -> DevicePerf:
     """The device preset with the row's stack and device figures, each from an optional column
     (empty or absent: the preset's): ``pipeline_engine`` (``deepspeed`` for Megatron-DeepSpeed's
-    runs), ``norm_kernel`` (``fused`` for a one-kernel RMSNorm) and ``hbm_gbps``."""
+    runs) and ``hbm_gbps``."""
     engine = row.get("pipeline_engine") or "megatron"  # an unknown one: ``DevicePerf`` says the rule
     if engine == "deepspeed" and row["pipeline_schedule"] != "1f1b":
         raise ConfigError(f"DeepSpeed's pipeline engine runs its own TrainSchedule, priced as 1f1b: got "
                           f"pipeline_schedule {row['pipeline_schedule']!r} with it; write 1f1b")
-    perf = replace(device_perf(cluster), pipeline_engine=engine, norm_kernel=row.get("norm_kernel") or "eager")
+    perf = replace(device_perf(cluster), pipeline_engine=engine)
     return replace(perf, hbm_gbps=float(row["hbm_gbps"])) if row.get("hbm_gbps") else perf
 
 
@@ -227,6 +228,8 @@ def check_row(row: dict[str, str]) -> HeldOutCheck:
     fixed: dict[str, Any] = dict(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), precision=row["precision"],
                                  pipeline_schedule=row["pipeline_schedule"])
     fixed.update(pinned_knobs(row))
+    if model.family in RMS_NORM_FAMILIES:  # the stack's RMSNorm: the row's column, else transformers' eager one
+        fixed.setdefault("norm_kernel", row.get("norm_kernel") or "eager")
     perf = row_perf(row, cluster)
     best = best_config(model, cluster, global_batch=int(row["global_batch"]), perf=perf, **fixed)
     if row["pipeline_schedule"] == "interleaved" and "virtual_stages" not in fixed:

@@ -56,6 +56,8 @@ from __future__ import annotations
 import itertools
 import math
 
+from autoslapo.config import RMS_NORM_FAMILIES
+
 # FP32 operations a score element costs in the online softmax besides its exponential (see the
 # module docstring).
 FLASH_SOFTMAX_FWD_OPS = 5.0
@@ -68,9 +70,8 @@ FLASH_SOFTMAX_EXPOSED = 0.5
 FLASH_FP32_EFF = 0.8
 
 
-#: Families whose norms are RMSNorms as transformers writes them, and those with rotary positions
-#: (see the module docstring).
-RMS_NORM_FAMILIES = ("llama", "t5")
+#: Families with rotary positions (see the module docstring); those whose norms are RMSNorms as
+#: transformers writes them are ``autoslapo.config.RMS_NORM_FAMILIES``.
 ROTARY_FAMILIES = ("llama",)
 
 
@@ -81,6 +82,22 @@ def norm_traffic(family: str, elem: float, fused: bool) -> tuple[float, int]:
     if elem == 4:  # fp32: the casts are no-ops
         return 28.0, 6
     return 20 + 2 * elem + 2 * (elem + 4), 8
+
+
+def rms_norm_saved_extra(family: str, elem: float, fused: bool, autocast: bool) -> float:
+    """Bytes an element that one eager RMSNorm of ``family`` keeps for backward beyond what a one-op
+    norm keeps (its input; the next product keeps the output either way); 0 when ``fused`` (a
+    one-op norm or compiled layers).
+
+    transformers' chain keeps the fp32 copy of its input (the square's input) and the normalized
+    tensor the weight multiplies, in place of the input: 4 + 2 bytes for 2 in a 16-bit model (4 + 4
+    for 4 in fp32, or under autocast, whose residual stream is fp32), 4 more either way. T5's chain
+    scales the input as it is, so a 16-bit T5 model keeps the input, its fp32 copy and the 16-bit
+    normalized tensor: 6 more. Measured with ``saved_tensors_hooks`` (``tests/autoslapo/test_norm_kernel.py``).
+    """
+    if fused or family not in RMS_NORM_FAMILIES:
+        return 0.0
+    return 6.0 if family == "t5" and elem < 4 and not autocast else 4.0
 
 
 def rotary_traffic(elem: float, fused: bool) -> tuple[float, int]:

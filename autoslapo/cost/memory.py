@@ -31,6 +31,7 @@ from autoslapo import layout
 from autoslapo.cost.device import AUTOSLAPO_CPU, is_autoslapo_runtime
 from autoslapo.cost.encdec import encdec_activation_bytes, encdec_stage_params
 from autoslapo.cost.head import element_bytes, loss_tensor_bytes
+from autoslapo.cost.kernels import rms_norm_saved_extra
 from autoslapo.models.spec import is_convolutional
 from autoslapo.models.wrn_shape import wrn_rank_params
 
@@ -153,6 +154,15 @@ def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig, runtime: str = 
     return 2
 
 
+def rms_norm_extra(model: ModelSpec, config: ScheduleConfig, autocast: bool) -> float:
+    """Bytes an element each of ``model``'s norms keeps beyond a one-op norm's input under ``config``:
+    an eager RMSNorm's chain (``autoslapo.cost.kernels.rms_norm_saved_extra``); 0 for a fused one, for
+    compiled layers and for LayerNorm families. ``autocast``: autoslapo's runtime (an fp32 residual
+    stream under autocast)."""
+    fused = config.norm_kernel == "fused" or config.compile_layers
+    return rms_norm_saved_extra(model.family, element_bytes(config), fused, autocast)
+
+
 def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
                                      dropout: bool | None = None, runtime: str = "megatron") -> float:
     """Bytes one non-checkpointed layer stores per token, on one device (Korthikanti's terms).
@@ -172,7 +182,8 @@ def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
     ours = is_autoslapo_runtime(runtime)
     # Replicated over TP unless sequence-parallel: two norm inputs, the q/k/v and fc1 inputs
     # (norm outputs), and the two 1-byte dropout masks.
-    norms = 2 * h * (4 + e) if ours else 4 * h * e
+    norms: float = 2 * h * (4 + e) if ours else 4 * h * e
+    norms += 2 * h * rms_norm_extra(model, config, ours)
     replicated: float = norms + (2 * h if dropout else 0)
     # Sharded over TP: q, k, v, the attention output (out-proj input), the MLP's inner tensors.
     mlp = mlp_saved_elements(model, config, runtime) * f * e
@@ -313,6 +324,8 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     # (16-bit, plus the fp32 softmax the cross-entropy keeps), freed once the loss's backward ran.
     emb = tokens * model.hidden * (e + (1 if has_dropout(model, dropout) else 0))
     logits = loss_tensor_bytes(model, config, tokens, transients, heap, runtime)
+    # the final norm's chain (an eager RMSNorm) is held with the logits, until the head's backward ran
+    logits += tokens * model.hidden * rms_norm_extra(model, config, is_autoslapo_runtime(runtime))
     fwd_first, bwd_first = stage(ranks[0], in_flight_microbatches(config))
     if config.pp == 1:
         return int(max(fwd_first + logits, bwd_first) + emb)
@@ -382,8 +395,9 @@ def estimate_memory(model: ModelSpec, config: ScheduleConfig, perf: DevicePerf,
         w += int(max(stage_params(model, config)) * element_bytes(config))
     act = int(estimate_activation_bytes(model, config, dropout, rt, transients=True) * perf.activation_slack)
     if perf.heap_retention:
-        # the host allocator's heap keeps what every layer's full activations occupied (see DevicePerf)
-        full = config if config.ckpt_ratio == 0 else replace(config, ckpt_ratio=0.0)
+        # the host allocator's heap keeps what every layer's full activations occupied (see DevicePerf),
+        # an RMSNorm's chain included: a one-op norm runs it too and frees it, as recomputation does
+        full = replace(config, ckpt_ratio=0.0, norm_kernel="eager")
         act += int(estimate_activation_bytes(model, full, dropout, rt, transients=True, heap=True) * perf.heap_retention)
     during, after = zero_buffer_bytes(model, config, rt)
     buffers = during + max(0, after - act)

@@ -259,7 +259,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
             bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
         attn_kernels = 1
     # elementwise traffic per token: norms, dropout + residual, activation, q/k/v layout copies
-    rep, rope, extra_kernels = layer_norms_and_rotary(model.family, e, fused, h, kvd, r.perf.norm_kernel)
+    rep, rope, extra_kernels = layer_norms_and_rotary(model.family, e, fused, h, kvd, config.norm_kernel)
     per_res = (3 * e + 1) * h if fused else (5 * e + 1) * h
     if not dropout:
         per_res = 3 * e * h

@@ -25,6 +25,7 @@ from autoslapo.cli import main
         (["verify", "wideresnet-tiny", "--pp", "5"], "pipeline chunks must each hold a block: got 4 blocks for pp=5"),
         (["verify", "wideresnet-tiny", "--attn", "flash"], "attn_kernel does not apply to wideresnet"),
         (["verify", "bert-tiny", "--channels-last"], "channels_last applies to a convolutional family only"),
+        (["verify", "bert-tiny", "--norm-kernel", "fused"], "norm_kernel applies to the llama, t5 families only"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -73,6 +74,16 @@ def test_wideresnet_tiny_channels_last_over_tp_and_stages_passes() -> None:
     line = next(x for x in out.splitlines() if x.startswith("verify "))
     assert "ok - tp=2 pp=2" in line and "on 4 ranks" in line, out
     assert float(line.split("max abs diff ")[1].split(";")[0]) < 1e-10, line
+
+
+def test_llama_tiny_fused_rmsnorm_over_tp_sequence_parallelism_and_stages_passes() -> None:
+    # the one-op RMSNorm in every layer and the final norm, with TP 2 + sequence parallelism (its
+    # gradients summed over the group) and 2 stages (each stage's modules rebound to their own copy)
+    rc, out, _ = _verify("llama-tiny", "--tp", "2", "--pp", "2", "--grad-accum", "2", "--sequence-parallel",
+                         "--norm-kernel", "fused", "--ckpt-ratio", "0.5", "--seq-len", "16")
+    assert rc == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("verify "))
+    assert "ok - tp=2 pp=2" in line and "sp" in line and "fused-rmsnorm" in line and "on 4 ranks" in line, out
 
 
 @pytest.mark.slow

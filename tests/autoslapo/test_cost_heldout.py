@@ -254,11 +254,11 @@ def test_the_resnet50_rows_are_torchvisions_shape_fit_and_amp_lands_within_ten_p
 
 def test_torchtitans_a100_rows_run_the_norm_their_train_config_names() -> None:
     """At the page's commits Llama 3 8B and Llama 2 13B ran torchtitan's Triton RMSNorm, the 70B models
-    its eager one; the column reaches the device figures the estimate uses."""
+    its eager one; the column is pinned as the ``norm_kernel`` knob of the estimate."""
     rows = load_rows(TORCHTITAN_DATA)
     for r in rows:
         assert r["norm_kernel"] == ("fused" if r["model"] in ("llama3-8b", "llama2-13b") else "eager")
-        assert row_perf(r, row_cluster(r)).norm_kernel == r["norm_kernel"]
+        assert check_row(r).estimate.config.norm_kernel == r["norm_kernel"]
 
 
 def test_torchtitans_h100_rows_are_its_grand_teton_device_and_land_within_ten_percent(
@@ -292,6 +292,7 @@ def test_a_rows_device_columns_replace_the_presets() -> None:
     assert 835 / 989 < nvl.predicted / sxm.predicted < 1.0
 
 
-def test_a_device_with_an_unknown_norm_kernel_is_refused() -> None:
-    with pytest.raises(ConfigError, match="norm_kernel must be one of eager, fused"):
-        replace(PERF["h100-80gb"], norm_kernel="apex")
+def test_a_row_with_an_unknown_norm_kernel_is_refused() -> None:
+    row = {**load_rows(TORCHTITAN_DATA)[0], "norm_kernel": "apex"}
+    with pytest.raises(ConfigError, match='norm_kernel must be one of "eager", "fused": got "apex"'):
+        check_row(row)

@@ -28,7 +28,8 @@ CLUSTER = ClusterSpec(gpus=16, gpu_type="a100-80gb")
 AWAY = ScheduleConfig(tp=2, pp=2, dp=4, micro_batch=2, grad_accum=4, ckpt_ratio=0.5, ckpt_placement="back",
                       zero_stage=1, attn_kernel="flash", fuse_bias_gelu=True, compile_layers=True,
                       sequence_parallel=True, pipeline_schedule="interleaved", virtual_stages=2,
-                      precision="fp16", ckpt_granularity="selective", loss_kernel="chunked").validate(MODEL, CLUSTER)
+                      precision="fp16", ckpt_granularity="selective", loss_kernel="chunked", norm_kernel="fused",
+                      ).validate(MODEL, CLUSTER)
 #: The same for the knobs of a convolutional family only (``Knob.conv_only``), which a transformer refuses.
 CONV_MODEL = ModelSpec.from_name("resnet-50")
 CONV_AWAY = ScheduleConfig(tp=2, pp=2, dp=4, micro_batch=2, grad_accum=4, precision="fp16",
