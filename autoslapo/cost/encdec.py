@@ -136,7 +136,7 @@ def block_activation_bytes(model: ModelSpec, config: ScheduleConfig, decoder: bo
     s, u = model.seq_len, model.decoder_seq_len
     tokens = config.micro_batch * (u if decoder else s)
     norms = 3 if decoder else 2
-    eager_rms = rms_norm_saved_extra(model.family, e, config.norm_kernel == "fused" or config.compile_layers, ours)
+    eager_rms = rms_norm_saved_extra(model.family, e, config.norm_kernel, config.compile_layers, ours)
     replicated = norms * h * ((4 + e) if ours else 2 * e) + (norms * h if dropout else 0) + norms * h * eager_rms
     # gated-GeLU: wi_0's output, three intermediates of transformers' tanh-GeLU chain (as GPT-2's),
     # the GeLU's and wi_1's outputs (the product's inputs) and the product (wo's input): 7
@@ -257,7 +257,7 @@ def _stage_activation_bytes(model: ModelSpec, config: ScheduleConfig, rank: int,
     encoder_out = b * s * h * e * (in_flight if any(i >= model.layers for i in blocks) else 0)
     logits = loss_tensor_bytes(model, config, b * u, transients, heap, runtime) if last else 0
     # each stack's final norm: an eager RMSNorm's chain beyond a fused one's input (``rms_norm_saved_extra``)
-    eager_rms = rms_norm_saved_extra(model.family, e, config.norm_kernel == "fused" or config.compile_layers,
+    eager_rms = rms_norm_saved_extra(model.family, e, config.norm_kernel, config.compile_layers,
                                      is_autoslapo_runtime(runtime))
     logits += eager_rms * b * h * (s * in_flight * (model.layers - 1 in blocks) + u * last)
     return int(max(fwd_end + logits, bwd_peak) + emb + encoder_out)

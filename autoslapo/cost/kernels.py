@@ -84,10 +84,10 @@ def norm_traffic(family: str, elem: float, fused: bool) -> tuple[float, int]:
     return 20 + 2 * elem + 2 * (elem + 4), 8
 
 
-def rms_norm_saved_extra(family: str, elem: float, fused: bool, autocast: bool) -> float:
-    """Bytes an element that one eager RMSNorm of ``family`` keeps for backward beyond what a one-op
-    norm keeps (its input; the next product keeps the output either way); 0 when ``fused`` (a
-    one-op norm or compiled layers).
+def rms_norm_saved_extra(family: str, elem: float, norm_kernel: str, compiled: bool, autocast: bool) -> float:
+    """Bytes an element that one RMSNorm of ``family`` keeps for backward beyond what a one-op norm
+    keeps (its input; the next product keeps the output either way): 0 for ``norm_kernel`` "fused",
+    for ``compiled`` layers and for a family without RMSNorms.
 
     transformers' chain keeps the fp32 copy of its input (the square's input) and the normalized
     tensor the weight multiplies, in place of the input: 4 + 2 bytes for 2 in a 16-bit model (4 + 4
@@ -95,7 +95,7 @@ def rms_norm_saved_extra(family: str, elem: float, fused: bool, autocast: bool) 
     scales the input as it is, so a 16-bit T5 model keeps the input, its fp32 copy and the 16-bit
     normalized tensor: 6 more. Measured with ``saved_tensors_hooks`` (``tests/autoslapo/test_norm_kernel.py``).
     """
-    if fused or family not in RMS_NORM_FAMILIES:
+    if norm_kernel == "fused" or compiled or family not in RMS_NORM_FAMILIES:
         return 0.0
     return 6.0 if family == "t5" and elem < 4 and not autocast else 4.0
 

@@ -154,15 +154,6 @@ def mlp_saved_elements(model: ModelSpec, config: ScheduleConfig, runtime: str = 
     return 2
 
 
-def rms_norm_extra(model: ModelSpec, config: ScheduleConfig, autocast: bool) -> float:
-    """Bytes an element each of ``model``'s norms keeps beyond a one-op norm's input under ``config``:
-    an eager RMSNorm's chain (``autoslapo.cost.kernels.rms_norm_saved_extra``); 0 for a fused one, for
-    compiled layers and for LayerNorm families. ``autocast``: autoslapo's runtime (an fp32 residual
-    stream under autocast)."""
-    fused = config.norm_kernel == "fused" or config.compile_layers
-    return rms_norm_saved_extra(model.family, element_bytes(config), fused, autocast)
-
-
 def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
                                      dropout: bool | None = None, runtime: str = "megatron") -> float:
     """Bytes one non-checkpointed layer stores per token, on one device (Korthikanti's terms).
@@ -183,7 +174,7 @@ def layer_activation_bytes_per_token(model: ModelSpec, config: ScheduleConfig,
     # Replicated over TP unless sequence-parallel: two norm inputs, the q/k/v and fc1 inputs
     # (norm outputs), and the two 1-byte dropout masks.
     norms: float = 2 * h * (4 + e) if ours else 4 * h * e
-    norms += 2 * h * rms_norm_extra(model, config, ours)
+    norms += 2 * h * rms_norm_saved_extra(model.family, e, config.norm_kernel, config.compile_layers, ours)
     replicated: float = norms + (2 * h if dropout else 0)
     # Sharded over TP: q, k, v, the attention output (out-proj input), the MLP's inner tensors.
     mlp = mlp_saved_elements(model, config, runtime) * f * e
@@ -325,7 +316,8 @@ def estimate_activation_bytes(model: ModelSpec, config: ScheduleConfig, dropout:
     emb = tokens * model.hidden * (e + (1 if has_dropout(model, dropout) else 0))
     logits = loss_tensor_bytes(model, config, tokens, transients, heap, runtime)
     # the final norm's chain (an eager RMSNorm) is held with the logits, until the head's backward ran
-    logits += tokens * model.hidden * rms_norm_extra(model, config, is_autoslapo_runtime(runtime))
+    logits += tokens * model.hidden * rms_norm_saved_extra(model.family, e, config.norm_kernel, config.compile_layers,
+                                                           is_autoslapo_runtime(runtime))
     fwd_first, bwd_first = stage(ranks[0], in_flight_microbatches(config))
     if config.pp == 1:
         return int(max(fwd_first + logits, bwd_first) + emb)

@@ -79,7 +79,7 @@ def test_it_keeps_its_input_and_one_rstd_a_row_and_the_cost_model_counts_what_th
     weight = mod.weight.untyped_storage().nbytes()
     assert lean == x.untyped_storage().nbytes() + 64 * 4 + weight  # x, rstd (fp32 a row), the weight
     family = "llama" if llama else "t5"
-    assert (chain - lean) / x.numel() == rms_norm_saved_extra(family, x.element_size(), False, False)
+    assert (chain - lean) / x.numel() == rms_norm_saved_extra(family, x.element_size(), "eager", False, False)
 
 
 def test_the_primitive_swaps_the_forward_and_back_and_a_deep_copy_runs_its_own_weight() -> None:
