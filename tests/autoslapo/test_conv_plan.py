@@ -21,13 +21,17 @@ from search_spaces import space_for
 TINY = ModelSpec.from_name("wideresnet-tiny")
 TRANSFORMER_ONLY = {"attn_kernel", "fuse_bias_gelu", "sequence_parallel", "ckpt_granularity", "loss_kernel"}
 CONV_ONLY = {"channels_last"}
+#: Knobs of some transformer families only (``Knob.families``): the RMSNorm kernel (LLaMA, T5).
+FAMILY_ONLY = {"norm_kernel"}
 
 
 def test_transformer_only_knobs_are_declared_on_the_knobs() -> None:
     assert {k.name for k in KNOBS if k.transformer_only} == TRANSFORMER_ONLY
     assert {k.name for k in KNOBS if k.conv_only} == CONV_ONLY
-    assert set(inapplicable_knobs(TINY, KNOBS)) == TRANSFORMER_ONLY
-    assert set(inapplicable_knobs(ModelSpec.from_name("bert-tiny"), KNOBS)) == CONV_ONLY
+    assert {k.name for k in KNOBS if k.families} == FAMILY_ONLY
+    assert set(inapplicable_knobs(TINY, KNOBS)) == TRANSFORMER_ONLY | FAMILY_ONLY
+    assert set(inapplicable_knobs(ModelSpec.from_name("bert-tiny"), KNOBS)) == CONV_ONLY | FAMILY_ONLY
+    assert set(inapplicable_knobs(ModelSpec.from_name("llama-tiny"), KNOBS)) == CONV_ONLY
 
 
 def test_a_transformer_refuses_the_convolutional_knobs() -> None:
