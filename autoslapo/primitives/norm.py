@@ -46,13 +46,6 @@ def _normalized(xf: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor, dtyp
     return h.to(weight.dtype) if weight.dtype in _HALF else h
 
 
-def _normalized_dtype(x: torch.Tensor, weight: torch.Tensor, llama: bool) -> torch.dtype:
-    """The dtype of the tensor the weight multiplies (see ``_normalized``)."""
-    if llama:
-        return x.dtype
-    return weight.dtype if weight.dtype in _HALF else torch.promote_types(x.dtype, torch.float32)
-
-
 def _cuda_fused(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (x.is_cuda and weight.dtype == x.dtype and hasattr(torch, "_fused_rms_norm")
             and hasattr(torch.ops.aten, "_fused_rms_norm_backward"))
@@ -88,10 +81,11 @@ class _RMSNorm(torch.autograd.Function):
         xf, _ = _upcast(x, ctx.llama)
         h = _normalized(xf, rstd, weight, x.dtype, ctx.llama)
         dw = (grad * h).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        h_dtype = h.dtype
         del h
         # the normalized tensor's gradient in its own dtype (as autograd hands it back), then fp32;
         # in place from here on: a backward near the step's peak holds two row-sized tensors, not six
-        g = (grad * weight).to(_normalized_dtype(x, weight, ctx.llama)).to(xf.dtype)
+        g = (grad * weight).to(h_dtype).to(xf.dtype)
         x_hat = xf * rstd
         dot = (g * x_hat).mean(-1, keepdim=True)
         dx = g.sub_(x_hat.mul_(dot)).mul_(rstd)
