@@ -323,10 +323,14 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             raise ConfigError(f"precision bf16 is not supported on {dev.name}; use fp16 or fp32")
 
 
-def _inapplicable(knob: Knob, family: str) -> bool:
+def _why_inapplicable(knob: Knob, family: str) -> str:
+    """Why ``family`` cannot use ``knob``; empty when it can."""
     if knob.families and family not in knob.families:
-        return True
-    return knob.transformer_only if is_convolutional(family) else knob.conv_only
+        return f"applies to the {', '.join(knob.families)} families only ({family} has nothing it acts on)"
+    if is_convolutional(family):
+        return f"does not apply to {family} (a convolutional family has no attention, tokens or vocabulary)" \
+            if knob.transformer_only else ""
+    return f"applies to a convolutional family only ({family} has no feature maps to lay out)" if knob.conv_only else ""
 
 
 @functools.cache
@@ -335,15 +339,8 @@ def _restricted_fields(family: str) -> tuple[tuple[str, object, str, str], ...]:
     ``autoslapo.config.KNOBS`` binds them (its flags and defaults)."""
     from autoslapo.config import KNOBS  # that module imports this one
 
-    return tuple((k.name, k.default, k.flag, _why_inapplicable(k, family)) for k in KNOBS if _inapplicable(k, family))
-
-
-def _why_inapplicable(knob: Knob, family: str) -> str:
-    if knob.families and family not in knob.families:
-        return f"applies to the {', '.join(knob.families)} families only ({family} has nothing it acts on)"
-    if is_convolutional(family):
-        return f"does not apply to {family} (a convolutional family has no attention, tokens or vocabulary)"
-    return f"applies to a convolutional family only ({family} has no feature maps to lay out)"
+    whys = ((k, _why_inapplicable(k, family)) for k in KNOBS)
+    return tuple((k.name, k.default, k.flag, why) for k, why in whys if why)
 
 
 def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:
@@ -351,7 +348,7 @@ def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ..
     ``Knob.transformer_only`` ones on a convolutional family, ``Knob.conv_only`` ones on any other,
     ``Knob.families`` ones on a family they do not name. They stay at their defaults in spaces and
     sweeps, and ``check_layout`` refuses a config that sets one otherwise."""
-    return tuple(k.name for k in knobs if _inapplicable(k, model.family))
+    return tuple(k.name for k in knobs if _why_inapplicable(k, model.family))
 
 
 def default_precision(has_bf16: bool, runnable: Collection[str] | None = None) -> str:

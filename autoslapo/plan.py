@@ -300,9 +300,7 @@ def apply_schedule(
             for layer, stack in blocks:
                 _fuse_bias_gelu(layer, stack, compiler)
     norms = [node for _, node in sch.named_schedules() if is_rms_norm(node.mod)]
-    if config.norm_kernel != "eager":
-        if not norms:
-            plan["skipped"].append(f"norm_kernel: the {desc.name} family has no RMSNorm")
+    if config.norm_kernel != "eager":  # config.validate refused it above for a family without RMSNorms
         for node in norms:  # every RMSNorm: the layers' and the stacks' final ones
             node.rms_norm_kernel(config.norm_kernel)
 

@@ -5,9 +5,10 @@ Lean kernels (first, so a short budget still checks them): at one micro-batch in
 so the comparison is tight) with eager attention, the unscheduled model, selective recomputation
 (``--ckpt-ratio 1 --ckpt-granularity selective``), per-op recomputation (``--ckpt-granularity op``) and
 the chunked loss (``--loss-kernel chunked``), and on four of LLaMA 7B's layers the fused RMSNorm
-(``--norm-kernel fused``: on CUDA torch's one-kernel RMSNorm, forward and backward), each train a few steps on the same weights and data; each kernel's losses must equal the
-unscheduled model's (relative ``LOSS_RTOL`` at every step: the script exits 1 otherwise), and its
-memory saving (``torch.cuda.max_memory_allocated``) is printed beside the cost model's prediction.
+(``--norm-kernel fused``: on CUDA torch's one-kernel RMSNorm, forward and backward), each train a
+few steps on the same weights and data; each kernel's losses must equal the unscheduled model's
+(relative ``LOSS_RTOL`` at every step: the script exits 1 otherwise), and its memory saving
+(``torch.cuda.max_memory_allocated``) is printed beside the cost model's prediction.
 fp16 with dynamic loss scaling trains the same steps; its losses must stay within ``FP16_RTOL`` of
 the fp32 run's (its loss scale and skipped steps are printed).
 Feature-map layouts: ResNet-50 in bf16 with NCHW and with channels-last feature maps
