@@ -121,8 +121,9 @@ class _Rates:
 
         ``frac`` of the ``s x s`` scores is computed (0.5 causal). The products run on tensor cores at
         ``eff`` of a GEMM's rate, one thread block per 128-query tile and head (wave quantization over
-        the SMs; the head width as a GEMM's inner dimension); backward does 2.5x the forward's FLOPs at
-        ``FLASH_BWD_REL`` of its rate. HBM moves Q, K, V, O (and gradients), not the scores; the online
+        the SMs). Each product has its own inner dimension (Dao 2023, algorithms 1-2): ``Q K^T`` and,
+        in backward, ``dO V^T`` sum over the head width; ``P V``, ``P^T dO``, ``dS K``, ``dS^T Q`` over a
+        tile of keys or queries. Backward does 2.5x the forward's FLOPs at ``FLASH_BWD_REL`` of its rate. HBM moves Q, K, V, O (and gradients), not the scores; the online
         softmax adds its exposed FP32 time (``autoslapo.cost.kernels``).
         """
         p = self.perf
@@ -130,7 +131,9 @@ class _Rates:
         flops = 4.0 * scores * d * (2.5 if backward else 1.0)
         tiles = math.ceil(s / p.tile) * batch
         waves = math.ceil(tiles / p.sms)
-        rate = self.flops_s * eff * (tiles / (waves * p.sms)) * (d / (d + p.k_half))
+        n, over_d = (5, 2) if backward else (2, 1)  # products; those whose inner dimension is the head's
+        per_flop = (over_d * (d + p.k_half) / d + (n - over_d) * (p.tile + p.k_half) / p.tile) / n
+        rate = self.flops_s * eff * (tiles / (waves * p.sms)) / per_flop
         if backward:
             rate *= FLASH_BWD_REL
         traffic = flash_traffic_bytes(s, s, d, batch, self.e, backward)

@@ -102,6 +102,34 @@ def test_flash_attention_is_not_bound_by_score_traffic() -> None:
     assert slow.compute / fast.compute < 1.1
 
 
+def test_a_short_head_slows_only_the_flash_products_that_sum_over_it() -> None:
+    """``Q K^T`` sums over the head width, ``P V`` over a tile of keys (Dao 2023, algorithm 1): the
+    tensor-core time a FLOP of a 64-wide head's forward is the mean of the two inner dimensions'
+    rates, not all of it at the head width's; backward's penalty is two products of five."""
+    from autoslapo.cost.time import _Rates
+
+    perf = replace(PERF["a100-80gb"], op_latency_s=0.0)
+    r = _Rates(perf, A100, ScheduleConfig(dp=8, attn_kernel="flash", precision="bf16"))
+    s, batch = 16384, 432  # whole waves: 128 query tiles x 432 problems over 108 SMs
+
+    def per_flop(d: int, backward: bool = False, products_only: bool = True) -> float:
+        t = r.flash(s, d, batch, 1.0, 1.0, backward)
+        if products_only:
+            t -= flash_softmax_s(s * s * batch, r.fp32_tflops, r.sfu_tops, backward)
+        return t / (4.0 * s * s * batch * d * (2.5 if backward else 1.0))
+
+    def slow(k: int) -> float:  # seconds a FLOP over a full-rate GEMM's, inner dimension k
+        return (k + perf.k_half) / k
+
+    assert perf.tile == 128
+    assert per_flop(64) / per_flop(128) == pytest.approx((slow(64) + slow(128)) / 2 / slow(128), rel=1e-9)
+    assert per_flop(64, True) / per_flop(128, True) == pytest.approx((2 * slow(64) + 3 * slow(128)) / 5 / slow(128),
+                                                                     rel=1e-9)
+    assert per_flop(64) / per_flop(128) < slow(64) / slow(128)
+    # the softmax's time a score is the same for both widths: with it a 64-wide head pays more a FLOP still
+    assert per_flop(64, products_only=False) / per_flop(128, products_only=False) > per_flop(64) / per_flop(128)
+
+
 def test_slower_fp32_units_slow_flash_attention() -> None:
     cfg = ScheduleConfig(dp=8, micro_batch=1, attn_kernel="flash", precision="bf16")
     model = _gpt(16384)
