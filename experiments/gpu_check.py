@@ -14,6 +14,10 @@ the fp32 run's (its loss scale and skipped steps are printed).
 Feature-map layouts: ResNet-50 in bf16 with NCHW and with channels-last feature maps
 (``--channels-last``): their losses must agree, and the measured speed-up is printed beside the cost
 model's.
+Fused attention: torch's flash kernel (``scaled_dot_product_attention``, causal, bf16) timed forward +
+backward at 64- and 128-wide heads, its TFLOP/s beside the cost model's fused-kernel time
+(``autoslapo.cost.time.fused_attention_s``: each product at its own inner dimension, the online
+softmax on the FP32 and special-function units); reported, not a pass/fail check.
 Memory model: every trial that ran, its measured peak beside ``estimate(...).memory_per_device_bytes``
 on a one-device cluster of the detected device (the error per row and the mean absolute error).
 Time model: the same trials' samples/s beside ``estimate(...).samples_per_s`` (autoslapo's runtime,
@@ -33,13 +37,16 @@ stops starting trials; each ends by it); what the budget does not reach is skipp
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -49,6 +56,7 @@ from autoslapo.cluster import DEVICES, ClusterSpec, preset_for_device_name
 from autoslapo.config import RMS_NORM_FAMILIES, ScheduleConfig
 from autoslapo.cost import Estimate, estimate
 from autoslapo.cost.device import device_perf, for_autoslapo_runtime
+from autoslapo.cost.time import _Rates, fused_attention_s
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from autoslapo.runtime import run_trial
@@ -67,6 +75,9 @@ FP16_RTOL = 5e-3
 #: losses must stay to NCHW's (16-bit convolutions summed in another order by other kernels).
 LAYOUT_BATCH = {"resnet-50": 128, "wideresnet-tiny": 2}
 LAYOUT_RTOL = 5e-3
+#: The fused-attention timing: (batch, heads, tokens, head width), the same tokens x hidden at both widths.
+ATTENTION_SHAPES = {"gpu": [(4, 32, 4096, 64), (4, 16, 4096, 128), (1, 32, 16384, 64), (1, 16, 16384, 128)],
+                    "cpu": [(1, 4, 256, 16), (1, 2, 256, 32)]}
 
 
 @dataclass
@@ -281,6 +292,53 @@ def check_layouts(name: str, args: argparse.Namespace, budget: Budget, out: list
             f"speed-up {measured:.2f}x measured, {predicted:.2f}x predicted"]
 
 
+def check_attention(dry: bool, preset: str, repeats: int = 10) -> list[str]:
+    """Measured TFLOP/s of torch's fused causal attention, forward + backward, beside the cost model's
+    (``fused_attention_s`` for sdpa on ``preset``; a dry run times the math kernel on CPU in fp32 against
+    an A100's figures: a logic check only)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    device, dtype = ("cpu", torch.float32) if dry else ("cuda", torch.bfloat16)
+    backend = SDPBackend.MATH if dry else SDPBackend.FLASH_ATTENTION
+    target = "a100-80gb" if dry else preset
+    cluster = ClusterSpec(gpus=1, gpu_type=target, gpus_per_node=1)
+    rates = _Rates(device_perf(cluster), cluster, ScheduleConfig(attn_kernel="sdpa", precision="bf16"))
+    lines = [f"fused attention vs the cost model (causal, forward + backward; predicted for {target}"
+             f"{': on CPU the math kernel, a logic check only' if dry else ''}):",
+             f"{'batch x heads x tokens x width':<32} {'predicted TFLOP/s':>17} {'measured TFLOP/s':>16} {'error %':>8}"]
+    for b, h, s, d in ATTENTION_SHAPES["cpu" if dry else "gpu"]:
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, s, d, device=device, dtype=dtype)
+        with sdpa_kernel(backend):
+            step = functools.partial(_attention_step, F.scaled_dot_product_attention, q, k, v, grad)
+            took = min(_time_s(step, dry) for _ in range(repeats + 1))  # the first warms up; the minimum wins
+        flops = 3.5 * 4 * b * h * s * s * d * 0.5  # forward's two products, backward 2.5x; causal half
+        fwd, bwd = fused_attention_s(rates, s, d, b * h, True, "sdpa")
+        got, pred = flops / took / 1e12, flops / (fwd + bwd) / 1e12
+        err = "-" if dry else f"{100 * (pred / got - 1):+.1f}"
+        lines.append(f"{f'{b} x {h} x {s} x {d}':<32} {pred:>17.1f} {got:>16.3g} {err:>8}")
+    return lines
+
+
+def _attention_step(sdpa: Callable[..., Any], q: Any, k: Any, v: Any, grad: Any) -> None:
+    sdpa(q, k, v, is_causal=True).backward(grad)
+
+
+def _time_s(step: Callable[[], object], dry: bool) -> float:
+    """Seconds ``step`` takes (on a GPU, until its kernels finish)."""
+    import torch
+
+    if not dry:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()
+    if not dry:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def render_memory(rows: list[Row], preset: str) -> list[str]:
     """The memory model's check: predicted vs measured peak per device for every trial that ran."""
     done = [r for r in rows if r.result.ok and r.result.peak_memory_bytes > 0]
@@ -302,7 +360,7 @@ def render_memory(rows: list[Row], preset: str) -> list[str]:
 
 
 def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, wall: float,
-           preset: str = "cpu", verdicts: list[str] | None = None) -> str:
+           preset: str = "cpu", verdicts: list[str] | None = None, attention: list[str] | None = None) -> str:
     lines = [
         f"# gpu_check on {device} ({platform.node()}), peak {peak:g} TFLOP/s, "
         f"{args.steps} steps ({args.warmup} warm-up), wall {wall:.0f} s",
@@ -331,6 +389,7 @@ def render(rows: list[Row], device: str, peak: float, args: argparse.Namespace, 
     lines += ["lean kernels vs the unscheduled model, channels-last vs NCHW:", *(verdicts or ["(not run)"])]
     lines += render_memory(rows, preset)
     lines += render_time(rows, preset)
+    lines += attention or []
     return "\n".join(lines) + "\n"
 
 
@@ -369,13 +428,16 @@ def main(argv: list[str] | None = None) -> int:
     norm_model, shape = NORM_MODEL["cpu" if args.dry_run_cpu else "gpu"]
     print(f"{norm_model} RMSNorm kernel:", flush=True)
     verdicts += check_kernels(norm_model, args, budget, rows, preset, shape)
+    print("fused attention:", flush=True)
+    attention = check_attention(args.dry_run_cpu, preset)
+    print("\n".join(attention), flush=True)
     conv = "wideresnet-tiny" if args.dry_run_cpu else "resnet-50"
     print(f"{conv} feature-map layouts:", flush=True)
     verdicts += check_layouts(conv, args, budget, rows, preset)
     for m in models:
         print(f"{m}:", flush=True)
         check_model(m, args, budget, rows)
-    text = render(rows, device, peak, args, time.monotonic() - t0, preset, verdicts)
+    text = render(rows, device, peak, args, time.monotonic() - t0, preset, verdicts, attention)
     print(text)
     default = "gpu_check_dry_run_cpu.txt" if args.dry_run_cpu else "gpu_check.txt"
     path = Path(args.out) if args.out else RESULTS / default

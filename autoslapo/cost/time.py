@@ -149,6 +149,21 @@ class _Rates:
         return t + kernels * self.lat if self.perf.op_latency_additive else max(t, kernels * self.lat)
 
 
+def fused_attention_s(r: _Rates, s: float, d: float, problems: float, causal: bool, kernel: str) -> tuple[float, float]:
+    """(forward, backward) seconds of ``problems`` fused attention kernels (``kernel`` flash or sdpa) over
+    ``s`` tokens and head width ``d``. The score products run at lower efficiency inside one kernel
+    (FlashAttention-2 reaches ~70 % of a GEMM's rate, Dao 2023); causal halves the work; backward
+    recomputes the scores, 2.5x the forward FLOPs. sdpa dispatches to PyTorch's own flash kernel where
+    the device has one (~60 %: its FlashAttention-2 port, a [b, heads, s, d] layout the model must
+    transpose into), else to the memory-efficient kernel (~55 % of a GEMM's rate)."""
+    eff = 0.7 if kernel == "flash" else (0.6 if r.perf.name != "cpu" and r.has_flash else 0.55)
+    frac = 0.5 if causal else 1.0
+    if r.on_chip_attention:
+        return r.flash(s, d, problems, frac, eff), r.flash(s, d, problems, frac, eff, backward=True)
+    fwd = r.gemm(s * frac, s, d, problems, eff=eff) + r.gemm(s * frac, d, s, problems, eff=eff)
+    return fwd, 2.5 * fwd / FLASH_BWD_REL
+
+
 def _ring(kind: str, nbytes: float, ranks: int, gbps: float, perf: DevicePerf) -> float:
     """Seconds of a ring collective of ``nbytes`` over ``ranks`` ranks at ``gbps`` per link."""
     if ranks <= 1 or nbytes <= 0:
@@ -244,22 +259,7 @@ def _layer_times(model: ModelSpec, config: ScheduleConfig, r: _Rates,
         bwd_attn = 2 * attn + 2 * ew_attn
         attn_kernels = 2 + passes + (1 if dropout else 0)
     else:
-        # memory-efficient / flash kernel: the score products run at lower efficiency inside one
-        # kernel (FlashAttention-2 reaches ~70% of a GEMM's rate, Dao 2023); causal halves the
-        # work; backward recomputes the scores, 2.5x the forward FLOPs.
-        # sdpa dispatches to PyTorch's own flash kernel where the device has one (~60%: its
-        # FlashAttention-2 port, a [b, heads, s, d] layout the model must transpose into), else to
-        # the memory-efficient kernel (~55% of a GEMM's rate).
-        has_flash = r.perf.name != "cpu" and r.has_flash
-        flash_eff = 0.7 if config.attn_kernel == "flash" else (0.6 if has_flash else 0.55)
-        frac = 0.5 if model.causal else 1.0
-        if r.on_chip_attention:
-            fwd_attn = r.flash(s, d, b * heads, frac, flash_eff)
-            bwd_attn = r.flash(s, d, b * heads, frac, flash_eff, backward=True)
-        else:
-            fwd_attn = (r.gemm(s * frac, s, d, b * heads, eff=flash_eff)
-                        + r.gemm(s * frac, d, s, b * heads, eff=flash_eff))
-            bwd_attn = 2.5 * fwd_attn / FLASH_BWD_REL
+        fwd_attn, bwd_attn = fused_attention_s(r, s, d, b * heads, model.causal, config.attn_kernel)
         attn_kernels = 1
     # elementwise traffic per token: norms, dropout + residual, activation, q/k/v layout copies
     rep, rope, extra_kernels = layer_norms_and_rotary(model.family, e, fused, h, kvd, config.norm_kernel)
