@@ -17,7 +17,10 @@ A saving is baseline minus variant; the ratio is measured saving over predicted 
   the RMSNorm families only).
 
 Run: ``.venv/bin/python experiments/measure_lean_kernels.py [--predict-only] [--families bert,gpt2] [--add]``;
-writes ``experiments/results/lean_kernels_cpu.txt`` and the records to ``lean_kernels_cpu.json``.
+writes ``experiments/results/lean_kernels_cpu.txt`` and the records to ``lean_kernels_cpu.json`` (``--out``).
+With ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment glibc returns every freed block over 128 KiB to
+the system, so a rank's peak resident memory follows its live tensors rather than the pages its heap
+kept (``lean_kernels_cpu_mmap.txt``); the ranks run at about half their speed then.
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ def measure(model: ModelSpec, cfg: ScheduleConfig, steps: int) -> dict[str, Any]
 
     res = run_trial(model, cfg, steps=steps, warmup=1, timeout_s=600, device="cpu", dropout=0.0)
     return {"status": res.status, "reason": res.reason, "peak_memory_bytes": res.peak_memory_bytes,
-            "samples_per_s": res.samples_per_s, "load_avg": os.getloadavg()[0]}
+            "samples_per_s": res.samples_per_s, "load_avg": os.getloadavg()[0],
+            "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_")}
 
 
 def table(records: list[dict[str, Any]]) -> list[str]:
@@ -110,9 +114,11 @@ def table(records: list[dict[str, Any]]) -> list[str]:
         base = by_key.get((r["model"]["preset"], r["baseline"])) if r["baseline"] else None
         if base and base.get("peak_memory_bytes") and base.get("status", "complete") == "complete":
             ms, ps = base["peak_memory_bytes"] - m, base["predicted_bytes"] - p
-            ratio = ms / ps if ps else float("nan")
-            ratios.setdefault(r["variant"], []).append(ratio)
-            line += f" {ms / mib:>11.0f} {ps / mib:>11.0f} {ratio:>6.2f}"
+            if abs(ps) < mib:  # no saving predicted (the peak lies elsewhere): a ratio would be noise over ~0
+                line += f" {ms / mib:>11.0f} {ps / mib:>11.0f} {'-':>6}"
+            else:
+                ratios.setdefault(r["variant"], []).append(ms / ps)
+                line += f" {ms / mib:>11.0f} {ps / mib:>11.0f} {ms / ps:>6.2f}"
         lines.append(line)
     lines.append("")
     for variant, rs in ratios.items():
@@ -130,11 +136,14 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"re-tabulate the measurements saved in {RECORDS.name} against the model's predictions now")
     p.add_argument("--add", action="store_true",
                    help=f"keep the measurements saved in {RECORDS.name}; measure only the variants they lack")
+    p.add_argument("--out", type=Path, default=OUT,
+                   help=f"the table (default {OUT.name}); the records go beside it as .json")
     args = p.parse_args(argv)
+    records_path = args.out.with_suffix(".json")
     prof = load_profile(PROFILE)
     saved: dict[tuple[str, str], dict[str, Any]] = {}
     if args.reuse or args.add:
-        for rec in json.loads(RECORDS.read_text()):  # the saved measurements, predicted by the model as it is now
+        for rec in json.loads(records_path.read_text()):  # the saved measurements, predicted by the model as it is now
             rec["predicted_bytes"] = predict(ModelSpec.from_dict(rec["model"]), ScheduleConfig.from_dict(rec["config"]),
                                              prof)
             saved[(rec["model"]["preset"], rec["variant"])] = rec
@@ -160,18 +169,23 @@ def main(argv: list[str] | None = None) -> int:
                           f"(predicted {rec['predicted_bytes'] / 2**20:.0f}) load {rec['load_avg']:.1f}", flush=True)
                 records.append(rec)
         if not args.predict_only:
-            RECORDS.write_text(json.dumps(records, indent=1))
+            records_path.write_text(json.dumps(records, indent=1))
     m0 = ModelSpec.from_dict(records[0]["model"])
     lines = ["# Memory-lean kernels on CPU ranks: peak RSS a rank, measured vs predicted", "",
              f"shape: each family's tiny preset (h={m0.hidden}, L={m0.layers}) at seq_len={SHAPE['seq_len']}, "
              f"vocab={SHAPE['vocab']}; dp={RANKS} CPU ranks (gloo), micro-batch {MICRO_BATCH}, fp32, dropout 0",
              "prediction: estimate() on this machine's CPU profile (cost_model_profile_cpu.json); "
-             "saving = baseline - variant; ratio = measured saving / predicted saving", ""]
+             "saving = baseline - variant; ratio = measured saving / predicted saving"]
+    thresholds = {r.get("malloc_mmap_threshold") for r in records}
+    if len(thresholds) == 1 and None not in thresholds:
+        lines.append(f"ranks ran with MALLOC_MMAP_THRESHOLD_={thresholds.pop()}: glibc returns each freed block "
+                     "over it, so the peak follows live tensors, not the pages the heap kept")
+    lines.append("")
     lines += table(records)
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if not args.predict_only:
-        OUT.write_text(text)
+        args.out.write_text(text)
     return 0
 
 
