@@ -20,8 +20,9 @@ Three effects that a per-FLOP and per-byte roofline misses, each with its basis:
   35 % of an H100's peak against up to 73 % of an A100's). FlashAttention-2 overlaps only part of
   the softmax with the products (``FLASH_SOFTMAX_EXPOSED``), which is why its backward and short head
   dimensions reach a lower fraction of peak (Dao 2023, figures 4-6). On an A100 the softmax costs
-  about two thirds of the products with a 64-wide head and a third with a 128-wide one (half of
-  it exposed); on an H100 a tenth more than that (0.78 and 0.39), its exponentials most of it.
+  about half the products' time with a 64-wide head and a quarter to a third with a 128-wide one
+  (0.44-0.52 and 0.25-0.29 at sdpa's and flash_attn's rates; half of it exposed); on an H100 a tenth
+  more than that (0.50-0.58 and 0.28-0.33), its exponentials most of it.
 - **GEMM size.** A GEMM's rate saturates with its size. Wave quantization (tiles that leave SMs
   idle in the last wave) is modelled in ``autoslapo.cost.time``; beyond it every launch pays a
   ramp (the first wave of thread blocks filling the SMs, the prologue loading the first tiles)
