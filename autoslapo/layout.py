@@ -327,10 +327,11 @@ def _why_inapplicable(knob: Knob, family: str) -> str:
     """Why ``family`` cannot use ``knob``; empty when it can."""
     if knob.families and family not in knob.families:
         return f"applies to the {', '.join(knob.families)} families only ({family} has nothing it acts on)"
-    if is_convolutional(family):
-        return f"does not apply to {family} (a convolutional family has no attention, tokens or vocabulary)" \
-            if knob.transformer_only else ""
-    return f"applies to a convolutional family only ({family} has no feature maps to lay out)" if knob.conv_only else ""
+    if is_convolutional(family) and knob.transformer_only:
+        return f"does not apply to {family} (a convolutional family has no attention, tokens or vocabulary)"
+    if not is_convolutional(family) and knob.conv_only:
+        return f"applies to a convolutional family only ({family} has no feature maps to lay out)"
+    return ""
 
 
 @functools.cache

@@ -133,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", default=",".join(list_families()), help="comma-separated families")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps a trial (one is warm-up)")
     p.add_argument("--reuse", action="store_true",
-                   help=f"re-tabulate the measurements saved in {RECORDS.name} against the model's predictions now")
+                   help=f"re-tabulate the measurements saved beside --out ({RECORDS.name}) against the model now")
     p.add_argument("--add", action="store_true",
-                   help=f"keep the measurements saved in {RECORDS.name}; measure only the variants they lack")
+                   help=f"keep the measurements saved beside --out ({RECORDS.name}); measure only the variants they lack")
     p.add_argument("--out", type=Path, default=OUT,
                    help=f"the table (default {OUT.name}); the records go beside it as .json")
     args = p.parse_args(argv)

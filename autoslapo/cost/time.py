@@ -6,9 +6,9 @@ quantization (a GEMM whose ``ceil(m/tile) ceil(n/tile)`` tiles leave SMs idle in
 and with a short inner dimension (``k / (k + k_half)``: the attention products over a 64- or
 128-wide head dimension) and with the GEMM's size (a fixed ramp-and-drain time a launch). A fused
 (flash / memory-efficient) attention kernel moves only Q, K, V and O through HBM and pays its
-online softmax on the FP32 units (``autoslapo.cost.kernels``). Elementwise kernels (norms,
-softmax, dropout, residuals, activations) are memory-bound: bytes over achievable HBM bandwidth. Backward costs two GEMMs per forward GEMM
-and about twice the elementwise traffic.
+online softmax on the FP32 units (``autoslapo.cost.kernels``). Elementwise kernels (norms, softmax,
+dropout, residuals, activations) are memory-bound: bytes over achievable HBM bandwidth. Backward
+costs two GEMMs per forward GEMM and about twice the elementwise traffic.
 
 Collectives use the ring cost (Patarasuk and Yuan, 2009; Thakur et al., 2005): an allreduce of
 ``n`` bytes over ``p`` ranks moves ``2 (p-1)/p n`` per rank, a reduce-scatter or all-gather
@@ -123,8 +123,9 @@ class _Rates:
         ``eff`` of a GEMM's rate, one thread block per 128-query tile and head (wave quantization over
         the SMs). Each product has its own inner dimension (Dao 2023, algorithms 1-2): ``Q K^T`` and,
         in backward, ``dO V^T`` sum over the head width; ``P V``, ``P^T dO``, ``dS K``, ``dS^T Q`` over a
-        tile of keys or queries. Backward does 2.5x the forward's FLOPs at ``FLASH_BWD_REL`` of its rate. HBM moves Q, K, V, O (and gradients), not the scores; the online
-        softmax adds its exposed FP32 time (``autoslapo.cost.kernels``).
+        tile of keys or queries. Backward does 2.5x the forward's FLOPs at ``FLASH_BWD_REL`` of its rate.
+        HBM moves Q, K, V, O (and gradients), not the scores; the online softmax adds its exposed FP32
+        time (``autoslapo.cost.kernels``).
         """
         p = self.perf
         scores = s * s * frac * batch
@@ -151,11 +152,10 @@ class _Rates:
 
 def fused_attention_s(r: _Rates, s: float, d: float, problems: float, causal: bool, kernel: str) -> tuple[float, float]:
     """(forward, backward) seconds of ``problems`` fused attention kernels (``kernel`` flash or sdpa) over
-    ``s`` tokens and head width ``d``. The score products run at lower efficiency inside one kernel
-    (FlashAttention-2 reaches ~70 % of a GEMM's rate, Dao 2023); causal halves the work; backward
-    recomputes the scores, 2.5x the forward FLOPs. sdpa dispatches to PyTorch's own flash kernel where
-    the device has one (~60 %: its FlashAttention-2 port, a [b, heads, s, d] layout the model must
-    transpose into), else to the memory-efficient kernel (~55 % of a GEMM's rate)."""
+    ``s`` tokens of head width ``d``: the products at ~70 % of a GEMM's rate in FlashAttention-2 (Dao
+    2023), causal half the work, backward 2.5x the FLOPs (the scores recomputed); sdpa runs PyTorch's
+    own flash kernel where the device has one (~60 %: its FlashAttention-2 port, a [b, heads, s, d]
+    layout the model transposes into), else the memory-efficient kernel (~55 % of a GEMM's rate)."""
     eff = 0.7 if kernel == "flash" else (0.6 if r.perf.name != "cpu" and r.has_flash else 0.55)
     frac = 0.5 if causal else 1.0
     if r.on_chip_attention:
