@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoslapo.cluster import link_overrides
+from autoslapo.cluster import cli_flag, link_overrides
 from autoslapo.errors import UsageError
 from autoslapo.storage import require_store
 
@@ -61,12 +61,14 @@ def best_trial(
     min_headroom_bytes: int | None = None,
     min_headroom_fraction: float | None = None,
     links: Mapping[str, float] | None = None,
+    gpus_per_node: int | None = None,
 ) -> TrialRecord:
     """The best recorded complete trial for ``model`` on ``gpus`` devices (of ``gpu_type``, or any).
 
     Takes: a preset name (``"bert"``, matched by the preset's shape) or a ``ModelSpec``; the filters
     of ``Store.best`` (``links``: only studies of a cluster with those link bandwidths, e.g.
-    ``{"inter_node_gbps": 6.25}``); ``storage`` a URL (default $AUTOSLAPO_STORAGE, else
+    ``{"inter_node_gbps": 6.25}``; ``gpus_per_node``: only studies of nodes that size, None any);
+    ``storage`` a URL (default $AUTOSLAPO_STORAGE, else
     ``sqlite:///autoslapo.db``) or an open ``Store``.
     Returns: the trial record (``.config``, ``.samples_per_s``, ``.study``, ``.measured`` ...).
     Raises: UsageError when nothing matches (saying which filters to relax or what to tune),
@@ -74,31 +76,44 @@ def best_trial(
     """
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise UsageError(f"gpus must be a positive integer: got {gpus!r}")
+    if gpu_type is not None:
+        from autoslapo.cluster import DEVICES
+
+        if gpu_type not in DEVICES:
+            raise UsageError(f"gpu_type must be one of {', '.join(DEVICES)}: got {gpu_type!r}")
     key, label = _model_key(model)
     links = link_overrides(links or {}, lambda k: k)
     store, owned = _store(storage)
     try:
         found = store.best_trials(key, gpus, gpu_type, metric=metric, measured_only=measured_only,
                            min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction,
-                           links=links)
+                           links=links, gpus_per_node=gpus_per_node)
         if found:
             return found[0]
-        any_found = store.best_trials(key, gpus, gpu_type, metric=metric, links=links)
+        any_found = store.best_trials(key, gpus, gpu_type, metric=metric, links=links, gpus_per_node=gpus_per_node)
         where = store.url
     finally:
         if owned:
             store.close()
     cluster = f"{gpus} x {gpu_type or 'any device'}" + "".join(f" with {k} {v:g}" for k, v in links.items())
+    cluster += f" ({gpus_per_node} a node)" if gpus_per_node is not None else ""
     if any_found:
         raise UsageError(
             f"no recorded schedule for {label} on {cluster} passes the filters (measured_only="
             f"{measured_only}, min_headroom_bytes={min_headroom_bytes}, min_headroom_fraction="
             f"{min_headroom_fraction}) in {where}; relax them or tune with a measuring backend"
         )
-    raise UsageError(
-        f"no recorded schedule for {label} on {cluster} in {where}; run "
-        f"`autoslapo tune {label} --gpus {gpus}{f' --gpu-type {gpu_type}' if gpu_type else ''}` first"
-    )
+    from autoslapo.models.resolve import is_model_file
+
+    if isinstance(model, str) and key == model and not is_model_file(model):  # matched as a stored name only
+        raise UsageError(
+            f"model must be a preset, a model file or a model a stored study tuned: got {model!r}, none of them "
+            f"in {where}; `autoslapo models` lists the presets"
+        )
+    flags = (f" --gpu-type {gpu_type}" if gpu_type else "") + "".join(f" {cli_flag(k)} {v:g}" for k, v in links.items())
+    flags += f" --gpus-per-node {gpus_per_node}" if gpus_per_node is not None else ""
+    raise UsageError(f"no recorded schedule for {label} on {cluster} in {where}; run "
+                     f"`autoslapo tune {label} --gpus {gpus}{flags}` first")
 
 
 def best(
@@ -113,19 +128,20 @@ def best(
     min_headroom_fraction: float | None = None,
     server: str | None = None,
     links: Mapping[str, float] | None = None,
+    gpus_per_node: int | None = None,
 ) -> ScheduleConfig:
     """The best recorded schedule for ``model`` on ``gpus`` devices, as a ``ScheduleConfig``.
 
     Same arguments and errors as ``best_trial``; returns only the knobs. With ``server`` (the URL
     of an ``autoslapo serve``, token from $AUTOSLAPO_TOKEN) the service is asked instead of a store
-    (preset names only; the headroom filters are not sent).
+    (preset names only; the headroom and node-size filters are not sent).
     """
     if server is not None:
         return _remote_best(model, gpus=gpus, gpu_type=gpu_type, metric=metric, measured_only=measured_only,
                             server=server, links=links)
     trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, metric=metric,
                        measured_only=measured_only, min_headroom_bytes=min_headroom_bytes,
-                       min_headroom_fraction=min_headroom_fraction, links=links)
+                       min_headroom_fraction=min_headroom_fraction, links=links, gpus_per_node=gpus_per_node)
     return _config(trial)
 
 

@@ -28,6 +28,11 @@ _LIMITS = {"gpus": (MAX_GPUS, "2**20, beyond the largest machines built"),
            "gpus_per_node": (MAX_GPUS_PER_NODE, "beyond the largest NVLink domain, 576 GPUs")}
 
 
+def cli_flag(name: str) -> str:
+    """The command-line flag of a cluster field or link: ``inter_node_gbps`` -> ``--inter-node-gbps``."""
+    return "--" + name.replace("_", "-")
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator kind. Bandwidths are GB/s per device, one direction (what a ring sees)."""
@@ -147,7 +152,7 @@ class ClusterSpec:
             )
         for name, (limit, why) in _LIMITS.items():
             v = getattr(self, name)
-            flag = "--" + name.replace("_", "-")
+            flag = cli_flag(name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UsageError(f"{flag} must be a positive integer: got {v!r}")
             if v > limit:
@@ -204,7 +209,7 @@ class ClusterSpec:
         to every device of a CPU machine, else to 8 (or ``gpus`` when fewer); ``links``: bandwidths
         that replace the preset's (``link_overrides``)."""
         gpu_type = gpu_type or DEFAULT_GPU_TYPE
-        per_node = gpus_per_node or (gpus if gpu_type == "cpu" else min(8, gpus))
+        per_node = gpus_per_node if gpus_per_node is not None else (gpus if gpu_type == "cpu" else min(8, gpus))
         return cls(gpus=gpus, gpu_type=gpu_type, gpus_per_node=per_node,
                    allow_cross_node_tp=allow_cross_node_tp).with_links(links or {})
 

@@ -78,7 +78,8 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
             return f"tp must divide --gpus: got tp={tp} for --gpus {cluster.gpus}"
         if tp > cluster.devices_per_node and not cluster.allow_cross_node_tp:
             return (f"tp must stay within a node: got tp={tp} with {cluster.devices_per_node} devices per "
-                    "node; lower tp or allow cross-node tensor parallelism")
+                    "node; lower tp, or let it span nodes (estimate's --allow-cross-node-tp, a search space's "
+                    "tp_within_node: false)")
     return ""
 
 

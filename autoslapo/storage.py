@@ -17,7 +17,16 @@ if TYPE_CHECKING:
     from autoslapo.models.spec import ModelSpec
     from store import Store
 
-__all__ = ["StudyCluster", "open_existing_store", "require_store", "study_cluster"]
+__all__ = ["BASELINES_SUFFIX", "StudyCluster", "baseline_study", "open_existing_store", "require_store", "study_cluster"]
+
+#: The tuner scores a study's baselines in a companion study, ``<study>.baselines``: a name of its own.
+BASELINES_SUFFIX = ".baselines"
+
+
+def baseline_study(study: str) -> str:
+    """The companion study the tuner stores ``study``'s baselines in."""
+    return f"{study}{BASELINES_SUFFIX}"
+
 
 #: A study run with these backends measured real trials on autoslapo's own runtime.
 REAL_BACKENDS = ("local", "ray")

@@ -149,6 +149,12 @@ class SearchSpace:
                 )
             domains[knob] = kept
         fixed = dict(self.fixed)
+        # a pinned degree that can never run is the user's input, refused with its own rule (not as an
+        # empty study, nor as a global batch that no layout fills)
+        why = (layout.tp_problem(int(fixed["tp"]), model, cluster) if "tp" in fixed else "") or (
+            layout.pp_problem(int(fixed["pp"]), model, cluster) if "pp" in fixed else "")
+        if why:
+            raise ConfigError(why)
         precision = layout.default_precision(cluster.device.bf16, precisions)
         if "precision" not in fixed and "precision" not in domains and precision != KNOB["precision"].default:
             fixed["precision"] = precision

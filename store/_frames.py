@@ -96,9 +96,15 @@ def export_frame(frame: pd.DataFrame, path: str | Path) -> Path:
     if suffix not in SUFFIXES:
         raise StorageError(f"export path must end in {' or '.join(SUFFIXES)}: got {str(target)!r}; rename it")
     if not target.parent.is_dir():
-        raise StorageError(f"export directory must exist: {str(target.parent)!r} does not; create it first")
-    if suffix == ".csv":
-        frame.to_csv(target, index=False)
-    else:
-        _parquet_safe(frame).to_parquet(target, index=False)
+        what = "is not a directory" if target.parent.exists() else "does not"
+        raise StorageError(f"export directory must exist: {str(target.parent)!r} {what}; pass a path in an "
+                           "existing directory")
+    try:
+        if suffix == ".csv":
+            frame.to_csv(target, index=False)
+        else:
+            _parquet_safe(frame).to_parquet(target, index=False)
+    except OSError as err:  # pyarrow's I/O errors are OSErrors too
+        raise StorageError(f"export path must be writable: cannot write {str(target)!r} "
+                           f"({err.strerror or err}); pass a path you can write") from None
     return target

@@ -56,6 +56,7 @@ def best_trials(
     min_headroom_fraction: float | None,
     limit: int,
     links: Mapping[str, float] | None = None,
+    gpus_per_node: int | None = None,
 ) -> list[TrialRecord]:
     """``Store.best``: the best complete trials across matching studies, best first.
 
@@ -67,8 +68,9 @@ def best_trials(
     if min_headroom_fraction is not None and not 0 <= min_headroom_fraction < 1:
         raise StorageError(f"min_headroom_fraction must be in [0, 1): got {min_headroom_fraction}")
     value = getattr(TrialRow, metric)
-    # the cluster's JSON is read only when links are asked for (the hot path reads three columns)
-    cluster_column = StudyRow.cluster if links else literal(None)
+    # the cluster's JSON is read only when links or a node size are asked for (the hot path reads three columns)
+    by_cluster = {**(links or {}), **({"gpus_per_node": gpus_per_node} if gpus_per_node is not None else {})}
+    cluster_column = StudyRow.cluster if by_cluster else literal(None)
     studies = select(StudyRow.id, StudyRow.name, StudyRow.gpu_memory_bytes, cluster_column).where(
         or_(StudyRow.model_signature == model, StudyRow.model_name == model), StudyRow.gpus == int(gpus)
     )
@@ -83,8 +85,8 @@ def best_trials(
         for study_id, name, memory, cluster in session.execute(studies.order_by(StudyRow.id)):
             if headroom and memory is None:
                 continue  # unknown device memory: no headroom can be shown
-            if links and any(float((cluster or {}).get(k) or 0.0) != float(v) for k, v in links.items()):
-                continue  # a cluster with other links (another network)
+            if by_cluster and any(float((cluster or {}).get(k) or 0.0) != float(v) for k, v in by_cluster.items()):
+                continue  # a cluster with other links (another network) or another node size
             top = TRIALS.where(
                 TrialRow.study_id == study_id, TrialRow.status == "complete", value.is_not(None)
             )

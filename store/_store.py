@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
+from autoslapo.storage import BASELINES_SUFFIX
 from store import _calibrations, _engine, _migrate, _queries, _trials
 from store._convert import study_record, study_row
 from store._frames import export_frame, trials_frame
@@ -237,7 +238,8 @@ class Store:
         self._study_ids.pop(name, None)
 
     def _no_study(self, name: str) -> StorageError:
-        names = [r.name for r in self.list_studies()][:10]
+        # the tuner's companion studies of baselines are not names to tune, resume or show by hand
+        names = [r.name for r in self.list_studies() if not r.name.endswith(BASELINES_SUFFIX)][:10]
         known = ", ".join(names) if names else "none yet"
         return StorageError(
             f"no study named {name!r} in {self.url}: known studies are {known}; check the name"
@@ -419,6 +421,7 @@ class Store:
         min_headroom_fraction: float | None = None,
         limit: int = 1,
         links: Mapping[str, float] | None = None,
+        gpus_per_node: int | None = None,
     ) -> list[TrialRecord]:
         """The best complete trials for a model on ``gpus`` devices, across studies, best first.
 
@@ -426,8 +429,8 @@ class Store:
         None matches any device type. ``measured_only`` drops estimates. A headroom filter keeps
         trials whose peak memory leaves at least that many bytes (or that fraction) of the
         device's memory free, and drops trials with unknown memory. ``links`` (e.g.
-        ``{"inter_node_gbps": 6.25}``) keeps studies whose cluster has those link bandwidths.
-        Empty list when none match.
+        ``{"inter_node_gbps": 6.25}``) keeps studies whose cluster has those link bandwidths, and
+        ``gpus_per_node`` those whose nodes hold that many devices (None: any). Empty list when none match.
         """
         return _queries.best_trials(
             self._tx,
@@ -440,6 +443,7 @@ class Store:
             min_headroom_fraction=min_headroom_fraction,
             limit=limit,
             links=links,
+            gpus_per_node=gpus_per_node,
         )
 
     def history(self, study: str, *, metric: str | None = None) -> list[HistoryPoint]:

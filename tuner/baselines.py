@@ -24,6 +24,7 @@ import autoslapo.layout as layout
 from autoslapo.config import KNOBS, ScheduleConfig
 from autoslapo.errors import ConfigError
 from autoslapo.result import TrialResult
+from autoslapo.storage import baseline_study
 from search_spaces import BoundSpace
 from tuner.proposer import Prediction
 
@@ -133,7 +134,7 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
     from tuner.repeats import record_speedups, remeasure, speedup_interval
 
     out: dict[str, Any] = {}
-    store, name = runner.store, f"{runner.name}.baselines"
+    store, name = runner.store, baseline_study(runner.name)
     # A resumed study reuses baselines already scored (a real baseline trial is expensive).
     earlier = {}
     if store.has_study(name):

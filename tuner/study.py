@@ -38,6 +38,7 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.errors import ConfigError, StorageError, StorageLost, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
+from autoslapo.storage import BASELINES_SUFFIX
 from search_spaces import BoundSpace, SearchSpace, space_for
 from tuner.baselines import BaselineContext
 from tuner.evaluators import Evaluator, SimEvaluator, make_evaluator
@@ -246,6 +247,9 @@ class StudyRunner:
     # --- study lifecycle -------------------------------------------------------------------
     def _open_study(self, name: str) -> str:
         o = self.options
+        if name.endswith(BASELINES_SUFFIX):
+            raise UsageError(f"study names ending in {BASELINES_SUFFIX!r} are the tuner's own (a study's baselines): "
+                             f"got {name!r}; tune, resume or join {name.removesuffix(BASELINES_SUFFIX)!r} instead")
         sig, fp = o.model.signature(), o.cluster.fingerprint()
         if o.resume:
             rec = self.store.get_study(name)  # StorageError listing known studies if absent

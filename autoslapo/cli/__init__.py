@@ -69,7 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(only=command if command in SUBCOMMANDS else "")
-    args = parser.parse_args(args_list)
+    args, extra = parser.parse_known_args(args_list)
+    if extra:  # named by the subcommand that did not take them (argparse leaves them to the top parser)
+        prog = f"autoslapo {args.command}" if args.command else "autoslapo"
+        sys.stderr.write(f"{prog}: error: unrecognized arguments: {redact(' '.join(extra))} (see {prog} --help)\n")
+        return 2
     if args.command is None:
         parser.print_help()
         return 2

@@ -12,11 +12,7 @@ from __future__ import annotations
 import argparse
 
 from autoslapo.cluster import LINKS, link_overrides
-
-
-def flag(key: str) -> str:
-    """``inter_node_gbps`` -> ``--inter-node-gbps``."""
-    return "--" + key.replace("_", "-")
+from autoslapo.cluster import cli_flag as flag
 
 
 def add_link_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model preset (bert, gpt2-xl, llama-70b, ...; see `autoslapo models`), a Hugging Face config.json or a model file (.py)")
     parser.add_argument("--gpus", type=int, required=True, help="number of devices")
     parser.add_argument("--gpu-type", default=None, help="device preset (default: any)")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="only studies of nodes of this many devices (default: any; the answer names its node size)")
     add_link_arguments(parser)
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
     parser.add_argument("--metric", default="samples_per_s",
@@ -66,7 +68,7 @@ def measurement_noise(result: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the best schedule; exit 1 when the store has none for this model and cluster."""
-    from autoslapo.cluster import MAX_GPUS
+    from autoslapo.cluster import MAX_GPUS, ClusterSpec
     from autoslapo.models.resolve import resolve_model
     from store import open_store
 
@@ -86,24 +88,38 @@ def run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model, **shape_overrides(args))
     store = open_store(args.storage)
     headroom_bytes, headroom_fraction = parse_headroom(args.headroom)
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
+    per_node = args.gpus_per_node
     found = store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric,
                        measured_only=args.measured, min_headroom_bytes=headroom_bytes,
-                       min_headroom_fraction=headroom_fraction, links=links)
+                       min_headroom_fraction=headroom_fraction, links=links, gpus_per_node=per_node)
     if not found:
         where = f"{args.gpus}x {args.gpu_type}" if args.gpu_type else f"{args.gpus} devices"
-        given = "".join(f" {_flag(k)} {v:g}" for k, v in links.items())
+        given = "".join(f" {_flag(k)} {v:g}" for k, v in {**links, "gpus_per_node": per_node}.items() if v is not None)
+        filters = [f for f, on in (("--measured", args.measured), (f"--headroom {args.headroom}", args.headroom))
+                   if on]
+        if filters and store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric, links=links,
+                                         gpus_per_node=per_node):
+            raise AutoslapoError(
+                f"no complete trial of {model.preset} on {where}{' with' + given if given else ''} passes "
+                f"{' and '.join(filters)} in {store.url} (trials without them are stored); relax it"
+                + (", or tune with a measuring backend (--backend local or ray)" if args.measured else "")
+            )
         raise AutoslapoError(
             f"no complete trial of {model.preset} on {where}{' with' + given if given else ''} in {store.url}; "
             f"run `autoslapo tune {args.model} --gpus {args.gpus}{given}` first"
         )
     t = found[0]
     study = store.get_study(t.study)
+    node = ClusterSpec.from_dict(study.cluster).gpus_per_node  # a schedule's tp and links hold for this node size
     doc = {
         "model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type, "study": t.study,
         "trial": t.number, "backend": study.backend, "measured": t.measured, "config": t.config,
         "samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s,
         "tflops_per_device": t.tflops_per_device, "peak_memory_bytes": t.peak_memory_bytes,
-        "step_time_s": t.step_time_s, **measurement_noise(t.result),
+        "step_time_s": t.step_time_s, "gpus_per_node": node,
+        **measurement_noise(t.result),
     }
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -114,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     noise = doc.get("repeats_samples_per_s")
     if noise:
         kind += f", median of {len(noise)} runs, IQR {doc.get('samples_per_s_spread', 0.0):,.1f}"
-    sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type}: {t.samples_per_s:,.1f} samples/s "
+    sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type} ({node} a node): {t.samples_per_s:,.1f} samples/s "
                      f"({kind}, study {t.study} trial {t.number})\n  {describe(t.config)}\n")
     return 0
 
@@ -124,9 +140,9 @@ def _remote(args: argparse.Namespace) -> int:
     from autoslapo.config import describe
     from autoslapo.remote import Client, model_query
 
-    if args.headroom or args.storage or shape_overrides(args):
-        raise UsageError("--server asks the service by preset, config.json or model file: --headroom, --storage and "
-                         "shape flags are not sent; drop them or ask the store directly")
+    if args.headroom or args.storage or args.gpus_per_node is not None or shape_overrides(args):
+        raise UsageError("--server asks the service by preset, config.json or model file: --headroom, --storage, "
+                         "--gpus-per-node and shape flags are not sent; drop them or ask the store directly")
     doc = Client(args.server).get("/v1/best", model=model_query(args.model), gpus=args.gpus, gpu_type=args.gpu_type,
                                   metric=args.metric, measured_only=args.measured or None, **link_args(args))
     if args.json:

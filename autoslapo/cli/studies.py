@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import open_existing_store
+from autoslapo.storage import BASELINES_SUFFIX, open_existing_store
 
 if TYPE_CHECKING:
     from store import Store, StudyRecord
@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def is_baseline_study(study: StudyRecord) -> bool:
     """True for the companion study in which the tuner stores a study's baselines."""
-    return study.space_name == "baselines" and study.name.endswith(".baselines")
+    return study.space_name == "baselines" and study.name.endswith(BASELINES_SUFFIX)
 
 
 def run(args: argparse.Namespace) -> int:

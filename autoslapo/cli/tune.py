@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=None, help="stop the search after S seconds")
     parser.add_argument("--patience", type=int, default=None, help="stop after K trials without a new best")
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
-    parser.add_argument("--study", default=None, help="study name (default <model>-<gpus>x<gpu-type>-<backend>)")
+    parser.add_argument("--study", default=None, help="study name (default <model>-<gpus>x<gpu-type>-<backend>, with -2, -3 ... when "
+                        "a study of that name exists: a new study each time; a name given here must be new)")
     parser.add_argument("--resume", action="store_true", help="continue the study named by --study (or the default name)")
     parser.add_argument("--join", action="store_true",
                         help="create the study named by --study, or join it: tuners started with the same "

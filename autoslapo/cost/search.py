@@ -81,11 +81,13 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
     for tp, pp, dp in layout.layouts(model, cluster, tp=fixed.get("tp"), pp=fixed.get("pp"), dp=fixed.get("dp")):
         for combo in itertools.product(*(domains[n] for n in others)):
             knobs = dict(zip(others, combo, strict=True))
-            if "virtual_stages" not in fixed and knobs["pipeline_schedule"] == "interleaved":
-                knobs["virtual_stages"] = 2  # the fewest chunks a rank interleaves
             where = {"tp": tp, "pp": pp, "dp": dp, **knobs}
             if any(knobs[n] != KNOB[n].default and rule(where, model.layers) for n, rule in inert):
                 continue  # the same configuration as the one with that knob at its default
+            if "virtual_stages" not in fixed and knobs["pipeline_schedule"] == "interleaved":
+                # the fewest chunks a rank interleaves (set after the inert test: a pinned interleaved
+                # schedule on one stage is then refused by its rule, not skipped without one)
+                knobs["virtual_stages"] = where["virtual_stages"] = 2
             if any(rule(where, model.layers) for _, rule in pinned_inert):
                 continue  # a pin asked for what this configuration would not do
             group = []
@@ -167,6 +169,10 @@ def best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, *, global_batch
     """
     if n < 1:
         raise ConfigError(f"the number of schedules must be at least 1: got {n}")
+    if global_batch is not None and (not isinstance(global_batch, int) or isinstance(global_batch, bool)
+                                     or global_batch < 1):
+        raise ConfigError(f"--global-batch must be a positive integer: got {global_batch!r}; pass a number of "
+                          "sequences a step, or leave it out")
     perf = perf or device_perf(cluster, profile)
     if any(KNOB[k].inert is not None and v is not None and v != KNOB[k].default
            for k, v in fixed.items() if k in KNOB):

@@ -8,6 +8,7 @@ report can be drawn from an exported file too. matplotlib and pandas load only w
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
 from autoslapo.report.plots import KNOB_PREFIX, Baseline, GiB
+from autoslapo.storage import baseline_study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,8 +47,11 @@ def _out_dir(path: str | Path) -> Path:
         raise UsageError(f"--output must be a directory: {str(out)!r} is a file; pass a directory path")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        # a directory that exists may still refuse files (read-only, a kernel's /sys or /proc): try one
+        tempfile.TemporaryFile(dir=out).close()
     except OSError as err:
-        raise UsageError(f"cannot create the report directory {str(out)!r}: {err.strerror}") from None
+        raise UsageError(f"the report directory must be writable: cannot write into {str(out)!r} "
+                         f"({err.strerror or err}); pass a directory you can write") from None
     return out
 
 
@@ -197,11 +202,6 @@ BASELINE_LABELS = {
     "deepspeed": "DeepSpeed out of the box (ZeRO, pure DP)",
     "megatron": "Megatron-LM style (TP 8, full recompute)",
 }
-
-
-def baseline_study(study: str) -> str:
-    """The companion study the tuner stores ``study``'s baselines in."""
-    return f"{study}.baselines"
 
 
 def load_baselines(store: Store, study: str) -> list[Baseline]:

@@ -8,6 +8,7 @@ from typing import Any
 from autoslapo.cluster import LINKS, ClusterSpec
 from autoslapo.config import describe
 from autoslapo.service.payload import model_label
+from autoslapo.storage import baseline_study
 from store import JobRecord, Store, StudyRecord, TrialRecord
 
 LAUNCHED = ("complete", "oom", "failed", "timeout")
@@ -36,7 +37,7 @@ def apply_snippet(study: StudyRecord) -> str:
 def baselines_view(store: Store, study: str) -> list[dict[str, Any]]:
     """The out-of-the-box baselines the tuner scored for ``study`` (its ``<study>.baselines`` companion),
     each with the tuned best's speed-up over it and, with repeats, that speed-up's 95% interval."""
-    companion = f"{study}.baselines"
+    companion = baseline_study(study)
     if not store.has_study(companion):
         return []
     out = []

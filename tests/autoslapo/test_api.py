@@ -73,11 +73,25 @@ def test_best_filters(url: str) -> None:
     ({"gpus": 2, "gpu_type": "a100-80gb"}, "2 x a100-80gb"),
     ({"gpus": 2, "min_headroom_fraction": 0.95}, "passes the filters"),
     ({"gpus": 0}, "gpus must be a positive integer"),
+    ({"gpus": 2, "gpu_type": "tpu-v9"}, "gpu_type must be one of"),
+    ({"gpus": 2, "gpus_per_node": 1}, "2 x any device (1 a node) in"),
+    ({"gpus": 2, "gpus_per_node": 1}, "`autoslapo tune bert-tiny --gpus 2 --gpus-per-node 1` first"),
+    ({"gpus": 2, "links": {"inter_node_gbps": 6.25}}, "`autoslapo tune bert-tiny --gpus 2 --inter-node-gbps 6.25`"),
 ])
 def test_best_says_what_to_do_when_nothing_matches(url: str, kwargs: dict[str, Any], needle: str) -> None:
     with pytest.raises(UsageError) as err:
         best("bert-tiny", storage=url, **kwargs)
     assert needle in str(err.value)
+
+
+def test_best_keeps_to_a_node_size_when_asked(url: str) -> None:
+    assert best("bert-tiny", gpus=2, storage=url, gpus_per_node=8) == FAST  # the studies' clusters: 8 a node
+
+
+def test_best_of_a_name_no_study_has_says_so(url: str) -> None:
+    with pytest.raises(UsageError, match="model must be a preset, a model file or a model a stored study tuned: "
+                                         "got 'no-such-model'"):
+        best("no-such-model", gpus=2, storage=url)
 
 
 def test_best_on_a_missing_store_creates_nothing(tmp_path: Path) -> None:

@@ -49,6 +49,22 @@ def test_resume_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "--trials must be a positive integer" in capsys.readouterr().err
     assert main(["best", "bert", "--gpus", "3", "--storage", url]) == 1
     assert "no complete trial" in capsys.readouterr().err
+    # trials exist but none passes a filter: say so, not "tune first"
+    assert main(["best", "bert-base", "--gpus", "8", "--measured", "--storage", url]) == 1
+    err = capsys.readouterr().err
+    assert "passes --measured" in err and "tune with a measuring backend" in err and "first" not in err
+    assert main(["best", "bert-base", "--gpus", "8", "--headroom", "31", "--storage", url]) == 1
+    assert "passes --headroom 31" in (err := capsys.readouterr().err) and "relax it" in err
+    # the answer names its node size; --gpus-per-node keeps to one
+    assert main(["best", "bert-base", "--gpus", "8", "--storage", url]) == 0
+    assert "on 8x v100-32gb (8 a node):" in capsys.readouterr().out
+    assert main(["best", "bert-base", "--gpus", "8", "--gpus-per-node", "4", "--storage", url]) == 1
+    assert "--gpus-per-node 4` first" in capsys.readouterr().err
+    # the tuner's companion studies of baselines are not offered as names to show or resume
+    assert main([*base[:-1], "--trials", "2", "--study", "b"]) == 0
+    capsys.readouterr()
+    assert main(["show", "nope", "--storage", url]) == 2
+    assert ".baselines" not in (err := capsys.readouterr().err) and "known studies are" in err
     with pytest.raises(SystemExit) as e:
         main(["tune", "bert", "--gpus", "8", "--sampler", "bogus"])
     assert e.value.code == 2
