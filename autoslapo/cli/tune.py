@@ -177,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
     if pins:  # pinned knobs: fixed in the study's space, whatever it searched
         space = (space or space_for(model.family)).pin(pins)
     dispatch = args.dispatch or ("ray" if backend == "ray" or args.ray_address else "inline")
+    if backend == "sim" and args.repeats:  # an estimate is the same every time: nothing to re-measure
+        raise UsageError(f"--repeats re-measures real trials (--backend local or ray): got --repeats {args.repeats} "
+                         "with --backend sim; drop --repeats or run real trials")
     repeats = args.repeats if args.repeats is not None else (3 if backend in ("local", "ray") else 0)
 
     from store import open_store

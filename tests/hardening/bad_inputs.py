@@ -110,6 +110,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-pp-not-dividing-gpus", [*T, "--gpus", "4", "--pp", "3", *S], "pp must divide --gpus"),
     ("tune-resume-baselines", [*T, "--gpus", "4", "--study", "seeded.baselines", "--resume", *S],
      "names ending in '.baselines' are the tuner's own"),
+    ("tune-sim-repeats", [*T, "--gpus", "4", "--repeats", "3", *S], "--repeats re-measures real trials"),
     ("tune-new-baselines-name", [*T, "--gpus", "4", "--study", "mine.baselines", *S], "'.baselines'"),
     # --- best -------------------------------------------------------------------------------
     ("best-unknown-model", ["best", "no-such-model", "--gpus", "4", *S], "no-such-model"),
