@@ -179,6 +179,10 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     print(f"  pinned: {' '.join(k.show(c[k.name]) for k in KNOBS if k.name in d['pinned']) or 'none'}; searched "
           f"(fastest that fits): {' '.join(k.label for k in free if k.sweep is not None or k.auto) or 'none'}; "
           f"defaults: {' '.join(k.label for k in free if k.sweep is None and not k.auto) or 'none'}")
+    inert = [k.show(c[k.name]) for k in KNOBS if k.name in d["pinned"] and k.inert is not None
+             and c[k.name] != k.default and k.inert(c, model["layers"])]
+    if inert:  # found nowhere it acts (``best_configs``): say so rather than imply an effect
+        print(f"  note: pinned, but changes nothing in this schedule: {' '.join(inert)}")
     if d.get("stage_layers"):
         sizes = d["stage_layers"]
         runs = [(n, len(list(group))) for n, group in itertools.groupby(sizes)]

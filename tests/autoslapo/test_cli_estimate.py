@@ -234,6 +234,12 @@ def test_a_pinned_knob_is_searched_where_it_acts(capsys: pytest.CaptureFixture[s
     inert = _json(capsys, ["estimate", "gpt2-xl", "--gpus", "8", "--tp", "1", "--pp", "8", "--zero-stage", "1",
                            "--micro-batch", "1", "--json"])
     assert inert["config"]["dp"] == 1 and inert["config"]["zero_stage"] == 1
+    # and the text says the pin changes nothing there; a pin that acts gets no such note
+    assert main(["estimate", "gpt2-xl", "--gpus", "8", "--tp", "1", "--pp", "8", "--zero-stage", "1",
+                 "--micro-batch", "1"]) == 0
+    assert "note: pinned, but changes nothing in this schedule: zero=1" in capsys.readouterr().out
+    assert main(["estimate", "gpt2-xl", "--gpus", "8", "--zero-stage", "1"]) == 0
+    assert "changes nothing" not in capsys.readouterr().out
 
 
 def test_a_pinned_checkpoint_ratio_alone_means_whole_layers(capsys: pytest.CaptureFixture[str],
