@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoslapo.cluster import cli_flag, link_overrides
+from autoslapo.cluster import MAX_GPUS, cli_flag, link_overrides
 from autoslapo.errors import UsageError
 from autoslapo.storage import require_store
 
@@ -76,6 +76,10 @@ def best_trial(
     """
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise UsageError(f"gpus must be a positive integer: got {gpus!r}")
+    if gpus > MAX_GPUS:  # also beyond what a database integer holds
+        raise UsageError(f"gpus must be at most {MAX_GPUS:,} (2**20, beyond the largest machines built): got {gpus:,}")
+    if gpus_per_node is not None and (not isinstance(gpus_per_node, int) or gpus_per_node < 1):
+        raise UsageError(f"gpus_per_node must be a positive integer: got {gpus_per_node!r}")
     if gpu_type is not None:
         from autoslapo.cluster import DEVICES
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoslapo.errors import ConfigError, UsageError
-from autoslapo.models.hf_t5 import T5_KEYS, check_t5, t5_derived, t5_extra
+from autoslapo.models.hf_t5 import T5_KEYS, check_t5, config_bool, t5_derived, t5_extra
 from autoslapo.models.spec import FAMILIES, ModelSpec, mlp_width
 
 __all__ = [
@@ -198,8 +198,8 @@ def spec_from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -
     rest = {k: v for k, v in sorted(config.items()) if k not in _BOOKKEEPING and k not in entry.keys.values()}
     rest.pop("head_dim", None)  # a derived key: checked against hidden / heads, rebuilt from the shape
     rest.pop("tie_word_embeddings", None)  # recorded once, in extra
-    tied = config.get("tie_word_embeddings", entry.tied_default)
-    extra = {HF_CONFIG_KEY: rest, "tie_word_embeddings": bool(tied), **entry.extra(config)}
+    tied = config_bool(config, "tie_word_embeddings", entry.tied_default)
+    extra = {HF_CONFIG_KEY: rest, "tie_word_embeddings": tied, **entry.extra(config)}
     spec = ModelSpec(family=entry.family, preset=name or entry.model_type, extra=extra, **shape)
     _check_head_dim(config, spec)
     entry.check(config, spec)

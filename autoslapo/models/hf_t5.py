@@ -16,7 +16,18 @@ from autoslapo.errors import ConfigError
 if TYPE_CHECKING:
     from autoslapo.models.spec import ModelSpec
 
-__all__ = ["T5_KEYS", "check_t5", "t5_derived", "t5_extra"]
+__all__ = ["T5_KEYS", "check_t5", "config_bool", "t5_derived", "t5_extra"]
+
+
+def config_bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    """``config[key]`` as a JSON boolean (``default`` when absent or null); ConfigError for another type
+    (a string "false" would read as true)."""
+    v = config.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ConfigError(f"config.json {key!r} must be true or false: got {v!r}; write it as a JSON boolean")
+    return v
 
 
 def _int(config: Mapping[str, Any], key: str) -> int:
@@ -49,7 +60,7 @@ def t5_extra(config: Mapping[str, Any]) -> dict[str, Any]:
         "decoder_layers": decoder_layers if decoder_layers is not None else layers,
         "d_kv": _int(config, "d_kv") if config.get("d_kv") is not None else 64,
         "gated": str(config.get("feed_forward_proj", "relu")).startswith("gated-"),
-        "tied": bool(config.get("tie_word_embeddings", True)),
+        "tied": config_bool(config, "tie_word_embeddings", True),
         "buckets": _int(config, "relative_attention_num_buckets")
         if config.get("relative_attention_num_buckets") is not None
         else 32,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autoslapo.errors import UsageError
+from autoslapo.errors import AutoslapoError, UsageError
 from autoslapo.models.hf import check_hf_spec, spec_from_hf_config
 from autoslapo.models.spec import ModelSpec
 from autoslapo.models.user import user_spec
@@ -39,6 +39,10 @@ def _read_config(path: Path) -> dict[str, object]:
     except OSError as exc:
         raise UsageError(
             f"cannot read model file {str(path)!r}: {exc.strerror}; check its permissions"
+        ) from None
+    except UnicodeDecodeError as exc:  # JSON is UTF-8 text (RFC 8259)
+        raise UsageError(
+            f"model file {str(path)!r} is not JSON (not UTF-8 text: byte {exc.start}); give a Hugging Face config.json"
         ) from None
     try:
         config = json.loads(text)
@@ -73,7 +77,14 @@ def resolve_model(arg: str, **overrides: int | None) -> ModelSpec:
             flags = " ".join("--" + k.replace("_", "-") for k in given)
             raise UsageError(f"shape flags do not apply to a model file (its shape is its own): got {flags} with "
                              f"{arg}; change the file instead")
-        return user_spec(arg)
+        try:
+            return user_spec(arg)
+        except (AutoslapoError, MemoryError):
+            raise
+        except Exception as exc:  # the file's own code failed: said in one line, as the service says it
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise UsageError(f"the model file {Path(arg).name} cannot be used: {type(exc).__name__}: {first}; its "
+                             "build() and batch() must run on the meta device") from None
     spec = spec_from_hf_config(_read_config(Path(arg))).with_overrides(**overrides)
     check_hf_spec(spec)
     return spec

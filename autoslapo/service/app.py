@@ -48,6 +48,7 @@ from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import AutoslapoError, StorageError, UsageError
 from autoslapo.models.modcache import max_age_days
 from autoslapo.models.modcache import prune as prune_model_cache
+from autoslapo.redact import redact
 from autoslapo.service import pages
 from autoslapo.service.answers import FRESH_S, STALE_S, AnswerCache
 from autoslapo.service.auth import CACHE_S, Caller, TokenCheck
@@ -159,9 +160,12 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        # a query parameter missing or of the wrong type: bad input like any other (400), with its value
         first = err.errors()[0] if err.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid')}"}, status_code=422)
+        given = "" if first.get("type") == "missing" else f": got {redact(repr(first.get('input')))[:200]}"
+        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid')}{given}; see /docs for the parameters"},
+                            status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
@@ -303,7 +307,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                 t = api.best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=store, metric=metric,
                                    measured_only=measured_only, links={k: v for k, v in links.items() if v is not None})
             except UsageError as err:
-                raise ApiError(404 if "no recorded schedule" in str(err) else 400, one_line(err)) from None
+                nothing = "no recorded schedule" in str(err) or "a model a stored study tuned" in str(err)
+                raise ApiError(404 if nothing else 400, one_line(err)) from None
             study = store.get_study(t.study)
             return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
                                 "study": t.study, "trial": t.number, "backend": study.backend, **trial_view(t),

@@ -115,6 +115,8 @@ class StudyRequest:
             raise UsageError("join shares a study: name it, e.g. {\"name\": \"svc\", \"join\": true}")
         if not 1 <= self.trials <= 100_000:
             raise UsageError(f"trials must be 1 to 100000: got {self.trials}")
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:  # 0 would mean the default in cluster_spec
+            raise UsageError(f"gpus_per_node must be a positive integer: got {self.gpus_per_node}")
         options = self.to_options(name=self.name or "check")
         space = options.space or space_for(options.model.family)
         space.bind(options.model, options.cluster, options.global_batch, None)

@@ -289,6 +289,20 @@ def test_bad_files_are_usage_errors(text: str | None, message: str, tmp_path: Pa
         resolve_model(str(path))
 
 
+def test_a_file_that_is_not_utf8_is_not_json(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(UsageError, match="is not JSON \\(not UTF-8 text: byte 0\\)"):
+        resolve_model(str(path))
+
+
+@pytest.mark.parametrize("value", ["no", "false", 0, 1])
+def test_tie_word_embeddings_must_be_a_json_boolean(value: object) -> None:
+    with pytest.raises(ConfigError, match=f"'tie_word_embeddings' must be true or false: got {value!r}"):
+        spec_from_hf_config({**TINY["llama"], "tie_word_embeddings": value})
+    assert spec_from_hf_config({**TINY["llama"], "tie_word_embeddings": False}).extra["tie_word_embeddings"] is False
+
+
 def test_a_preset_name_still_resolves_to_the_preset() -> None:
     assert resolve_model("llama-tiny", layers=4) == ModelSpec.from_name("llama-tiny", layers=4)
 

@@ -114,6 +114,15 @@ def test_a_bad_file_is_one_line_with_rule_value_and_fix(tmp_path: Path, text: st
     assert message in str(err.value) and "\n" not in str(err.value), err.value
 
 
+def test_a_file_whose_build_raises_is_one_line_on_the_command_line(tmp_path: Path) -> None:
+    text = BARE.replace("def build():", "def build():\n    raise RuntimeError('boom')")
+    assert text != BARE
+    with pytest.raises(UsageError) as err:
+        resolve_model(str(write_model_file(tmp_path, text, "net.py")))
+    assert str(err.value) == ("the model file net.py cannot be used: RuntimeError: boom; its build() and batch() "
+                              "must run on the meta device")
+
+
 def test_resolve_model_takes_presets_and_files(tmp_path: Path) -> None:
     assert resolve_model("bert-tiny", hidden=256).hidden == 256
     assert resolve_model(str(write_model_file(tmp_path, BARE))).family == "user"

@@ -110,6 +110,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-pp-not-dividing-gpus", [*T, "--gpus", "4", "--pp", "3", *S], "pp must divide --gpus"),
     ("tune-resume-baselines", [*T, "--gpus", "4", "--study", "seeded.baselines", "--resume", *S],
      "names ending in '.baselines' are the tuner's own"),
+    ("tune-seed-negative", [*T, "--gpus", "4", "--seed", "-1", *S], "--seed must be a whole number from 0 to 2**32 - 1"),
+    ("tune-seed-huge", [*T, "--gpus", "4", "--seed", "4294967296", *S], "got 4294967296"),
     ("tune-sim-repeats", [*T, "--gpus", "4", "--repeats", "3", *S], "--repeats re-measures real trials"),
     ("tune-new-baselines-name", [*T, "--gpus", "4", "--study", "mine.baselines", *S], "'.baselines'"),
     # --- best -------------------------------------------------------------------------------

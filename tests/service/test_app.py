@@ -116,6 +116,9 @@ def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> N
     (b'{"model": "bert", "gpus": 8, "backend": "local"}', 400, "backend"),
     (b'{"model": "bert", "gpus": 8, "name": "a b"}', 400, "study names"),
     (b'{"model": "bert", "gpus": 8, "trials": 0}', 400, "trials"),
+    (b'{"model": "bert", "gpus": 8, "seed": -1}', 400, "seed must be a whole number from 0 to 2**32 - 1"),
+    (b'{"model": "bert", "gpus": 8, "seed": 99999999999999999999999}', 400, "got 99999999999999999999999"),
+    (b'{"model": "bert", "gpus": 8, "gpus_per_node": 0}', 400, "gpus_per_node must be a positive integer: got 0"),
     (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"colour": [1]}}}', 400, "unknown knob 'colour'"),
     (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"tp": [3]}}}', 400, "no value of tp"),
     (b'{"model": "bert", "gpus": 8, "space": "name = "}', 400, "TOML"),
@@ -288,7 +291,13 @@ def test_estimate_and_anonymous_read(service_store: Store, tokens: dict[str, str
         r = anon.get("/v1/estimate", params={"model": "bert", "gpus": 8})
         assert r.status_code == 200, r.text
         assert r.json()["fits"] is True and r.json()["samples_per_s"] > 0
-        assert anon.get("/v1/estimate", params={"model": "bert", "gpus": "x"}).status_code == 422
+        bad = anon.get("/v1/estimate", params={"model": "bert", "gpus": "x"})
+        assert bad.status_code == 400 and bad.json()["error"].startswith("query.gpus: Input should be a valid integer")
+        assert "got 'x'; see /docs" in bad.json()["error"]
+        missing = anon.get("/v1/estimate", params={"model": "bert"})
+        assert missing.status_code == 400 and missing.json()["error"].startswith("query.gpus: Field required;")
+        huge = anon.get("/v1/best", params={"model": "bert", "gpus": 2**63})
+        assert huge.status_code == 400 and "gpus must be at most 1,048,576" in huge.json()["error"]
         assert anon.post("/v1/studies", json=BODY).status_code == 401
         assert anon.get("/").status_code == 200
 
