@@ -196,6 +196,19 @@ def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
     return ""
 
 
+#: The knobs a user's own module always runs at their defaults (``user_unsupported`` refuses them otherwise).
+USER_DEFAULT_ONLY = ("sequence_parallel", "loss_kernel", "compile_layers")
+
+
+def user_unvaried_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:
+    """The names of ``knobs`` a search never varies for a user's module (empty for other families): those of
+    ``USER_DEFAULT_ONLY`` and those whose every other value ``user_knob_ok`` rules out for this file."""
+    if model.family != "user":
+        return ()
+    return tuple(k.name for k in knobs if k.name in USER_DEFAULT_ONLY or (
+        k.sweep is not None and not any(v != k.default and user_knob_ok(k.name, v, model) for v in k.sweep)))
+
+
 def user_unsupported(config: ScheduleConfig) -> list[str]:
     """The knob settings of ``config`` that a user's own module never takes (its loss, products and
     layers' insides are its own): the one list ``user_problem`` and the user schedule refuse by."""

@@ -23,7 +23,7 @@ from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import KNOBS
 from autoslapo.cost.device import AUTOSLAPO_GPU
 from autoslapo.errors import UsageError
-from autoslapo.layout import inapplicable_knobs
+from autoslapo.layout import inapplicable_knobs, user_unvaried_knobs
 from autoslapo.models.spec import ModelSpec, is_convolutional
 
 if TYPE_CHECKING:
@@ -173,7 +173,9 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
             ", ".join(f"{k} x{v:.2f}" for k, v in calibration["params"].items()) + f" ({calibration['n_trials']} trials)"
             if calibration else "none stored yet (the uncalibrated model)") + (
             "; autoslapo's runtime, which its trials ran" if d.get("runtime") == AUTOSLAPO_GPU else ""))
-    na = set(inapplicable_knobs(ModelSpec.from_dict(model), KNOBS))  # the family cannot use them: not shown
+    spec = ModelSpec.from_dict(model)
+    # the family cannot use them, or a model file never varies them: not shown
+    na = {*inapplicable_knobs(spec, KNOBS), *user_unvaried_knobs(spec, KNOBS)}
     print(f"  schedule: {' '.join(k.show(c[k.name]) for k in KNOBS if k.name not in na)}")
     free = [k for k in KNOBS if k.name not in d["pinned"] and not k.derived and k.name not in na]
     print(f"  pinned: {' '.join(k.show(c[k.name]) for k in KNOBS if k.name in d['pinned']) or 'none'}; searched "

@@ -123,6 +123,14 @@ def test_a_file_whose_build_raises_is_one_line_on_the_command_line(tmp_path: Pat
                               "must run on the meta device")
 
 
+def test_estimate_names_only_the_knobs_a_file_is_searched_over(capsys: pytest.CaptureFixture[str]) -> None:
+    from autoslapo.cli import main
+
+    assert main(["estimate", str(EXAMPLE), "--gpus", "2"]) == 0
+    line = next(x.strip() for x in capsys.readouterr().out.splitlines() if x.strip().startswith("pinned:"))
+    assert line == "pinned: none; searched (fastest that fits): tp pp mb ckpt zero attn gran; defaults: place fuse sched vs prec"
+
+
 def test_resolve_model_takes_presets_and_files(tmp_path: Path) -> None:
     assert resolve_model("bert-tiny", hidden=256).hidden == 256
     assert resolve_model(str(write_model_file(tmp_path, BARE))).family == "user"
