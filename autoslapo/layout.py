@@ -45,6 +45,20 @@ def data_parallel(gpus: int, tp: int, pp: int) -> int:
     return gpus // (tp * pp)
 
 
+#: The largest global batch a step may take: 2**24 sequences (published LLM batches are a few thousand).
+MAX_GLOBAL_BATCH = 2**24
+
+
+def check_global_batch(global_batch: object) -> None:
+    """Raise ConfigError unless ``global_batch`` is a whole number of sequences from 1 to ``MAX_GLOBAL_BATCH``."""
+    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
+        raise ConfigError(f"--global-batch must be a positive integer: got {global_batch!r}; pass the sequences a "
+                          "step, or leave it out")
+    if global_batch > MAX_GLOBAL_BATCH:
+        raise ConfigError(f"--global-batch must be at most {MAX_GLOBAL_BATCH:,} sequences a step (2**24; published "
+                          f"batches are a few thousand): got {global_batch:,}; give a smaller one")
+
+
 def grad_accum_for(global_batch: int, micro_batch: int, dp: int) -> int:
     """Micro-batches per replica and step. Raises ConfigError unless micro_batch*dp divides the global batch."""
     if global_batch % (micro_batch * dp):

@@ -126,8 +126,10 @@ class SearchSpace:
         else fp32. Raises UsageError for a bad global batch.
         """
         gb = self.default_global_batch(cluster.gpus) if global_batch is None else global_batch
-        if not isinstance(gb, int) or gb < 1:
-            raise UsageError(f"--global-batch must be a positive integer: got {gb!r}")
+        try:
+            layout.check_global_batch(gb)
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
         if not self.rules["tp_within_node"] and not cluster.allow_cross_node_tp:
             cluster = replace(cluster, allow_cross_node_tp=True)
         domains: dict[str, tuple[Any, ...]] = {}

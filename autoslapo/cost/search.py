@@ -169,10 +169,8 @@ def best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, *, global_batch
     """
     if n < 1:
         raise ConfigError(f"the number of schedules must be at least 1: got {n}")
-    if global_batch is not None and (not isinstance(global_batch, int) or isinstance(global_batch, bool)
-                                     or global_batch < 1):
-        raise ConfigError(f"--global-batch must be a positive integer: got {global_batch!r}; pass a number of "
-                          "sequences a step, or leave it out")
+    if global_batch is not None:
+        layout.check_global_batch(global_batch)
     perf = perf or device_perf(cluster, profile)
     if any(KNOB[k].inert is not None and v is not None and v != KNOB[k].default
            for k, v in fixed.items() if k in KNOB):
