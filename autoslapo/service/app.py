@@ -60,7 +60,7 @@ from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
 from autoslapo.service.looplag import loop_lag_histogram, loop_lag_lifespan
 from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff, trace_memory_bytes
 from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
-from store import JobLimitError, Store
+from store import TRIAL_STATUSES, JobLimitError, Store
 
 MAX_BODY_BYTES = 64 * 1024
 EVENTS_POLL_S = 0.5
@@ -253,6 +253,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         keys = {"number": lambda t: t.number, "samples_per_s": lambda t: -(t.samples_per_s or 0.0)}
         if sort not in keys:
             raise ApiError(400, f"sort must be one of {', '.join(keys)}: got {sort[:40]!r}")
+        if status is not None and status not in TRIAL_STATUSES:
+            raise ApiError(400, f"status must be one of {', '.join(TRIAL_STATUSES)}: got {status[:40]!r}")
         rows = [t for t in store.trials(name) if status is None or t.status == status]
         rows.sort(key=keys[sort])
         return {"name": name, "total": len(rows), "offset": offset,

@@ -183,10 +183,12 @@ class TokenCheck:
 
 
 def _token(header: str | None) -> str | None:
-    """The token of a ``Bearer aslp_<key>_<secret>`` header, or None when it has another shape."""
-    if not header or not header.startswith("Bearer "):
+    """The token of a ``Bearer aslp_<key>_<secret>`` header, or None when it has another shape (the scheme's
+    name in any case: RFC 9110, section 11.1)."""
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
         return None
-    token = header[len("Bearer "):].strip()
+    token = token.strip()
     parts = token.split("_", 2)
     if len(parts) != 3 or parts[0] != PREFIX or not parts[1] or not parts[2]:
         return None

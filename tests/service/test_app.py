@@ -76,6 +76,10 @@ def test_submit_runs_to_budget_and_best_answers(client: TestClient, tokens: dict
                         headers=bearer(tokens["read"])).json()
     assert trials["total"] >= 20 and len(trials["trials"]) == 3
     assert trials["trials"][0]["samples_per_s"] == best.json()["samples_per_s"]
+    complete = client.get("/v1/studies/svc/trials", params={"status": "complete"}, headers=bearer(tokens["read"]))
+    assert complete.json()["total"] == trials["total"]
+    unknown = client.get("/v1/studies/svc/trials", params={"status": "happy"}, headers=bearer(tokens["read"]))
+    assert unknown.status_code == 400 and unknown.json()["error"].startswith("status must be one of running, complete")
     listed = client.get("/v1/studies", headers=bearer(tokens["read"])).json()["studies"]
     assert [s["name"] for s in listed] == ["svc"]
     page = client.get("/studies/svc", headers=bearer(tokens["read"]))

@@ -93,6 +93,8 @@ def test_wrong_secrets_and_shapes_are_refused_and_never_cached(service_store: St
         assert check.caller(header) is None, header
         assert check.cached(header) is None, header
     assert check.caller(f"Bearer {token}") is not None
+    for scheme in ("bearer", "BEARER"):  # the scheme's name is case-insensitive (RFC 9110, section 11.1)
+        assert check.caller(f"{scheme} {token}") is not None, scheme
 
 
 def test_the_cache_is_bounded_least_recently_used_first(service_store: Store) -> None:
