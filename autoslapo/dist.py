@@ -96,6 +96,24 @@ def _rebuild(rank: int, info: tuple[str, str, str, str]) -> BaseException:
     return err
 
 
+def _start_forkserver() -> None:
+    """Start multiprocessing's fork server (once) with ``PYTHONSAFEPATH`` set: it runs ``python -c``, which
+    would put the working directory first on its path while it imports the standard library, so a
+    ``copy.py`` or ``queue.py`` there would be imported in its place (the ranks, forked from it, keep
+    the parent's path)."""
+    from multiprocessing import forkserver
+
+    before = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = before
+
+
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -126,6 +144,7 @@ def spawn(
     ctx: Any = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(list(preload))  # no effect once the server is running
+        _start_forkserver()
     results = ctx.Queue()
     port = free_port()
     procs = [

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch.distributed as dist
 
@@ -35,3 +40,18 @@ def test_spawn_groups_and_errors() -> None:
 def test_build_groups_needs_a_group() -> None:
     with pytest.raises(ConfigError, match="initialized process group"):
         build_groups(2)
+
+
+def test_a_working_directory_shadowing_the_standard_library_does_not_break_the_ranks(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    work, scripts = tmp_path / "work", tmp_path / "scripts"
+    work.mkdir()
+    scripts.mkdir()
+    (work / "copy.py").write_text("raise RuntimeError('the working directory shadowed copy')\n")
+    # a script file, not -c, so that this process itself keeps the working directory off its path
+    (scripts / "run.py").write_text(
+        "import os\nfrom autoslapo.dist import spawn\n"
+        "if __name__ == '__main__':\n    print(spawn(os.getpid, 2, timeout=120.0) and 'ranks ok')\n")
+    out = subprocess.run([sys.executable, str(scripts / "run.py")], cwd=work, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root)}, timeout=300)
+    assert out.returncode == 0 and "ranks ok" in out.stdout, out.stderr[-2000:]
