@@ -95,7 +95,12 @@ class _VocabParallelCE(torch.autograd.Function):
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, start: int, vocab: int,
                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk's logits as the head computes them (under the ambient autocast) and in ``dtype``,
-    the padded columns of the last shard at -inf."""
+    the padded columns of the last shard at -inf. Without an ambient autocast, a weight of another
+    dtype than ``h`` is cast to ``h``'s, as autocast would: the loss runs in a hook after a forward
+    that ran under autocast (16-bit activations, fp32 weights)."""
+    if h.dtype != weight.dtype and not torch.is_autocast_enabled(h.device.type):
+        weight = weight.to(h.dtype)
+        bias = bias.to(h.dtype) if bias is not None else None
     logits = F.linear(h, weight, bias)
     x = logits.to(dtype)
     if start + x.shape[-1] > vocab:

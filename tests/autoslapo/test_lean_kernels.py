@@ -75,6 +75,24 @@ def test_chunked_cross_entropy_equals_f_cross_entropy_in_fp64(chunk: int) -> Non
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
+def test_chunked_cross_entropy_after_an_autocast_forward_computes_as_autocast_does() -> None:
+    # the runtime's loss hook runs after a forward under autocast: 16-bit hidden states, fp32 weights,
+    # no autocast around the loss (it failed: "mat1 and mat2 must have the same dtype")
+    hidden, weight, bias, target = (x.detach() for x in _problem())
+    h16 = hidden.to(torch.bfloat16).requires_grad_()
+    w, b = weight.float().requires_grad_(), bias.float().requires_grad_()
+    logits = F.linear(h16, w.to(torch.bfloat16), b.to(torch.bfloat16)).float()  # what autocast computes
+    want = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
+    grads_want = torch.autograd.grad(want, (h16, w, b))
+    got = chunked_cross_entropy(h16, w, b, target, chunk=7)
+    grads_got = torch.autograd.grad(got, (h16, w, b))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, ref in zip(grads_got, grads_want, strict=True):
+        assert g.dtype == ref.dtype
+        torch.testing.assert_close(g.float(), ref.float(), rtol=2e-2, atol=2e-3)
+
+
 def test_chunked_cross_entropy_checks_its_input() -> None:
     hidden, weight, bias, target = _problem()
     with pytest.raises(ScheduleError, match="chunk >= 1"):
