@@ -122,7 +122,35 @@ def megatron_config(ctx: BaselineContext) -> ScheduleConfig | None:
     return found[0] if found else None
 
 
-def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]:
+_PER_RUN_KEYS = ("baseline", "tuned_samples_per_s", "speedup", "speedup_ci95")  # written with each pick
+
+
+def stored_picks(store: Any, study: str) -> dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any]]]:
+    """The baselines an earlier run of ``study`` picked and measured, by kind (``deepspeed``, ``megatron``):
+    each one's configuration (None when none fitted), its result without the per-run keys, and the
+    extra it was stored with (speed-up and its interval)."""
+    name = baseline_study(study)
+    out: dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any]]] = {}
+    if not store.has_study(name):
+        return out
+    for t in store.trials(name):
+        extra = t.result.get("extra") or {}
+        kind = extra.get("baseline")
+        if t.status == "running" or not kind:
+            continue
+        config = ScheduleConfig.from_dict(t.config) if "tp" in t.config else None
+        result = TrialResult.from_dict({**t.result, "extra": {k: v for k, v in extra.items() if k not in _PER_RUN_KEYS}})
+        out[str(kind)] = (config, result, extra)
+    return out
+
+
+def _summary(config: ScheduleConfig | None, result: TrialResult, speedup: float | None,
+             ci: dict[str, Any] | None) -> dict[str, Any]:
+    return {"config": config.to_dict() if config else None, "status": result.status,
+            "samples_per_s": result.samples_per_s, "speedup": speedup, "reason": result.reason, "speedup_ci95": ci}
+
+
+def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool = True) -> dict[str, Any]:
     """Score both baselines with the study's evaluator; store them; return name -> summary.
 
     They go to a companion study ``<study>.baselines`` so the study itself holds exactly its
@@ -135,23 +163,25 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
 
     out: dict[str, Any] = {}
     store, name = runner.store, baseline_study(runner.name)
-    # A resumed study reuses baselines already scored (a real baseline trial is expensive).
-    earlier = {}
-    if store.has_study(name):
-        for t in store.trials(name):
-            if t.status != "running" and "tp" in t.config:
-                earlier[ScheduleConfig.from_dict(t.config)] = TrialResult.from_dict(
-                    {**t.result, "extra": {k: v for k, v in t.result.get("extra", {}).items()
-                                           if k not in ("baseline", "tuned_samples_per_s", "speedup",
-                                                        "speedup_ci95")}})
+    # A resumed study keeps the baselines an earlier run picked and measured (a real baseline trial is
+    # expensive, and re-picking among the candidates let the baseline drift from resume to resume);
+    # when the resumed run added no trial (``measure`` False), its stored summaries are the answer.
+    stored = stored_picks(store, runner.name)
+    kinds = ("deepspeed", "megatron")
+    if not measure and all(k in stored for k in kinds):
+        return {k: _summary(stored[k][0], stored[k][1], stored[k][2].get("speedup"),
+                            (stored[k][2].get("speedup_ci95") or {}).get(k)) for k in kinds}
     ctx = runner.baseline_context()
     picked: list[tuple[str, ScheduleConfig | None, TrialResult]] = []
     for kind, pick in (("deepspeed", deepspeed_candidates), ("megatron", megatron_candidates)):
+        if kind in stored:
+            picked.append((kind, stored[kind][0], stored[kind][1]))
+            continue
         config: ScheduleConfig | None = None
         result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False,
                                      oom_evidence="cost-model prediction")
         for cand in pick(ctx)[:CANDIDATES]:
-            r = ctx.measured.get(cand) or earlier.get(cand) or ctx.evaluate(cand)
+            r = ctx.measured.get(cand) or ctx.evaluate(cand)
             if config is None or (r.status == "complete" and (result.status != "complete"
                                                               or r.samples_per_s > result.samples_per_s)):
                 config, result = cand, r
@@ -164,13 +194,11 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome) -> dict[str, Any]
         ci = speedup_interval(outcome.best_result, result, repeats=runner.options.repeats, seed=runner.options.seed)
         if ci is not None:
             intervals[kind] = ci
-        out[kind] = {"config": config.to_dict() if config else None, "status": result.status,
-                     "samples_per_s": result.samples_per_s, "speedup": speedup, "reason": result.reason,
-                     "speedup_ci95": ci}
+        out[kind] = _summary(config, result, speedup, ci)
         extra = {**result.extra, "baseline": kind, "tuned_samples_per_s": tuned, "speedup": speedup,
                  **({"speedup_ci95": {kind: ci}} if ci is not None else {})}
-        stored = TrialResult.from_dict({**result.to_dict(), "extra": extra})
-        rows.append((i, config.to_dict() if config else {"baseline": kind}, stored.to_dict()))
+        kept = TrialResult.from_dict({**result.to_dict(), "extra": extra})
+        rows.append((i, config.to_dict() if config else {"baseline": kind}, kept.to_dict()))
     record_speedups(runner, outcome, intervals)
     o = runner.options
     if store.has_study(name) and not o.join:  # joined tuners share one companion study

@@ -178,10 +178,14 @@ def _check_layouts(bound: BoundSpace) -> None:
     if layout.batch_fits_some_layout(gb, gpus, dom("tp"), dom("pp"), dom("micro_batch")):
         return
     dps = layout.replica_counts(gpus, dom("tp"), dom("pp"))
+    mb = bound.fixed.get("micro_batch")  # pinned: the fix is another micro-batch or batch, not fewer devices
+    fix = (f"pin a --micro-batch that divides {gb} / dp, or a --global-batch that is a multiple of {mb} x dp"
+           if mb is not None else "use fewer --gpus or a larger --global-batch")
+    with_mb = f" and micro_batch {mb}" if mb is not None else ""
     raise ConfigError(
         f"micro_batch*dp must divide the global batch for some layout: {gpus} devices with tp in "
-        f"{list(dom('tp'))} and pp in {list(dom('pp'))} give dp in {dps} for a global batch of "
-        f"{gb}; use fewer --gpus or a larger --global-batch"
+        f"{list(dom('tp'))} and pp in {list(dom('pp'))} give dp in {dps}{with_mb} for a global batch of "
+        f"{gb}; {fix}"
     )
 
 
@@ -433,6 +437,7 @@ class StudyRunner:
         """Run the study to its budget (or a stop) and score the baselines; returns the outcome."""
         started = time.monotonic()
         self.store.set_study_status(self.name, "running")
+        before = len(self.store.trials(self.name)) if self.options.resume else -1
         try:
             stop = self._run_sweep() if self.sweeping else self.should_stop(started)
             if stop is None:
@@ -453,11 +458,13 @@ class StudyRunner:
         outcome = TuneOutcome(self.name, self.launched, self.pruned, self.best_config, self.best_result,
                               stop, time.monotonic() - started, dict(self.counts), asks=self.proposer.asks,
                               sweep=self.sweep.summary(self.launched) if self.sweep else None)
+        # a resumed study that was already at its budget added nothing: nothing to re-measure
+        added = len(self.store.trials(self.name)) != before
         if self.options.baselines:
             from tuner.baselines import score_baselines
 
-            outcome.baselines = score_baselines(self, outcome)  # re-measures the finalists with them
-        elif self.options.repeats:
+            outcome.baselines = score_baselines(self, outcome, measure=added)  # re-measures the finalists with them
+        elif self.options.repeats and added:
             from tuner.repeats import remeasure
 
             remeasure(self, outcome)

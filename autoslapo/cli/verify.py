@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     Raises: UsageError (exit 2) for bad input, before any process starts; VerifyError (exit 1) naming
     the first mismatching output or gradient.
     """
+    if not args.timeout > 0:  # (NaN too) the ranks would time out before they meet
+        raise UsageError(f"--timeout must be positive seconds: got {args.timeout}; the default is 600")
     spec, config, full_layers = _plan(args)
     import os
 

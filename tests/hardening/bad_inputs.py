@@ -112,6 +112,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "names ending in '.baselines' are the tuner's own"),
     ("tune-seed-negative", [*T, "--gpus", "4", "--seed", "-1", *S], "--seed must be a whole number from 0 to 2**32 - 1"),
     ("tune-seed-huge", [*T, "--gpus", "4", "--seed", "4294967296", *S], "got 4294967296"),
+    ("tune-micro-batch-splits-no-batch", [*T, "--gpus", "2", "--global-batch", "16", "--micro-batch", "3", *S],
+     "pin a --micro-batch that divides 16 / dp"),
     ("tune-sim-repeats", [*T, "--gpus", "4", "--repeats", "3", *S], "--repeats re-measures real trials"),
     ("tune-new-baselines-name", [*T, "--gpus", "4", "--study", "mine.baselines", *S], "'.baselines'"),
     # --- best -------------------------------------------------------------------------------
@@ -175,6 +177,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("verify-ckpt-ratio", ["verify", "bert-tiny", "--ckpt-ratio", "-0.5"], "ckpt"),
     ("verify-batch-zero", ["verify", "bert-tiny", "--batch", "0"], "batch"),
     ("verify-device", ["verify", "bert-tiny", "--device", "tpu"], "device"),
+    ("verify-timeout-zero", ["verify", "bert-tiny", "--timeout", "0"], "--timeout must be positive seconds: got 0.0"),
     ("verify-kv-heads-no-gqa", ["verify", "bert-tiny", "--kv-heads", "2"], "kv_heads"),
     # --- models -----------------------------------------------------------------------------
     ("models-unknown-flag", ["models", "--wide"], "--wide"),

@@ -121,6 +121,39 @@ class SlowSim:
         return self.inner.evaluate(config)
 
 
+@dataclass
+class CountingSim(SlowSim):
+    """SlowSim that counts what it is asked to evaluate."""
+
+    asked: list[ScheduleConfig] | None = None
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        self.asked = [*(self.asked or []), config]
+        return self.inner.evaluate(config)
+
+
+def test_a_resumed_study_keeps_its_baselines_and_at_its_budget_measures_nothing(store: Store) -> None:
+    def run(trials: int, resume: bool) -> tuple[object, list[ScheduleConfig]]:
+        sim = CountingSim(SimEvaluator(BASE, V100_16))
+        out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=trials, study="b", resume=resume, sweep=False),
+                   store, evaluator=sim)
+        return out, sim.asked or []
+
+    def companion() -> dict[str, object]:
+        return {t.result["extra"]["baseline"]: t.config for t in store.trials("b.baselines")}
+
+    first, _ = run(4, False)
+    picked = companion()
+    assert set(picked) == {"deepspeed", "megatron"}
+    # at its budget: no trial, no baseline candidate evaluated again, the stored answer returned
+    again, asked = run(4, True)
+    assert asked == [] and again.baselines == first.baselines  # type: ignore[attr-defined]
+    # with more budget: only the new trials are evaluated; the baselines stay the ones picked first
+    more, asked = run(6, True)
+    assert len(asked) == 2 and companion() == picked
+    assert set(more.baselines) == {"deepspeed", "megatron"}  # type: ignore[attr-defined]
+
+
 @pytest.mark.slow
 def test_resume_retries_interrupted_trials_and_keeps_finished_ones(store: Store) -> None:
     opts = TuneOptions(model=BASE, cluster=V100_16, trials=8, study="r", baselines=False)
