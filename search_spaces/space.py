@@ -208,6 +208,30 @@ class BoundSpace:
         """Points in the product of the domains (valid or not)."""
         return math.prod(len(v) for v in self.domains.values())
 
+    def check_layouts(self) -> None:
+        """Raise ConfigError when no tp*pp*dp layout and micro-batch fills the global batch.
+
+        A cheap necessary condition (divisibility only), so a cluster too large for the batch is
+        refused up front instead of ending as an empty study.
+        """
+        gpus, gb = self.cluster.gpus, self.global_batch
+
+        def dom(knob: str) -> tuple[int, ...]:
+            return tuple(self.domains.get(knob, (self.fixed.get(knob, 1),)))
+
+        if layout.batch_fits_some_layout(gb, gpus, dom("tp"), dom("pp"), dom("micro_batch")):
+            return
+        dps = layout.replica_counts(gpus, dom("tp"), dom("pp"))
+        mb = self.fixed.get("micro_batch")  # pinned: the fix is another micro-batch or batch, not fewer devices
+        fix = (f"pin a --micro-batch that divides {gb} / dp, or a --global-batch that is a multiple of {mb} x dp"
+               if mb is not None else "use fewer --gpus or a larger --global-batch")
+        with_mb = f" and micro_batch {mb}" if mb is not None else ""
+        raise ConfigError(
+            f"micro_batch*dp must divide the global batch for some layout: {gpus} devices with tp in "
+            f"{list(dom('tp'))} and pp in {list(dom('pp'))} give dp in {dps}{with_mb} for a global batch of "
+            f"{gb}; {fix}"
+        )
+
     def derive(self, params: Mapping[str, Any]) -> ScheduleConfig | Invalid:
         """The configuration for one point (knob -> value), or ``Invalid`` with the reason.
 

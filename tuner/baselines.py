@@ -180,8 +180,11 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
         config: ScheduleConfig | None = None
         result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False,
                                      oom_evidence="cost-model prediction")
-        for cand in pick(ctx)[:CANDIDATES]:
-            r = ctx.measured.get(cand) or ctx.evaluate(cand)
+        for i, cand in enumerate(pick(ctx)[:CANDIDATES], 1):
+            r = ctx.measured.get(cand)
+            if r is None:
+                runner.note(f"scoring the {kind}-style baseline: candidate {i} of {CANDIDATES}")
+                r = ctx.evaluate(cand)
             if config is None or (r.status == "complete" and (result.status != "complete"
                                                               or r.samples_per_s > result.samples_per_s)):
                 config, result = cand, r

@@ -79,9 +79,17 @@ def remeasure(runner: StudyRunner, outcome: TuneOutcome, picked: Sequence[Picked
     runs: dict[ScheduleConfig, list[TrialResult]] = {}
     best: tuple[ScheduleConfig, TrialResult] | None = None
     finalists, rest = done[:FINALISTS], done[FINALISTS:]
+    measured = 0
+
+    def evaluate(config: ScheduleConfig) -> TrialResult:  # each measurement shown on the progress line
+        nonlocal measured
+        measured += 1
+        runner.note(f"re-measuring the finalists and baselines ({repeats} rounds): run {measured}")
+        return runner.evaluator.evaluate(config)
+
     while finalists:
         configs = [ScheduleConfig.from_dict(t.config) for t in finalists]
-        runs.update(interleaved(runner.evaluator.evaluate, configs + bases, repeats))
+        runs.update(interleaved(evaluate, configs + bases, repeats))
         bases = []  # the baselines' rounds are the first finalists'
         for trial, config in zip(finalists, configs, strict=True):
             result = with_repeats(TrialResult.from_dict(trial.result), runs[config])

@@ -32,10 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import autoslapo.layout as layout
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
-from autoslapo.errors import ConfigError, StorageError, StorageLost, UsageError
+from autoslapo.errors import StorageError, StorageLost, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from autoslapo.storage import BASELINES_SUFFIX
@@ -164,31 +163,6 @@ def default_study_name(model: ModelSpec, cluster: ClusterSpec, backend: str) -> 
     return f"{model.preset}-{cluster.gpus}x{cluster.gpu_type}-{backend}"
 
 
-def _check_layouts(bound: BoundSpace) -> None:
-    """Raise ConfigError when no tp*pp*dp layout and micro-batch of ``bound`` fills the global batch.
-
-    A cheap necessary condition (divisibility only), so a cluster too large for the batch is
-    refused up front instead of ending as an empty study.
-    """
-    gpus, gb = bound.cluster.gpus, bound.global_batch
-
-    def dom(knob: str) -> tuple[int, ...]:
-        return tuple(bound.domains.get(knob, (bound.fixed.get(knob, 1),)))
-
-    if layout.batch_fits_some_layout(gb, gpus, dom("tp"), dom("pp"), dom("micro_batch")):
-        return
-    dps = layout.replica_counts(gpus, dom("tp"), dom("pp"))
-    mb = bound.fixed.get("micro_batch")  # pinned: the fix is another micro-batch or batch, not fewer devices
-    fix = (f"pin a --micro-batch that divides {gb} / dp, or a --global-batch that is a multiple of {mb} x dp"
-           if mb is not None else "use fewer --gpus or a larger --global-batch")
-    with_mb = f" and micro_batch {mb}" if mb is not None else ""
-    raise ConfigError(
-        f"micro_batch*dp must divide the global batch for some layout: {gpus} devices with tp in "
-        f"{list(dom('tp'))} and pp in {list(dom('pp'))} give dp in {dps}{with_mb} for a global batch of "
-        f"{gb}; {fix}"
-    )
-
-
 class StudyRunner:
     """Runs one study against a store. Use ``run()``; ``propose``/``complete`` serve the Ray searcher."""
 
@@ -207,7 +181,7 @@ class StudyRunner:
 
         precisions = None if self.evaluator.instant else RUNTIME_PRECISIONS
         self.bound: BoundSpace = space.bind(options.model, options.cluster, options.global_batch, precisions)
-        _check_layouts(self.bound)  # before the study is created: bad input leaves the store as it was
+        self.bound.check_layouts()  # before the study is created: bad input leaves the store as it was
         auto = type(self.evaluator) is SimEvaluator and options.dispatch == "inline"
         self.sweeping = auto if options.sweep is None else options.sweep
         if self.sweeping and not self.evaluator.instant:
@@ -433,6 +407,11 @@ class StudyRunner:
         return None
 
     # --- running ---------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        """Show ``text`` on the progress line: what the phases after the search (baselines, repeats) run."""
+        if self.progress is not None:
+            self.progress(Progress(self.launched, self.options.trials, self.best, dict(self.counts), text))
+
     def run(self) -> TuneOutcome:
         """Run the study to its budget (or a stop) and score the baselines; returns the outcome."""
         started = time.monotonic()

@@ -133,10 +133,12 @@ class CountingSim(SlowSim):
 
 
 def test_a_resumed_study_keeps_its_baselines_and_at_its_budget_measures_nothing(store: Store) -> None:
+    shown: list[str] = []
+
     def run(trials: int, resume: bool) -> tuple[object, list[ScheduleConfig]]:
         sim = CountingSim(SimEvaluator(BASE, V100_16))
         out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=trials, study="b", resume=resume, sweep=False),
-                   store, evaluator=sim)
+                   store, evaluator=sim, progress=lambda p: shown.append(p.last))
         return out, sim.asked or []
 
     def companion() -> dict[str, object]:
@@ -144,6 +146,8 @@ def test_a_resumed_study_keeps_its_baselines_and_at_its_budget_measures_nothing(
 
     first, _ = run(4, False)
     picked = companion()
+    # the phase after the search says what it runs (it was silent for minutes with real trials)
+    assert any(s.startswith("scoring the deepspeed-style baseline: candidate 1 of 3") for s in shown), shown
     assert set(picked) == {"deepspeed", "megatron"}
     # at its budget: no trial, no baseline candidate evaluated again, the stored answer returned
     again, asked = run(4, True)
