@@ -297,11 +297,12 @@ def apply_best(
     dropout: float | None = None,
     server: str | None = None,
     links: Mapping[str, float] | None = None,
+    gpus_per_node: int | None = None,
 ) -> TrainingJob:
     """Build ``model`` with its best recorded schedule on this rank of a launched distributed job.
 
-    Takes: a preset name or ``ModelSpec``; the look-up filters of ``best`` (``links`` too); the learning rate,
-    the weight seed and dropout (None: the model's own). Call it on every rank of a job of
+    Takes: a preset name or ``ModelSpec``; the look-up filters of ``best`` (``links`` and ``gpus_per_node``
+    too); the learning rate, the weight seed and dropout (None: the model's own). Call it on every rank of a job of
     ``gpus`` ranks (``torchrun --nproc-per-node``, ``autoslapo.dist.spawn``, a Slurm launch),
     after the default process group is initialized (nccl on GPUs, gloo on CPU).
     Returns: a ``TrainingJob`` holding the DeepSpeed engine (pp == 1) or the pipeline runtime and
@@ -319,7 +320,7 @@ def apply_best(
     else:
         trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, measured_only=measured_only,
                            min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction,
-                           links=links)
+                           links=links, gpus_per_node=gpus_per_node)
     spec = _spec(model)
     config = _config(trial)
     if not dist.is_initialized():

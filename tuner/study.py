@@ -27,6 +27,7 @@ store's database, for ``optuna-dashboard`` (``tuner/mirror.py``); the sampler's 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -489,4 +490,11 @@ def tune(options: TuneOptions, store: Store, *, evaluator: Evaluator | None = No
     Raises UsageError/StorageError for bad input (exit code 2); StorageLost (exit code 1) when the
     store fails once the study is running (what is stored stays; ``resume=True`` continues).
     """
-    return StudyRunner(options, store, evaluator=evaluator, progress=progress).run()
+    runner = StudyRunner(options, store, evaluator=evaluator, progress=progress)
+    try:
+        return runner.run()
+    except KeyboardInterrupt:  # stopped by its user: not "running" any more (tuners that share it go on)
+        if not options.join:
+            with contextlib.suppress(StorageError):
+                store.set_study_status(runner.name, "stopped")
+        raise

@@ -200,8 +200,14 @@ def write_report(store: Store, study: str, out_dir: str | Path, *,
 # How the tuner names its baselines (tuner/baselines.py) -> how the report labels them.
 BASELINE_LABELS = {
     "deepspeed": "DeepSpeed out of the box (ZeRO, pure DP)",
-    "megatron": "Megatron-LM style (TP 8, full recompute)",
+    "megatron": "Megatron-LM style (TP {tp}, full recompute)",  # TP 8 in a node, or the largest that fits
 }
+
+
+def baseline_label(kind: str, config: dict[str, Any] | None) -> str:
+    """How the report names a baseline, with the TP degree it ran (8 on 8-GPU nodes, fewer on a small cluster)."""
+    label = BASELINE_LABELS.get(kind, kind)
+    return label.format(tp=(config or {}).get("tp", 8)) if "{tp}" in label else label
 
 
 def load_baselines(store: Store, study: str) -> list[Baseline]:
@@ -218,7 +224,7 @@ def load_baselines(store: Store, study: str) -> list[Baseline]:
         extra = trial.result.get("extra") or {}
         name = str(extra.get("baseline") or f"baseline {trial.number}")
         out.append(Baseline(
-            name=BASELINE_LABELS.get(name, name),
+            name=baseline_label(name, None if "baseline" in trial.config else dict(trial.config)),
             status=trial.status,
             samples_per_s=trial.samples_per_s if trial.status == "complete" else None,
             peak_memory_bytes=trial.peak_memory_bytes,

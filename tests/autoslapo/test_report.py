@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autoslapo.errors import UsageError
-from autoslapo.report import Baseline, plots, render_report, write_report
+from autoslapo.report import Baseline, baseline_label, plots, render_report, write_report
 from tests.autoslapo.test_cli_results import STUDY, make_study
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -151,3 +151,10 @@ def test_a_baseline_with_repeats_shows_its_speedup_interval() -> None:
     assert rows[0]["tuned speed-up"] == "1.19x (95% CI 1.07-1.31, 3 interleaved repeats)"
     assert rows[1]["tuned speed-up"].startswith("no significant speed-up, 1.19x (95% CI 0.90-1.31")
     assert rows[2]["tuned speed-up"] == "1.19x"
+
+
+def test_a_baseline_is_named_with_the_tp_degree_it_ran() -> None:
+    assert baseline_label("megatron", {"tp": 2, "pp": 1}) == "Megatron-LM style (TP 2, full recompute)"
+    assert baseline_label("megatron", None) == "Megatron-LM style (TP 8, full recompute)"
+    assert baseline_label("deepspeed", {"tp": 1}) == "DeepSpeed out of the box (ZeRO, pure DP)"
+    assert baseline_label("other", None) == "other"

@@ -158,6 +158,29 @@ def test_a_resumed_study_keeps_its_baselines_and_at_its_budget_measures_nothing(
     assert set(more.baselines) == {"deepspeed", "megatron"}  # type: ignore[attr-defined]
 
 
+@dataclass
+class InterruptedSim(SlowSim):
+    """SlowSim whose user presses Ctrl-C during its third evaluation."""
+
+    calls: int = 0
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        self.calls += 1
+        if self.calls == 3:
+            raise KeyboardInterrupt
+        return self.inner.evaluate(config)
+
+
+def test_a_study_stopped_by_its_user_is_stopped_not_running(store: Store) -> None:
+    opts = TuneOptions(model=BASE, cluster=V100_16, trials=6, study="i", baselines=False, sweep=False)
+    with pytest.raises(KeyboardInterrupt):
+        tune(opts, store, evaluator=InterruptedSim(SimEvaluator(BASE, V100_16)))
+    assert store.get_study("i").status == "stopped"
+    out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=6, study="i", resume=True, baselines=False,
+                           sweep=False), store)
+    assert out.stop_reason == "budget" and store.get_study("i").status == "complete"
+
+
 @pytest.mark.slow
 def test_resume_retries_interrupted_trials_and_keeps_finished_ones(store: Store) -> None:
     opts = TuneOptions(model=BASE, cluster=V100_16, trials=8, study="r", baselines=False)
