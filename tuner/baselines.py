@@ -29,6 +29,7 @@ from search_spaces import BoundSpace
 from tuner.proposer import Prediction
 
 if TYPE_CHECKING:
+    from store import Store
     from tuner.study import StudyRunner, TuneOutcome
 
 #: Baseline candidates (best predicted first) scored by the evaluator; the fastest is the baseline.
@@ -125,7 +126,7 @@ def megatron_config(ctx: BaselineContext) -> ScheduleConfig | None:
 _PER_RUN_KEYS = ("baseline", "tuned_samples_per_s", "speedup", "speedup_ci95")  # written with each pick
 
 
-def stored_picks(store: Any, study: str) -> dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any]]]:
+def stored_picks(store: Store, study: str) -> dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any]]]:
     """The baselines an earlier run of ``study`` picked and measured, by kind (``deepspeed``, ``megatron``):
     each one's configuration (None when none fitted), its result without the per-run keys, and the
     extra it was stored with (speed-up and its interval)."""
