@@ -439,7 +439,7 @@ class StudyRunner:
                               stop, time.monotonic() - started, dict(self.counts), asks=self.proposer.asks,
                               sweep=self.sweep.summary(self.launched) if self.sweep else None)
         # a resumed study that was already at its budget added nothing: nothing to re-measure
-        added = len(self.store.trials(self.name)) != before
+        added = not self.options.resume or len(self.store.trials(self.name)) != before
         if self.options.baselines:
             from tuner.baselines import score_baselines
 
