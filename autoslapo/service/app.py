@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
@@ -52,7 +52,7 @@ from autoslapo.redact import redact
 from autoslapo.service import pages
 from autoslapo.service.answers import FRESH_S, STALE_S, AnswerCache
 from autoslapo.service.auth import CACHE_S, Caller, TokenCheck
-from autoslapo.service.bodies import ApiError, one_line, read_json
+from autoslapo.service.bodies import ApiError, known_query, one_line, read_json
 from autoslapo.service.estimate import estimate_router
 from autoslapo.service.events import study_events
 from autoslapo.service.jobs import StudyRequest, check_name
@@ -110,7 +110,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     answers = AnswerCache(cfg.answer_cache_s, STALE_S)
     registry = CollectorRegistry()
     app = FastAPI(title="autoslapo", description="Automatic schedule tuner: studies, trials, best schedules.",
-                  version="1", lifespan=loop_lag_lifespan(loop_lag_histogram(registry)))
+                  version="1", lifespan=loop_lag_lifespan(loop_lag_histogram(registry)),
+                  dependencies=[Depends(known_query)])
     requests = Counter("autoslapo_http_requests", "HTTP requests", ["route", "method", "code"], registry=registry)
     latency = Histogram("autoslapo_http_request_seconds", "request latency", ["route"], registry=registry,
                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))

@@ -37,3 +37,24 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ApiError(400, f"the body must be JSON: {err}") from None
+
+
+def _query_names(dependant: Any) -> set[str]:
+    names = {field.alias for field in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def known_query(request: Request) -> None:
+    """Refuse a query parameter the API endpoint does not take (a mistyped filter would otherwise be
+    ignored, and its answer taken for the filtered one). HTML pages are left alone."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None or not request.url.path.startswith("/v1/"):
+        return
+    unknown = sorted(set(request.query_params) - _query_names(dependant))
+    if unknown:
+        names = ", ".join(sorted(_query_names(dependant)))
+        takes = f"takes only the query parameters {names}" if names else "takes no query parameters"
+        raise ApiError(400, f"{request.url.path} {takes}: got {redact(unknown[0])[:60]!r}; see /docs for the parameters")

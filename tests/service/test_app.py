@@ -302,6 +302,15 @@ def test_estimate_and_anonymous_read(service_store: Store, tokens: dict[str, str
         assert missing.status_code == 400 and missing.json()["error"].startswith("query.gpus: Field required;")
         huge = anon.get("/v1/best", params={"model": "bert", "gpus": 2**63})
         assert huge.status_code == 400 and "gpus must be at most 1,048,576" in huge.json()["error"]
+        typo = anon.get("/v1/best", params={"model": "bert", "gpus": 8, "gpu-type": "h100-80gb"})
+        assert typo.status_code == 400 and typo.json()["error"].startswith(
+            "/v1/best takes only the query parameters gpu_type, gpus, inter_node_gbps, intra_node_gbps, "
+            "measured_only, metric, model: got 'gpu-type'")
+        trials = anon.get("/v1/studies/none/trials", params={"state": "complete"})
+        assert trials.status_code == 400 and "got 'state'" in trials.json()["error"]
+        assert anon.get("/v1/studies", params={"x": 1}).json()["error"].startswith(
+            "/v1/studies takes no query parameters: got 'x'")
+        assert anon.get("/", params={"utm": 1}).status_code == 200  # HTML pages: left alone
         assert anon.post("/v1/studies", json=BODY).status_code == 401
         assert anon.get("/").status_code == 200
 
