@@ -169,9 +169,13 @@ def _child_env(device: str, threads: int, extra: dict[str, str] | None) -> dict[
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    # The ranks must import exactly what this process imports (tests put their own modules on it).
-    paths = [p for p in sys.path if p and os.path.isdir(p)]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+    # The ranks must import exactly what this process imports (tests put their own modules on it), and
+    # no more: the working directory only where this process has it on its path ('' for ``python -c``),
+    # and ``PYTHONSAFEPATH`` keeps ``python -m`` from putting the ranks' own first, so a file there named
+    # like a standard-library module (``copy.py``) does not replace it.
+    paths = [p or os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
+    env["PYTHONSAFEPATH"] = "1"
     env["OMP_NUM_THREADS"] = str(threads)
     env["MKL_NUM_THREADS"] = str(threads)
     env.setdefault("HF_HUB_OFFLINE", "1")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,18 @@ def test_run_prints_a_complete_trial_as_json() -> None:
     assert result.final_loss is not None and 0 < result.final_loss < 20
     assert result.extra["plan"]["tp"] == 2
     assert len(result.extra["step_times_s"]) == 2
+
+
+def test_a_working_directory_shadowing_the_standard_library_does_not_break_a_trial(tmp_path: Path) -> None:
+    """The ranks import what the tuner imports: from the console script, the working directory is not on
+    its path, so a ``queue.py`` there must not replace the standard library's in the ranks (it did)."""
+    (tmp_path / "queue.py").write_text("raise RuntimeError('the working directory shadowed queue')\n")
+    script = Path(sys.executable).parent / "autoslapo"
+    r = subprocess.run([str(script), "run", "bert-tiny", "--gpus", "1", "--steps", "2", "--warmup", "1", "--json",
+                        "--device", "cpu"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert TrialResult.from_dict(json.loads(r.stdout)).status == "complete"
 
 
 @pytest.mark.slow
