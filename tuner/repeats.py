@@ -30,16 +30,19 @@ Picked = tuple[str, ScheduleConfig | None, TrialResult]  # (baseline kind, its c
 
 
 def interleaved(evaluate: Callable[[ScheduleConfig], TrialResult], configs: Sequence[ScheduleConfig],
-                repeats: int) -> dict[ScheduleConfig, list[TrialResult]]:
+                repeats: int, on_round: Callable[[dict[ScheduleConfig, list[TrialResult]]], None] | None = None,
+                ) -> dict[ScheduleConfig, list[TrialResult]]:
     """Evaluate each distinct configuration ``repeats`` times, round by round (A B C A B C ...).
 
     Returns configuration -> its repeats' results, in order; a configuration listed twice is
-    measured once a round.
+    measured once a round. ``on_round`` sees the results so far after each round.
     """
     out: dict[ScheduleConfig, list[TrialResult]] = {c: [] for c in configs}
     for _ in range(repeats):
         for config in out:
             out[config].append(evaluate(config))
+        if on_round is not None:
+            on_round(out)
     return out
 
 
@@ -89,11 +92,18 @@ def remeasure(runner: StudyRunner, outcome: TuneOutcome, picked: Sequence[Picked
 
     while finalists:
         configs = [ScheduleConfig.from_dict(t.config) for t in finalists]
-        runs.update(interleaved(evaluate, configs + bases, repeats))
+        group = list(zip(finalists, configs, strict=True))
+
+        def store_round(sofar: dict[ScheduleConfig, list[TrialResult]], group: list[Any] = group) -> None:
+            # each round's medians are stored as it ends: a study stopped (Ctrl-C) keeps the rounds it ran
+            for trial, config in group:
+                store.amend_trial(name, trial.number, with_repeats(TrialResult.from_dict(trial.result),
+                                                                   sofar[config]).to_dict())
+
+        runs.update(interleaved(evaluate, configs + bases, repeats, on_round=store_round))
         bases = []  # the baselines' rounds are the first finalists'
-        for trial, config in zip(finalists, configs, strict=True):
-            result = with_repeats(TrialResult.from_dict(trial.result), runs[config])
-            store.amend_trial(name, trial.number, result.to_dict())
+        for trial, config in group:
+            result = with_repeats(TrialResult.from_dict(trial.result), runs[config])  # as stored by its last round
             if best is None or result.samples_per_s > best[1].samples_per_s:
                 best = (config, result)
         # A finalist's median falls below its one lucky measurement; a trial measured once that is

@@ -139,3 +139,36 @@ def test_a_trial_measured_once_above_the_best_median_is_measured_again(store: St
     truth = {ScheduleConfig.from_dict(t.config): ev.sim.evaluate(ScheduleConfig.from_dict(t.config)).samples_per_s
              for t in done}
     assert done[0].samples_per_s == pytest.approx(max(truth.values()))  # the truly fastest of those measured
+
+
+class StoppedEvaluator(WobblingEvaluator):
+    """Its user presses Ctrl-C at call ``stop_at`` (1-based)."""
+
+    def __init__(self, stop_at: int) -> None:
+        super().__init__()
+        self.stop_at = stop_at
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        if len(self.calls) + 1 == self.stop_at:
+            raise KeyboardInterrupt
+        return super().evaluate(config)
+
+
+def test_a_study_stopped_between_rounds_keeps_the_rounds_it_ran(tmp_path: Path) -> None:
+    """Each round's medians are stored as it ends (a Ctrl-C in the second round lost the first's)."""
+    def options(study: str) -> TuneOptions:
+        return TuneOptions(model=MODEL, cluster=CLUSTER, backend="local", trials=4, study=study, repeats=2,
+                           warm_start=False, mirror=False, baselines=False)
+
+    with open_store(f"sqlite:///{tmp_path / 'a.db'}") as whole:
+        ev = WobblingEvaluator()
+        tune(options("s"), whole, evaluator=ev)
+        finalists = sum("repeats_samples_per_s" in t.result["extra"] for t in whole.trials("s"))
+    assert finalists >= 1 and len(ev.calls) == 4 + 2 * finalists
+    with open_store(f"sqlite:///{tmp_path / 'b.db'}") as store:
+        with pytest.raises(KeyboardInterrupt):
+            tune(options("s"), store, evaluator=StoppedEvaluator(stop_at=4 + finalists + 1))  # round 2's first
+        kept = [t.result["extra"]["repeats_samples_per_s"] for t in store.trials("s")
+                if "repeats_samples_per_s" in t.result["extra"]]
+        assert len(kept) == finalists and all(len(samples) == 2 for samples in kept)  # the search's + round 1
+        assert store.get_study("s").status == "stopped"
