@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,19 +71,54 @@ def trials_frame(trials: Sequence[TrialRecord]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     if frame.empty:
         return pd.DataFrame(columns=list(COLUMNS))
+    # pandas makes an integer column with gaps floats, and a boolean one with gaps objects: the types
+    # the trials held, for the file formats that keep them (``export_frame``)
+    frame.attrs["nullable"] = {name: kind for name in frame.columns
+                               if (kind := _nullable_kind([row.get(name) for row in rows]))}
     return frame
 
 
-def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
-    # A knob that is an int in one trial and a string in another cannot be one Arrow column;
-    # such columns (and lists) are written as JSON text instead of failing the export.
+def _nullable_kind(values: list[Any]) -> str | None:
+    present = [v for v in values if v is not None]
+    if len(present) == len(values) or not present:
+        return None
+    if all(isinstance(v, bool) for v in present):
+        return "boolean"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return "Int64"
+    return None
+
+
+def _numbers(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)
+
+
+def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the integer and boolean columns that have gaps as pandas' nullable types."""
     frame = frame.copy()
+    for name, kind in frame.attrs.get("nullable", {}).items():
+        if name in frame.columns:
+            frame[name] = frame[name].astype(kind)
+    return frame
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    # A knob that is an int in one trial and a string in another cannot be one Arrow column; such
+    # columns (and lists of anything but numbers) are written as JSON text instead of failing the export.
+    frame = _typed(frame)
     for name in frame.columns:
         if frame[name].dtype != object:
             continue
-        kinds = {type(v) for v in frame[name] if v is not None}
-        if len(kinds) > 1 or kinds & {list, dict}:
-            frame[name] = [None if v is None else json.dumps(v, sort_keys=True) for v in frame[name]]
+        present = [v for v in frame[name] if not _missing(v)]
+        kinds = {type(v) for v in present}
+        if kinds == {list} and all(_numbers(v) for v in present):
+            frame[name] = [None if _missing(v) else [float(x) for x in v] for v in frame[name]]
+        elif len(kinds) > 1 or kinds & {list, dict}:
+            frame[name] = [None if _missing(v) else json.dumps(v, sort_keys=True) for v in frame[name]]
     return frame
 
 
@@ -101,7 +137,7 @@ def export_frame(frame: pd.DataFrame, path: str | Path) -> Path:
                            "existing directory")
     try:
         if suffix == ".csv":
-            frame.to_csv(target, index=False)
+            _typed(frame).to_csv(target, index=False)
         else:
             _parquet_safe(frame).to_parquet(target, index=False)
     except OSError as err:  # pyarrow's I/O errors are OSErrors too

@@ -103,6 +103,19 @@ def test_best_show_and_export_carry_the_repeats_and_the_interval(tmp_path: Path,
 
     frame = pd.read_csv(tmp_path / "s.csv")
     assert frame["samples_per_s_spread"].notna().any() and "speedup_ci95.deepspeed.low" in frame.columns
+    text = pd.read_csv(tmp_path / "s.csv", dtype=str)["speedup_ci95.deepspeed.n_tuned"].dropna()
+    assert len(text) == 1 and text.str.fullmatch(r"\d+").all()  # an integer, not 4.0
+    # Parquet keeps the types the trials held, gaps and all (they were JSON text and floats)
+    assert main(["export", "s", "--output", str(tmp_path / "s.parquet"), "--storage", url]) == 0
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(tmp_path / "s.parquet")
+    assert schema.field("speedup_ci95.deepspeed.significant").type == pa.bool_()
+    assert schema.field("speedup_ci95.deepspeed.n_tuned").type == pa.int64()
+    assert schema.field("repeats_samples_per_s").type == pa.list_(pa.float64())
+    best = pd.read_parquet(tmp_path / "s.parquet").dropna(subset=["speedup_ci95.deepspeed.speedup"])
+    assert len(best) == 1 and best["repeats_samples_per_s"].iloc[0].tolist() == doc["repeats_samples_per_s"]
 
 
 def test_sim_studies_have_no_repeats(store: Store) -> None:
