@@ -225,11 +225,9 @@ def run(args: argparse.Namespace) -> int:
         mem = (t.peak_memory_bytes or 0) / 2**30
         out.write(f"{t.number:>4} {t.samples_per_s or 0:>11,.1f} {t.tflops_per_device or 0:>11.1f} "
                   f"{mem:>8.1f}  {describe(t.config)}\n")
-    repeated = [t for t in rows if t.result.get("extra", {}).get("repeats_samples_per_s")]
-    if repeated:
-        n = len(repeated[0].result["extra"]["repeats_samples_per_s"])
-        out.write(f"samples/s of the re-measured trials ({', '.join(f'#{t.number}' for t in repeated)}): median of "
-                  f"{n} measurements (the search's and {options.repeats} interleaved repeats)\n")
+    note = repeats_note(rows)
+    if note:
+        out.write(note + "\n")
     if outcome.sweep is not None and outcome.best_config is not None and outcome.best_result is not None:
         out.write(f"optimum of the cost model over the space: {outcome.best_result.samples_per_s:,.1f} samples/s: "
                   f"{describe(outcome.best_config.to_dict())}\n")
@@ -270,3 +268,17 @@ def speedup_line(name: str, b: dict[str, Any]) -> str:
     value = f"{ci['speedup']:.2f}x" if ci["significant"] else f"no significant speed-up, {ci['speedup']:.2f}x"
     return (f"{head} {value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeats; "
             f"{base})")
+
+
+def repeats_note(rows: list[Any]) -> str | None:
+    """The line under the table on its re-measured trials (stored rows with ``result.extra``), or None.
+
+    Counted from the samples stored: after resumes a trial holds every run's repeats."""
+    repeated = [t for t in rows if t.result.get("extra", {}).get("repeats_samples_per_s")]
+    if not repeated:
+        return None
+    counts = sorted({len(t.result["extra"]["repeats_samples_per_s"]) for t in repeated})
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    again = str(counts[0] - 1) if len(counts) == 1 else f"{counts[0] - 1}-{counts[-1] - 1}"
+    return (f"samples/s of the re-measured trials ({', '.join(f'#{t.number}' for t in repeated)}): median of "
+            f"{n} measurements (the search's and {again} interleaved repeats)")

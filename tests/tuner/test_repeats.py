@@ -185,3 +185,24 @@ def test_a_study_stopped_between_rounds_keeps_the_rounds_it_ran(tmp_path: Path) 
                 if "repeats_samples_per_s" in t.result["extra"]]
         assert len(kept) == finalists and all(len(samples) == 2 for samples in kept)  # the search's + round 1
         assert store.get_study("s").status == "stopped"
+
+
+def test_the_note_on_repeats_counts_the_samples_stored_after_a_resume(store: Store) -> None:
+    """A resumed study re-measures its finalists again, adding to the samples they hold; the note
+    under `tune`'s table said "the search's and 2 interleaved repeats" whatever they held."""
+    from autoslapo.cli.tune import repeats_note
+
+    def options(trials: int, resume: bool) -> TuneOptions:
+        return TuneOptions(model=MODEL, cluster=CLUSTER, backend="local", trials=trials, study="s", repeats=2,
+                           warm_start=False, mirror=False, baselines=False, resume=resume)
+
+    tune(options(3, False), store, evaluator=WobblingEvaluator())
+    tune(options(5, True), store, evaluator=WobblingEvaluator())
+    rows = sorted(store.trials("s", status="complete"), key=lambda t: -(t.samples_per_s or 0.0))
+    counts = sorted({len(t.result["extra"]["repeats_samples_per_s"]) for t in rows
+                     if "repeats_samples_per_s" in t.result["extra"]})
+    assert counts[-1] == 5  # a finalist of both runs: the search's, then two rounds in each run
+    note = repeats_note(rows)
+    span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    assert note is not None and f"median of {span} measurements" in note
+    assert repeats_note([t for t in rows if "repeats_samples_per_s" not in t.result["extra"]]) is None
