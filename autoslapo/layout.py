@@ -197,6 +197,10 @@ def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
     """
     if model.family != "user":
         return ""
+    off = user_unsupported(config)  # first: no other knob's setting makes these run
+    if off:
+        return (f"a user's own module ({model.preset}) cannot take {', '.join(off)}; "
+                f"leave {'it' if len(off) == 1 else 'them'} at the default{'' if len(off) == 1 else 's'}")
     if config.ckpt_ratio > 0 and not model.extra.get("layers"):
         return (f"checkpointing needs the model file to declare layers: got ckpt_ratio={config.ckpt_ratio:g} for "
                 f"{model.preset}.py; add layers = \"<ModuleList path>\" to it or use ckpt_ratio 0")
@@ -204,9 +208,6 @@ def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
         return (f"selective recomputation needs the model file to declare family (where a block's attention is): "
                 f"got ckpt_granularity=selective for {model.preset}.py; add family = autoslapo.FamilyDescription(...) "
                 "to it or use ckpt_granularity full")
-    off = user_unsupported(config)
-    if off:
-        return f"a user's own module ({model.preset}) cannot take {', '.join(off)}; leave them at their defaults"
     return ""
 
 
@@ -244,8 +245,9 @@ def user_knob_ok(knob: str, value: object, model: ModelSpec) -> bool:
     """Whether a searched knob's value can change a user's module's run (always True for other families).
 
     Without ``layers`` only ckpt_ratio 0; without ``family`` only the default attention kernel and no
-    fusion (the schedule does not touch its attention or MLP); selective recomputation needs both, so
-    the search does not repeat itself.
+    fusion (the schedule does not touch its attention or MLP), nor with a family whose attention has no
+    core to rewrite (it calls its own kernel) or that names no bias + GeLU; selective recomputation needs
+    ``family`` and ``layers``, so the search does not repeat itself.
     """
     if model.family != "user":
         return True
@@ -253,8 +255,9 @@ def user_knob_ok(knob: str, value: object, model: ModelSpec) -> bool:
         return value == 0.0 or bool(model.extra.get("layers"))
     if knob == "ckpt_granularity":
         return value == "full" or (value == "selective" and bool(model.extra.get("kernels") and model.extra.get("layers")))
-    if knob in ("attn_kernel", "fuse_bias_gelu") and not model.extra.get("kernels"):
-        return value == {"attn_kernel": "sdpa", "fuse_bias_gelu": False}[knob]
+    if knob in ("attn_kernel", "fuse_bias_gelu"):  # a file traced before 2026-12-04 says only "kernels"
+        can = model.extra.get({"attn_kernel": "attn_core", "fuse_bias_gelu": "bias_gelu"}[knob], model.extra.get("kernels"))
+        return bool(can) or value == {"attn_kernel": "sdpa", "fuse_bias_gelu": False}[knob]
     return True
 
 

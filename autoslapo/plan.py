@@ -421,13 +421,15 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
         else:
             for layer in layers:
                 fused = _fuse_bias_gelu(layer, desc, compiler)
-    if desc is not None:
+    core = desc is not None and bool(spec.extra.get("attn_core", True))
+    if desc is not None and core:
         # the attention core of each block, rewritten (sdpa/flash) or left as written (eager); before
         # the collectives so their hooks go on the module that runs
         for layer in layers:
             layer[desc.attention].attention_kernel(config.attn_kernel)
     elif config.attn_kernel != "eager":
-        plan["skipped"].append(f"attn_kernel {config.attn_kernel}: {um.module}.py describes no attention")
+        why = "describes no attention" if desc is None else "has no softmax(q k^T) v core to rewrite (it runs as written)"
+        plan["skipped"].append(f"attn_kernel {config.attn_kernel}: {um.module}.py {why}")
     if desc is not None and config.tp > 1:
         for layer in layers:
             _sync_layer(layer, desc, seq_parallel=False)
@@ -447,7 +449,7 @@ def _apply_user_schedule(sch: Schedule, spec: ModelSpec, config: ScheduleConfig,
         sch.meta[STAGE_BUILDER_KEY] = lambda model, path, bounds: build_user_stages(model, path, bounds, keys, arity)
     plan.update(tp=config.tp, vocab_parallel=False, sequence_parallel=False, loss_kernel="eager",
                 checkpointed=ckpt, ckpt_granularity=config.ckpt_granularity, pipeline_cuts=cuts,
-                stages=[list(b) for b in chunk_bounds(max(len(layers), 1), chunks)] if cuts else [[0, len(layers)]], attn_kernel=config.attn_kernel if desc is not None else "as written",
+                stages=[list(b) for b in chunk_bounds(max(len(layers), 1), chunks)] if cuts else [[0, len(layers)]], attn_kernel=config.attn_kernel if core else "as written",
                 fused_bias_gelu=fused, compiled_layers=False)
     sch.meta["plan"] = plan
     return sch

@@ -101,7 +101,8 @@ def megatron_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
                 for mb in _micro_batches(ctx):
                     c = _valid(ctx, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=1.0, zero_stage=0,
                                sequence_parallel=tp > 1 and b.model.sequence_parallel_ok,  # not ALBERT
-                               attn_kernel="flash" if b.cluster.device.flash_attention else "sdpa",
+                               attn_kernel="flash" if b.cluster.device.flash_attention
+                               and layout.user_knob_ok("attn_kernel", "flash", b.model) else "sdpa",
                                norm_kernel="fused",  # Megatron's fused RMSNorm (Apex / Transformer Engine)
                                pipeline_schedule=schedule)
                     if c is not None and ctx.predict(c).fits:

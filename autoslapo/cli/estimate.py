@@ -193,6 +193,9 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
         print(f"  pipeline: {sum(sizes)} {unit} over {len(sizes)} ranks: "
               + ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs) + ("" if len(runs) == 1 else " (uneven)"))
     print(f"  {d['samples_per_s']:,.1f} samples/s, {d['tokens_per_s']:,.0f} tokens/s, step {d['step_time_s']:.3f} s")
+    if args.global_batch is None and "grad_accum" not in d["pinned"]:  # tune fixes it (its space's global batch)
+        print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}: not fixed, so the largest micro-batch "
+              "that fits is fastest; --global-batch fixes it, as tune does")
     print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")
     print(f"  memory {d['memory_per_device_bytes'] / 2**30:.2f} GiB of {d['memory_capacity_bytes'] / 2**30:.1f} GiB a "
           f"device ({'fits' if d['fits'] else 'does NOT fit'})")

@@ -157,16 +157,19 @@ def run(args: argparse.Namespace) -> int:
     if is_convolutional(spec.family):  # no attention, tokens or vocabulary; its layout knob
         kernels = "channels-last" if config.channels_last else "nchw"
     else:
-        kernels = (f"attn={config.attn_kernel}{' sp' if config.sequence_parallel else ''}"
+        from autoslapo.layout import user_knob_ok  # a model file's own attention / MLP: as written
+
+        attn = config.attn_kernel if user_knob_ok("attn_kernel", "eager", spec) else "as written"
+        kernels = (f"attn={attn}{' sp' if config.sequence_parallel else ''}"
                    f"{' chunked-loss' if config.loss_kernel == 'chunked' else ''}"
-                   f"{' fused-bias-gelu' if config.fuse_bias_gelu else ''}"
+                   f"{' fused-bias-gelu' if config.fuse_bias_gelu and user_knob_ok('fuse_bias_gelu', True, spec) else ''}"
                    f"{' fused-rmsnorm' if config.norm_kernel == 'fused' else ''}")
     print(
         f"verify {args.model}: ok - tp={config.tp} pp={config.pp} ckpt_ratio={config.ckpt_ratio:g}"
         f"{' ' + config.ckpt_granularity if config.ckpt_granularity != 'full' and config.ckpt_ratio > 0 else ''} "
         f"{kernels}; {shape}, {depth}, "
         f"batch {args.batch}x{spec.seq_len} {args.dtype}, dropout off; {checked} checks of outputs and "
-        f"parameter values/gradients on {config.world_size} ranks{pipe}; max abs diff "
+        f"parameter values/gradients on {config.world_size} rank{'s' if config.world_size != 1 else ''}{pipe}; max abs diff "
         f"{max_diff:.2g}; {elapsed:.1f} s"
     )
     return 0

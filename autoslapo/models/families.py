@@ -92,7 +92,7 @@ class FamilyDescription:
 
     def __post_init__(self) -> None:
         if self.qkv_chunks not in (1, 3):
-            raise ConfigError(f"qkv_chunks must be 1 (separate q, k, v) or 3 (fused): got {self.qkv_chunks}")
+            raise ConfigError(f"qkv_chunks must be 1 (separate q, k, v) or 3 (fused): got {self.qkv_chunks!r}")
         if self.qkv_chunks == 3 and len(self.qkv) != 1:
             raise ConfigError(f"a fused q|k|v (qkv_chunks=3) is one module: got qkv={self.qkv}")
         if self.qkv_chunks == 1 and len(self.qkv) != 3:

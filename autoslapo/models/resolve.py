@@ -70,6 +70,15 @@ def resolve_model(arg: str, **overrides: int | None) -> ModelSpec:
     ``model_type`` (naming the supported ones); ConfigError for a shape the family cannot take.
     """
     if not is_model_file(arg):
+        if Path(arg).is_dir():
+            fix = (f"give its config.json, {str(Path(arg) / 'config.json')!r}" if (Path(arg) / "config.json").is_file()
+                   else "give a preset's name or a file's path")
+            raise UsageError(f"a model must be a preset, a config.json or a model file (.py): {arg!r} is a directory; "
+                             f"{fix}")
+        if arg.count("/") == 1 and not Path(arg).exists() and "." not in arg.split("/")[-1][:1]:
+            raise UsageError(f"a model must be a preset, a config.json or a model file (.py): {arg!r} looks like a "
+                             "Hugging Face Hub id, which autoslapo does not download; save the model's config.json "
+                             "and give its path")
         return ModelSpec.from_name(arg, **overrides)
     if arg.lower().endswith(".py"):
         given = sorted(k for k, v in overrides.items() if v is not None)

@@ -69,10 +69,11 @@ __all__ = [
     "user_spec",
 ]
 
-TRACE_VERSION = 1  # bump when the trace measures differently, so old cached traces are redone
+TRACE_VERSION = 2  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
 TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
-              "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", "tensors", "layer_tensors", *ATTENTION_KEYS)
+              "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", "tensors", "layer_tensors", "attn_core",
+              *ATTENTION_KEYS)
 
 
 @dataclass(frozen=True)
@@ -212,10 +213,11 @@ def user_loss(out: Any) -> torch.Tensor:
     """
     import torch
 
-    if isinstance(out, torch.Tensor):
-        return out
-    loss = getattr(out, "loss", None)
+    loss = out if isinstance(out, torch.Tensor) else getattr(out, "loss", None)
     if isinstance(loss, torch.Tensor):
+        if loss.dim() != 0:  # logits, or a loss per token: backward() needs one number
+            raise ConfigError(f"a model's forward must return the loss, one number: got a tensor of shape "
+                              f"{tuple(loss.shape)}; reduce it (e.g. its mean) or compute the loss from the labels")
         return loss
     raise ConfigError(f"a model's forward must return the loss or an object with .loss: got {type(out).__name__}; "
                       "compute the loss from the labels in forward")
@@ -280,6 +282,23 @@ def _tp_unit(model: nn.Module, blocks: list[nn.Module], desc: FamilyDescription 
         if desc.mlp is not None:
             resolve_path(block, desc.mlp, "family.mlp")
     return math.gcd(*sizes) if sizes else 1
+
+
+def _has_attention_core(attn: nn.Module) -> bool:
+    """Whether ``attn``'s forward holds the core ``attention_kernel`` rewrites, softmax(q k^T * scale) v,
+    rather than its own (``F.scaled_dot_product_attention``, a fused kernel): then the kernel knob is inert."""
+    import copy
+
+    from torch import fx
+
+    from autoslapo.primitives.kernel import rewrite_attention
+    from autoslapo.primitives.trace import trace_module
+
+    try:
+        gm = trace_module(attn)
+        return rewrite_attention(fx.GraphModule(gm, copy.deepcopy(gm.graph))) > 0
+    except Exception:  # untraceable: attention_kernel could not rewrite it either
+        return False
 
 
 def _numel(mod: nn.Module) -> int:
@@ -368,7 +387,10 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
     counter = FlopCounterMode(display=False)
     try:
         with counter, OpCount(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            user_loss(model(**meta_batch))
+            out = model(**meta_batch)
+        user_loss(out)
+    except ConfigError as exc:  # what the forward returned
+        raise UsageError(f"{exc} (in {um.module}.py)") from exc
     except Exception as exc:
         raise UsageError(f"tracing {um.module}.py on the meta device failed: {type(exc).__name__}: {exc}; build() "
                          "must honour the ambient device and forward must avoid data-dependent Python control flow"
@@ -392,6 +414,8 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
             attn_flops += sum(f for op, f in by_op.items() if all(op is not k.overloadpacket for k in linear))
     per = n * micro_batch
     return {
+        "attn_core": int(um.family is not None and bool(blocks) and _has_attention_core(
+            resolve_path(blocks[0], um.family.attention, "family.attention"))),
         "attn_act_bytes": attn["saved"] // per, "attn_kept_bytes": attn["kept"] // per,
         "attn_core_flops": attn_flops // per, "attn_core_ops": attn["core_ops"] // n,
         "layers": len(blocks) or 1, "tp_unit": tp_unit, "seq_len": seq_len, "params": params,
@@ -434,7 +458,9 @@ def user_spec(path: str | os.PathLike[str]) -> ModelSpec:
     extra = {
         "module": um.module, "digest": um.digest, "layers": um.layers, "tp": um.tensor_parallel,
         "kernels": um.family is not None,
-        **{k: int(shape[k]) for k in TRACE_KEYS if k not in ("layers", "tp_unit", "seq_len")},
+        # what the attention and fusion knobs can change: an attention core to rewrite, a bias + GeLU to fuse
+        "attn_core": bool(shape["attn_core"]), "bias_gelu": um.family is not None and um.family.bias_gelu is not None,
+        **{k: int(shape[k]) for k in TRACE_KEYS if k not in ("layers", "tp_unit", "seq_len", "attn_core")},
     }
     return ModelSpec(family=USER_FAMILY, hidden=unit, layers=int(shape["layers"]), heads=unit, ffn=unit,
                      seq_len=int(shape["seq_len"]), vocab=1, preset=um.module, extra=extra)

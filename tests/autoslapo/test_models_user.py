@@ -16,7 +16,7 @@ from autoslapo.cost.flops import hw_flops_per_sample, model_flops_per_sample
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.build import build_model, example_batch
 from autoslapo.models.resolve import resolve_model
-from autoslapo.models.user import load_user_model, model_cache_dir, user_loss, user_spec
+from autoslapo.models.user import TRACE_VERSION, load_user_model, model_cache_dir, user_loss, user_spec
 from autoslapo.plan import apply_schedule
 from search_spaces import space_for
 from tests.modelfiles import net_source, write_model_file
@@ -67,7 +67,7 @@ def test_the_worked_example_is_measured_by_its_trace(cache: Path) -> None:
     # tp may be any divisor of 4 (the heads); the sequence is the batch's input_ids
     assert (spec.heads, spec.layers, spec.seq_len) == (4, 4, 32)
     # traced once: the result is cached beside the file's copy, by digest
-    assert json.loads((cache / x["digest"] / "trace-v1.json").read_text())["fwd_flops"] == x["fwd_flops"]
+    assert json.loads((cache / x["digest"] / f"trace-v{TRACE_VERSION}.json").read_text())["fwd_flops"] == x["fwd_flops"]
     assert (cache / x["digest"] / "my_model.py").read_bytes() == EXAMPLE.read_bytes()
 
 
@@ -106,6 +106,8 @@ def test_ranks_load_the_cached_copy_by_digest(tmp_path: Path, cache: Path) -> No
         (BARE + "\nraise RuntimeError('boom')\n", "net.py", "failed to import: RuntimeError: boom"),
         (BARE.replace("micro_batch, 8", "3, 8"), "net.py", "must return tensors of 2 rows"),
         (BARE, "net.txt", "must be a Python file (.py)"),
+        (BARE.replace("** 2).mean()", "** 2)"), "net.py",
+         "forward must return the loss, one number: got a tensor of shape (2, 1); reduce it"),
     ],
 )
 def test_a_bad_file_is_one_line_with_rule_value_and_fix(tmp_path: Path, text: str, name: str, message: str) -> None:
@@ -129,6 +131,37 @@ def test_estimate_names_only_the_knobs_a_file_is_searched_over(capsys: pytest.Ca
     assert main(["estimate", str(EXAMPLE), "--gpus", "2"]) == 0
     line = next(x.strip() for x in capsys.readouterr().out.splitlines() if x.strip().startswith("pinned:"))
     assert line == "pinned: none; searched (fastest that fits): tp pp mb ckpt zero attn gran; defaults: place fuse sched vs prec"
+
+
+def _sdpa_family_file(folder: Path) -> Path:
+    """The example with its attention as one ``F.scaled_dot_product_attention`` call and no bias + GeLU named."""
+    text = EXAMPLE.read_text()
+    core = ('        mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)  # causal, additive\n'
+            '        probs = (q @ k.transpose(-2, -1) * self.scale + mask).softmax(-1)\n'
+            '        ctx = (probs @ v).transpose(1, 2)')
+    assert core in text and '    bias_gelu="mlp",' in text
+    text = text.replace(core, "        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)")
+    return write_model_file(folder, text.replace('    bias_gelu="mlp",', "    bias_gelu=None,"), "sdpa_net.py")
+
+
+def test_a_family_whose_attention_has_no_core_to_rewrite_runs_as_written(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Its attention calls SDPA itself: verify and run at their default kernel failed ("no attention core"),
+    and the search tried every attention kernel and fusion on it, each a duplicate of the other."""
+    from autoslapo.cli import main
+
+    path = _sdpa_family_file(tmp_path)
+    spec, full = user_spec(path), user_spec(EXAMPLE)
+    assert (spec.extra["attn_core"], spec.extra["bias_gelu"]) == (False, False)
+    assert (full.extra["attn_core"], full.extra["bias_gelu"]) == (True, True)
+    assert spec.signature() != full.signature()
+    cluster = ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    knobs = space_for("user").bind(spec, cluster).domains
+    assert knobs["attn_kernel"] == ("sdpa",) and knobs["fuse_bias_gelu"] == (False,)
+    domains = space_for("user").bind(full, cluster).domains
+    assert len(domains["attn_kernel"]) > 1 and domains["fuse_bias_gelu"] == (False, True)
+    assert main(["verify", str(path), "--tp", "2"]) == 0
+    assert "attn=as written" in capsys.readouterr().out
 
 
 def test_resolve_model_takes_presets_and_files(tmp_path: Path) -> None:

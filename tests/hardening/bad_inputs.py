@@ -133,6 +133,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("estimate-gpus-per-node-zero", ["estimate", "bert-tiny", "--gpus", "4", "--gpus-per-node", "0"],
      "--gpus-per-node must be a positive integer: got 0"),
     ("estimate-unknown-flag", ["estimate", "bert-tiny", "--gpus", "4", "--turbo"], "see autoslapo estimate --help"),
+    ("estimate-model-directory", ["estimate", "{dir}", "--gpus", "4"], "is a directory; give a preset's name"),
+    ("estimate-hub-id", ["estimate", "mistralai/Mistral-7B-v0.1", "--gpus", "4"], "looks like a Hugging Face Hub id"),
     ("best-bad-headroom", ["best", "bert-tiny", "--gpus", "4", "--headroom", "lots", *S], "headroom"),
     ("best-not-db", ["best", "bert-tiny", "--gpus", "4", "--storage", "sqlite:///{notdb}"], "not"),
     ("best-unreachable", ["best", "bert-tiny", "--gpus", "4", "--storage", "{pgpw}"], "postgresql"),
