@@ -485,16 +485,15 @@ class StudyRunner:
 
 def tune(options: TuneOptions, store: Store, *, evaluator: Evaluator | None = None,
          progress: Callable[[Progress], None] | None = None) -> TuneOutcome:
-    """Run (or resume) a study; returns its outcome.
-
-    Raises UsageError/StorageError for bad input (exit code 2); StorageLost (exit code 1) when the
-    store fails once the study is running (what is stored stays; ``resume=True`` continues).
-    """
+    """Run (or resume) a study; returns its outcome. Raises UsageError/StorageError for bad input (exit
+    code 2); StorageLost (exit code 1) when the store fails once the study is running (what is stored
+    stays; ``resume=True`` continues)."""
     runner = StudyRunner(options, store, evaluator=evaluator, progress=progress)
     try:
         return runner.run()
-    except KeyboardInterrupt:  # stopped by its user: not "running" any more (tuners that share it go on)
-        if not options.join:
+    except BaseException as err:  # Ctrl-C, a closed pipe, an error: stopped; its trials in flight are re-run by --resume
+        if not options.join and not isinstance(err, StorageLost):  # (tuners that share it go on)
             with contextlib.suppress(StorageError):
                 store.set_study_status(runner.name, "stopped")
+                store.mark_stale_running(runner.name)
         raise

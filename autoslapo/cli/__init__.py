@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # the reader went away (``autoslapo models | head``): nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return 1 if args.command == "tune" else 0  # a tune cut short: its study stopped, --resume continues it
     except Exception as e:  # last line of defence: one line, no traceback
         if os.environ.get("AUTOSLAPO_DEBUG"):
             raise

@@ -67,7 +67,10 @@ def _num(value: Any) -> float | None:
 
 def _summary(study: StudyRecord, frame: pd.DataFrame) -> dict[str, Any]:
     counts = frame["status"].value_counts().to_dict() if not frame.empty else {}
-    measured = int(frame["measured"].fillna(False).astype(bool).sum()) if not frame.empty else 0
+    ran = frame["measured"].fillna(False).astype(bool) if not frame.empty else None
+    measured = int(ran.sum()) if ran is not None else 0
+    # what the cost model answered: its estimates and its prunings (not a trial in flight, nor one that failed)
+    estimated = int((~ran & frame["status"].isin(["complete", "pruned", "oom"])).sum()) if ran is not None else 0
     params = None
     try:
         from autoslapo.models.spec import ModelSpec
@@ -86,7 +89,7 @@ def _summary(study: StudyRecord, frame: pd.DataFrame) -> dict[str, Any]:
         "status": study.status,
         "trials": len(frame),
         "by status": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none",
-        "measured / estimated": f"{measured} / {len(frame) - measured}",
+        "measured / estimated": f"{measured} / {estimated}",
         "created": study.created_at.strftime("%Y-%m-%d %H:%M UTC"),
         "updated": study.updated_at.strftime("%Y-%m-%d %H:%M UTC"),
     }

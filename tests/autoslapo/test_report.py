@@ -158,3 +158,20 @@ def test_a_baseline_is_named_with_the_tp_degree_it_ran() -> None:
     assert baseline_label("megatron", None) == "Megatron-LM style (TP 8, full recompute)"
     assert baseline_label("deepspeed", {"tp": 1}) == "DeepSpeed out of the box (ZeRO, pure DP)"
     assert baseline_label("other", None) == "other"
+
+
+def test_the_summary_counts_as_estimated_only_what_the_cost_model_answered(tmp_path: Path) -> None:
+    """A trial in flight (or one that failed) is neither measured nor estimated (it was "estimated")."""
+    from autoslapo.report import _summary
+    from store import open_store
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    written = make_study(url, n=15, measured_every=3)
+    with open_store(url) as db:
+        db.start_trial(STUDY, 15, {"tp": 8, "pp": 1, "dp": 8, "micro_batch": 1})
+        db.add_trial(STUDY, 16, {"tp": 8, "pp": 2, "dp": 4, "micro_batch": 1},
+                     {"status": "failed", "reason": "rank 0: boom", "measured": False})
+        summary = _summary(db.get_study(STUDY), db.to_dataframe(STUDY))
+    measured = sum(bool(w["measured"]) for w in written)
+    assert summary["measured / estimated"] == f"{measured} / {len(written) - measured}"
+    assert "running 1" in summary["by status"] and "failed 1" in summary["by status"]

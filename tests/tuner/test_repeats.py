@@ -206,3 +206,18 @@ def test_the_note_on_repeats_counts_the_samples_stored_after_a_resume(store: Sto
     span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     assert note is not None and f"median of {span} measurements" in note
     assert repeats_note([t for t in rows if "repeats_samples_per_s" not in t.result["extra"]]) is None
+
+
+def test_a_study_stopped_during_a_trial_leaves_no_trial_running_and_resume_runs_it(store: Store) -> None:
+    """Ctrl-C mid-trial left the trial ``running`` for good (shown, exported and reported as in flight)."""
+    from store._trials import INTERRUPTED
+
+    options = TuneOptions(model=MODEL, cluster=CLUSTER, backend="local", trials=3, study="s", repeats=0,
+                          warm_start=False, mirror=False, baselines=False)
+    with pytest.raises(KeyboardInterrupt):
+        tune(options, store, evaluator=StoppedEvaluator(stop_at=2))
+    rows = store.trials("s")
+    assert [t.status for t in rows] == ["complete", "failed"] and rows[1].reason == INTERRUPTED
+    assert store.get_study("s").status == "stopped"
+    out = tune(replace(options, resume=True), store, evaluator=WobblingEvaluator())
+    assert out.launched == 3 and [t.status for t in store.trials("s")] == ["complete"] * 3
