@@ -416,8 +416,10 @@ class StudyRunner:
     def run(self) -> TuneOutcome:
         """Run the study to its budget (or a stop) and score the baselines; returns the outcome."""
         started = time.monotonic()
+        # a resumed study that ended complete has its baselines and repeats (one stopped may not)
+        done = self.options.resume and self.store.get_study(self.name).status == "complete"
         self.store.set_study_status(self.name, "running")
-        before = len(self.store.trials(self.name)) if self.options.resume else -1
+        before = len(self.store.trials(self.name)) if done else -1
         try:
             stop = self._run_sweep() if self.sweeping else self.should_stop(started)
             if stop is None:
@@ -438,8 +440,7 @@ class StudyRunner:
         outcome = TuneOutcome(self.name, self.launched, self.pruned, self.best_config, self.best_result,
                               stop, time.monotonic() - started, dict(self.counts), asks=self.proposer.asks,
                               sweep=self.sweep.summary(self.launched) if self.sweep else None)
-        # a resumed study that was already at its budget added nothing: nothing to re-measure
-        added = not self.options.resume or len(self.store.trials(self.name)) != before
+        added = not done or len(self.store.trials(self.name)) != before  # else: nothing to re-measure
         if self.options.baselines:
             from tuner.baselines import score_baselines
 

@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         "model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type, "study": t.study,
         "trial": t.number, "backend": study.backend, "measured": t.measured, "config": t.config,
         "samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s,
-        "tflops_per_device": t.tflops_per_device, "peak_memory_bytes": t.peak_memory_bytes,
+        "tflops_per_device": t.tflops_per_device, "hw_tflops_per_device": t.hw_tflops_per_device,
+        "peak_memory_bytes": t.peak_memory_bytes,
         "step_time_s": t.step_time_s, "gpus_per_node": node,
         **measurement_noise(t.result),
     }
@@ -130,9 +131,21 @@ def run(args: argparse.Namespace) -> int:
     noise = doc.get("repeats_samples_per_s")
     if noise:
         kind += f", median of {len(noise)} runs, IQR {doc.get('samples_per_s_spread', 0.0):,.1f}"
-    sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type} ({node} a node): {t.samples_per_s:,.1f} samples/s "
-                     f"({kind}, study {t.study} trial {t.number})\n  {describe(t.config)}\n")
+    sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type} ({node} a node): "
+                     f"{_value(args.metric, doc)} ({kind}, study {t.study} trial {t.number})\n  {describe(t.config)}\n")
+    if t.measured and not noise and study.status != "complete":  # its finalists were not measured again
+        sys.stdout.write(f"  one measurement: study {t.study} is {study.status}, so its best were not re-measured yet "
+                         f"(`autoslapo tune {args.model} --gpus {study.gpus} --study {t.study} --resume` does)\n")
     return 0
+
+
+def _value(metric: str, doc: dict[str, Any]) -> str:
+    """The ranked metric first, then samples/s when it is another."""
+    units = {"samples_per_s": ("samples/s", ",.1f"), "tokens_per_s": ("tokens/s", ",.0f"),
+             "tflops_per_device": ("model TFLOP/s a device", ".1f"), "hw_tflops_per_device": ("TFLOP/s a device with recompute", ".1f")}
+    unit, spec = units.get(metric, units["samples_per_s"])
+    text = f"{format(doc.get(metric) or 0.0, spec)} {unit}"
+    return text if metric == "samples_per_s" else f"{text}, {doc.get('samples_per_s') or 0.0:,.1f} samples/s"
 
 
 def _remote(args: argparse.Namespace) -> int:
@@ -149,6 +162,6 @@ def _remote(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
     kind = "measured" if doc["measured"] else "estimated"
-    sys.stdout.write(f"{doc['model']} on {doc['gpus']}x {doc['gpu_type']}: {doc['samples_per_s']:,.1f} samples/s "
+    sys.stdout.write(f"{doc['model']} on {doc['gpus']}x {doc['gpu_type']}: {_value(args.metric, doc)} "
                      f"({kind}, study {doc['study']} trial {doc['trial']})\n  {describe(doc['config'])}\n")
     return 0

@@ -232,3 +232,26 @@ def test_real_trials_show_export_and_plot_their_prediction(tmp_path: Path, capsy
     assert main(["report", STUDY, "--output", str(tmp_path / "rep"), "--storage", url, "--json"]) == 0
     images = json.loads(capsys.readouterr().out)["images"]
     assert Path(images["predicted_vs_measured"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_best_shows_the_metric_it_ranked_by_and_says_when_a_measurement_was_not_repeated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--metric tokens_per_s`` printed samples/s only; a stopped study's best, measured once, looked final."""
+    from autoslapo.cli import main
+    from store import open_store
+
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    written = make_study(url, n=6, measured_every=1)
+    best = max((w for w in written if w["status"] == "complete"), key=lambda w: w["tokens_per_s"])
+    assert main(["best", "bert", "--gpus", "64", "--metric", "tokens_per_s", "--storage", url]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"{best['tokens_per_s']:,.0f} tokens/s, {best['samples_per_s']:,.1f} samples/s (measured" in first
+    with open_store(url) as db:
+        db.set_study_status(STUDY, "stopped")
+    assert main(["best", "bert", "--gpus", "64", "--storage", url]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note.startswith(f"  one measurement: study {STUDY} is stopped") and "--resume" in note
+    with open_store(url) as db:
+        db.set_study_status(STUDY, "complete")
+    assert main(["best", "bert", "--gpus", "64", "--storage", url]) == 0
+    assert "one measurement" not in capsys.readouterr().out

@@ -185,6 +185,11 @@ def test_a_study_stopped_between_rounds_keeps_the_rounds_it_ran(tmp_path: Path) 
                 if "repeats_samples_per_s" in t.result["extra"]]
         assert len(kept) == finalists and all(len(samples) == 2 for samples in kept)  # the search's + round 1
         assert store.get_study("s").status == "stopped"
+        # at its budget but stopped before its repeats were done: a resume measures them (it measured nothing)
+        tune(replace(options("s"), resume=True), store, evaluator=WobblingEvaluator())
+        again = [t.result["extra"]["repeats_samples_per_s"] for t in store.trials("s")
+                 if "repeats_samples_per_s" in t.result["extra"]]
+        assert again and max(len(samples) for samples in again) == 4 and store.get_study("s").status == "complete"
 
 
 def test_the_note_on_repeats_counts_the_samples_stored_after_a_resume(store: Store) -> None:
