@@ -7,6 +7,7 @@ store package (SQLAlchemy) is imported when a store is opened, not when this mod
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
     from autoslapo.models.spec import ModelSpec
     from store import Store
 
-__all__ = ["BASELINES_SUFFIX", "StudyCluster", "baseline_study", "open_existing_store", "require_store", "study_cluster"]
+__all__ = ["BASELINES_SUFFIX", "StudyCluster", "baseline_study", "check_study_name", "open_existing_store",
+           "require_store", "study_cluster"]
 
 #: The tuner scores a study's baselines in a companion study, ``<study>.baselines``: a name of its own.
 BASELINES_SUFFIX = ".baselines"
@@ -26,6 +28,17 @@ BASELINES_SUFFIX = ".baselines"
 def baseline_study(study: str) -> str:
     """The companion study the tuner stores ``study``'s baselines in."""
     return f"{study}{BASELINES_SUFFIX}"
+
+
+#: What a new study may be called (the CLI's ``--study`` and the service's ``name``).
+STUDY_NAME_RULE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def check_study_name(name: Any) -> str:
+    """A new study's name as given; UsageError naming the rule otherwise."""
+    if not isinstance(name, str) or STUDY_NAME_RULE.fullmatch(name) is None:
+        raise UsageError(f"study names are 1-100 of A-Z a-z 0-9 . _ -: got {repr(name)[:60]}; pick a name like bert-8x")
+    return name
 
 
 #: A study run with these backends measured real trials on autoslapo's own runtime.

@@ -239,11 +239,16 @@ class Store:
 
     def _no_study(self, name: str) -> StorageError:
         # the tuner's companion studies of baselines are not names to tune, resume or show by hand
-        names = [r.name for r in self.list_studies() if not r.name.endswith(BASELINES_SUFFIX)][:10]
-        known = ", ".join(names) if names else "none yet"
-        return StorageError(
-            f"no study named {name!r} in {self.url}: known studies are {known}; check the name"
-        )
+        import difflib
+
+        names = [r.name for r in self.list_studies() if not r.name.endswith(BASELINES_SUFFIX)]
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        if close:
+            return StorageError(f"no study named {name!r} in {self.url}: did you mean {', '.join(close)}? "
+                                "(`autoslapo studies` lists them all)")
+        known = ", ".join(names[-10:]) if names else "none yet"
+        more = f" ({len(names)} in all; the 10 newest: `autoslapo studies` lists them all)" if len(names) > 10 else ""
+        return StorageError(f"no study named {name!r} in {self.url}: known studies are {known}{more}; check the name")
 
     def _study_id(self, name: str) -> int:
         cached = self._study_ids.get(name)

@@ -97,18 +97,20 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus is not None and args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
     store = open_existing_store(args.storage)
+    stored = 0
     if store is None:
         rows: list[dict[str, Any]] = []
         where = None
     else:
         with store:
             where = store.url
+            listed = [s for s in store.list_studies() if args.all or not is_baseline_study(s)]
             studies = [
-                s for s in store.list_studies()
+                s for s in listed
                 if (args.model is None or args.model in (s.model_name, s.model_family))
                 and (args.gpus is None or s.gpus == args.gpus)
-                and (args.all or not is_baseline_study(s))
             ]
+            stored = len(listed)
             rows = [study_row(store, s) for s in studies]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -116,8 +118,15 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         from store import resolve_url
 
-        print(f"no studies in {where or resolve_url(args.storage)}; run `autoslapo tune MODEL --gpus N`",
-              file=sys.stderr)
+        filters = " ".join(f"--{k} {v}" for k, v in (("model", args.model), ("gpus", args.gpus)) if v is not None)
+        if stored and filters:  # the store has studies: the filter matched none of them
+            print(f"no studies match {filters} in {where} ({stored} stored; `autoslapo studies` lists them)",
+                  file=sys.stderr)
+        elif where is None:
+            print(f"no store at {resolve_url(args.storage)} yet (the file does not exist); run "
+                  "`autoslapo tune MODEL --gpus N` to make one, or point --storage at an existing store", file=sys.stderr)
+        else:
+            print(f"no studies in {where}; run `autoslapo tune MODEL --gpus N`", file=sys.stderr)
         return 0
     table = [
         [

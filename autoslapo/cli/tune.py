@@ -23,6 +23,7 @@ from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import UsageError
+from autoslapo.storage import check_study_name
 
 SAMPLER_NAMES = ("tpe", "random", "grid", "cmaes", "gp", "nsga2")
 
@@ -62,13 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster (implies Ray dispatch)")
     parser.add_argument("--dispatch", choices=["inline", "ray"], default=None,
                         help="run trials in this process or through Ray Tune (default: ray for --backend ray)")
-    parser.add_argument("--max-concurrent", type=int, default=1, help="trials at once under Ray (default 1)")
-    parser.add_argument("--steps", type=int, default=4, help="timed training steps a real trial runs (default 4)")
+    parser.add_argument("--max-concurrent", type=int, default=None, help="trials at once under Ray (default 1)")
+    parser.add_argument("--steps", type=int, default=None, help="timed training steps a real trial runs (default 4)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="after the search, re-measure the best 3 trials and the baselines N more times in "
                              "interleaved rounds (A B C A B C ...); throughput is the median, each speedup gets a "
                              "95%% bootstrap interval (default 3 for --backend local/ray, 0 for sim)")
-    parser.add_argument("--trial-timeout", type=float, default=300.0, help="seconds before a real trial times out")
+    parser.add_argument("--trial-timeout", type=float, default=None,
+                        help="seconds before a real trial times out (default 300)")
     parser.add_argument("--no-warm-start", action="store_true", help="do not start from earlier studies")
     parser.add_argument("--no-baselines", action="store_true", help="skip the DeepSpeed/Megatron baselines")
     parser.add_argument("--top", type=int, default=5, help="rows in the final table (default 5)")
@@ -181,6 +183,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeats re-measures real trials (--backend local or ray): got --repeats {args.repeats} "
                          "with --backend sim; drop --repeats or run real trials")
     repeats = args.repeats if args.repeats is not None else (3 if backend in ("local", "ray") else 0)
+    real = [f for f, v in (("--steps", args.steps), ("--trial-timeout", args.trial_timeout)) if v is not None]
+    if backend == "sim" and real:  # an estimate runs no steps: say so rather than ignore them
+        raise UsageError(f"{' and '.join(real)} set how real trials run (--backend local or ray): got them with "
+                         "--backend sim; drop them or run real trials")
+    if args.max_concurrent is not None and dispatch != "ray":
+        raise UsageError(f"--max-concurrent sets how many trials Ray runs at once: got --max-concurrent "
+                         f"{args.max_concurrent} without Ray; drop it, or use --backend ray (or --dispatch ray)")
+    if args.study is not None and not args.resume:
+        check_study_name(args.study)  # a new study's (an existing one is resumed by the name it has)
 
     from store import open_store
     from tuner import TuneOptions, tune
@@ -189,8 +200,10 @@ def run(args: argparse.Namespace) -> int:
         model=model, cluster=cluster, backend=backend, trials=args.trials, timeout_s=args.timeout,
         patience=args.patience, sampler=args.sampler or "tpe", seed=args.seed, global_batch=args.global_batch,
         space=space, study=args.study, resume=args.resume, join=args.join, warm_start=not args.no_warm_start,
-        dispatch=dispatch, ray_address=args.ray_address, max_concurrent=args.max_concurrent,
-        steps=args.steps, trial_timeout_s=args.trial_timeout, baselines=not args.no_baselines, repeats=repeats,
+        dispatch=dispatch, ray_address=args.ray_address, max_concurrent=args.max_concurrent if args.max_concurrent is not None else 1,
+        steps=args.steps if args.steps is not None else 4,
+        trial_timeout_s=args.trial_timeout if args.trial_timeout is not None else 300.0,
+        baselines=not args.no_baselines, repeats=repeats,
         sweep=False if args.sampler else None,  # an explicit sampler samples, on sim too
     )
     store = open_store(args.storage)

@@ -9,7 +9,6 @@ that runs the study, and any worker that takes it over after a crash, searches t
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -20,20 +19,15 @@ from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
 from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
+from autoslapo.storage import check_study_name
 from search_spaces import SearchSpace, space_for, space_from_dict
 from tuner import TuneOptions, default_study_name
 
-NAME_RULE = re.compile(r"[A-Za-z0-9._-]{1,100}")
 SERVICE_BACKENDS = ("sim", "ray")
 SPACE_SOURCE = "the request's space"
 
 
-def check_name(name: Any) -> str:
-    """A study name as the service accepts it; UsageError naming the rule otherwise."""
-    if not isinstance(name, str) or NAME_RULE.fullmatch(name) is None:
-        shown = repr(name)[:60]
-        raise UsageError(f"study names are 1-100 of A-Z a-z 0-9 . _ -: got {shown}; pick a name like bert-8x")
-    return name
+check_name = check_study_name  # a study name as the service accepts it (the CLI's rule for new studies)
 
 
 @dataclass(frozen=True)

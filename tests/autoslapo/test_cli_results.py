@@ -86,6 +86,8 @@ def test_studies_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert first["best_trial"] == _best(written)["number"]
     assert main(["studies", "--storage", url, "--gpus", "8", "--json"]) == 0
     assert [d["name"] for d in json.loads(capsys.readouterr().out)] == ["gpt2-8"]
+    assert main(["studies", "--storage", url, "--model", "gpt2xl"]) == 0  # a typo: the filter matched none
+    assert capsys.readouterr().err.startswith("no studies match --model gpt2xl in ")
 
 
 def test_studies_on_a_missing_store_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,7 +95,7 @@ def test_studies_on_a_missing_store_creates_nothing(tmp_path: Path, capsys: pyte
     assert main(["studies", "--storage", f"sqlite:///{target}", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
     assert main(["studies", "--storage", f"sqlite:///{target}"]) == 0
-    assert "no studies" in capsys.readouterr().err
+    assert "yet (the file does not exist)" in capsys.readouterr().err
     assert not target.exists()
     assert main(["show", "x", "--storage", f"sqlite:///{target}"]) == 2
     err = capsys.readouterr().err

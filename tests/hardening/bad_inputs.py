@@ -36,6 +36,10 @@ S = ["--storage", "{url}"]
 
 CASES: list[tuple[str, list[str], str]] = [
     # --- tune -------------------------------------------------------------------------------
+    ("tune-study-blank", [*T, "--gpus", "4", "--study", "  ", *S], "study names are 1-100 of A-Z a-z 0-9 . _ -: got '  '"),
+    ("tune-study-empty", [*T, "--gpus", "4", "--study", "", *S], "study names are 1-100"),
+    ("tune-sim-steps", [*T, "--gpus", "4", "--steps", "3", *S], "--steps set how real trials run"),
+    ("tune-max-concurrent-inline", [*T, "--gpus", "4", "--max-concurrent", "4", *S], "--max-concurrent sets how many"),
     ("tune-unknown-model", ["tune", "no-such-model", "--gpus", "4", "--backend", "sim", *S], "no-such-model"),
     ("tune-unknown-preset", ["tune", "bert-gigantic", "--gpus", "4", "--backend", "sim", *S], "bert-gigantic"),
     ("tune-gpus-zero", [*T, "--gpus", "0", *S], "gpus"),

@@ -58,6 +58,12 @@ def test_unknown_study_lists_known_ones(db: Store, study: str) -> None:
         db.get_study("nope")
     with pytest.raises(StorageError, match="no study named"):
         db.add_trial("nope", 0, config(0), result(0))
+    for i in range(12):  # more than ten: the newest are listed, and how many there are
+        db.create_study(f"run-{i:02d}", **study_kwargs())
+    with pytest.raises(StorageError, match=r"known studies are run-02, .*, run-11 \(13 in all; the 10 newest"):
+        db.get_study("nope")
+    with pytest.raises(StorageError, match=r"no study named 'rn-11'.*: did you mean run-11"):
+        db.get_study("rn-11")
 
 
 def test_study_status_and_delete(db: Store, study: str) -> None:
