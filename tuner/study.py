@@ -273,12 +273,12 @@ class StudyRunner:
         self.proposer.enqueue([c for c, _ in retries], "retry")
         if self.launched == 0 and not self.options.resume and self.options.warm_start:
             from tuner.resume import warm_start
-
             warm_start(self.store, self.name, self.proposer, self.options.model, self.options.cluster)
         if self.options.resume and self.mirror is not None:
             self.mirror.sync()  # catch up what a killed tuner had not mirrored yet
         k = self.options.prior_seeds if self.options.prior_seeds is not None else min(10, max(3, self.options.trials // 10))
         if k:
+            self.note(f"ranking the space by the cost model (up to {self.bound.size:,} points; once)")
             self.proposer.enqueue(self.proposer.ranking()[:k], "prior")
         if self.learner.enabled and self.options.learned_every:
             self.proposer.shortlist = self.proposer.ranking()[:LEARNED_SHORTLIST]

@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         out.write(sweep_line(outcome.study, outcome.sweep, time.monotonic() - t0, where) + "\n")
     else:
         out.write(f"study {outcome.study}: {outcome.launched} trials launched, {outcome.pruned} pruned as "
-                  f"predicted OOM, stopped by {outcome.stop_reason}, {outcome.elapsed_s:.1f}s ({where})\n")
+                  f"predicted OOM, stopped by {outcome.stop_reason}, {time.monotonic() - t0:.1f}s ({where})\n")
     rows = sorted((t for t in store.trials(outcome.study) if t.status == "complete"),
                   key=lambda t: -(t.samples_per_s or 0.0))
     if not rows:
@@ -279,7 +279,7 @@ def speedup_line(name: str, b: dict[str, Any]) -> str:
     if not ci:
         return f"{head} {b['speedup']:.2f}x ({base})"
     value = f"{ci['speedup']:.2f}x" if ci["significant"] else f"no significant speed-up, {ci['speedup']:.2f}x"
-    return (f"{head} {value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeats; "
+    return (f"{head} {value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeat{'s' if ci['repeats'] != 1 else ''}; "
             f"{base})")
 
 
@@ -294,4 +294,4 @@ def repeats_note(rows: list[Any]) -> str | None:
     n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     again = str(counts[0] - 1) if len(counts) == 1 else f"{counts[0] - 1}-{counts[-1] - 1}"
     return (f"samples/s of the re-measured trials ({', '.join(f'#{t.number}' for t in repeated)}): median of "
-            f"{n} measurements (the search's and {again} interleaved repeats)")
+            f"{n} measurements (the search's and {again} interleaved repeat{'s' if again != '1' else ''})")

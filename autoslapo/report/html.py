@@ -111,7 +111,7 @@ def _baseline_rows(baselines: Sequence[Baseline], best: float | None) -> list[di
         ci = b.speedup_ci95
         if ci:
             value = f"{ci['speedup']:.2f}x" if ci["significant"] else f"no significant speed-up, {ci['speedup']:.2f}x"
-            text = f"{value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeats)"
+            text = f"{value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeat{'s' if ci['repeats'] != 1 else ''})"
         rows.append({
             "baseline": b.name,
             "status": b.status,
