@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                      f"{_value(args.metric, doc)} ({kind}, study {t.study} trial {t.number})\n  {describe(t.config)}\n")
     if t.measured and not noise and study.status != "complete":  # its finalists were not measured again
         sys.stdout.write(f"  one measurement: study {t.study} is {study.status}, so its best were not re-measured yet "
-                         f"(`autoslapo tune {args.model} --gpus {study.gpus} --study {t.study} --resume` does)\n")
+                         f"(`autoslapo tune ... --study {t.study} --resume`, with the flags it was tuned with, does)\n")
     return 0
 
 
