@@ -215,14 +215,14 @@ def test_the_note_on_repeats_counts_the_samples_stored_after_a_resume(store: Sto
 
 def test_a_study_stopped_during_a_trial_leaves_no_trial_running_and_resume_runs_it(store: Store) -> None:
     """Ctrl-C mid-trial left the trial ``running`` for good (shown, exported and reported as in flight)."""
-    from store._trials import INTERRUPTED
+    from tuner.study import INTERRUPTED_PREFIX
 
     options = TuneOptions(model=MODEL, cluster=CLUSTER, backend="local", trials=3, study="s", repeats=0,
                           warm_start=False, mirror=False, baselines=False)
     with pytest.raises(KeyboardInterrupt):
         tune(options, store, evaluator=StoppedEvaluator(stop_at=2))
     rows = store.trials("s")
-    assert [t.status for t in rows] == ["complete", "failed"] and rows[1].reason == INTERRUPTED
+    assert [t.status for t in rows] == ["complete", "failed"] and rows[1].reason.startswith(INTERRUPTED_PREFIX)
     assert store.get_study("s").status == "stopped"
     out = tune(replace(options, resume=True), store, evaluator=WobblingEvaluator())
     assert out.launched == 3 and [t.status for t in store.trials("s")] == ["complete"] * 3
