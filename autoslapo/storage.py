@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autoslapo.errors import UsageError
@@ -18,8 +19,8 @@ if TYPE_CHECKING:
     from autoslapo.models.spec import ModelSpec
     from store import Store
 
-__all__ = ["BASELINES_SUFFIX", "StudyCluster", "baseline_study", "check_study_name", "open_existing_store",
-           "require_store", "study_cluster"]
+__all__ = ["BASELINES_SUFFIX", "HEARTBEAT_S", "SILENT_AFTER_S", "StudyCluster", "baseline_study",
+           "check_study_name", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster"]
 
 #: The tuner scores a study's baselines in a companion study, ``<study>.baselines``: a name of its own.
 BASELINES_SUFFIX = ".baselines"
@@ -28,6 +29,28 @@ BASELINES_SUFFIX = ".baselines"
 def baseline_study(study: str) -> str:
     """The companion study the tuner stores ``study``'s baselines in."""
     return f"{study}{BASELINES_SUFFIX}"
+
+
+#: A tuner marks the study it runs alive this often (``tuner.heartbeat``) ...
+HEARTBEAT_S = 30.0
+#: ... so a ``running`` study not marked for this long has lost its tuner (killed, or its machine).
+SILENT_AFTER_S = 150.0
+
+
+def silent_for(status: str, updated_at: datetime, now: datetime | None = None) -> float | None:
+    """Seconds since a ``running`` study's tuner last marked it alive, when that is over
+    ``SILENT_AFTER_S`` (its tuner is gone: ``tune --resume`` takes it over); None otherwise."""
+    if status != "running":
+        return None
+    age = ((now or datetime.now(UTC)) - updated_at).total_seconds()
+    return age if age > SILENT_AFTER_S else None
+
+
+def silent_note(seconds: float | None) -> str:
+    """`` (no tuner for 12 min)``: what a status cell adds for a silent running study; "" if alive."""
+    if seconds is None:
+        return ""
+    return f" (no tuner for {seconds / 60:.0f} min)" if seconds < 5400 else f" (no tuner for {seconds / 3600:.0f} h)"
 
 
 #: What a new study may be called (the CLI's ``--study`` and the service's ``name``).

@@ -107,6 +107,11 @@ class Store:
         """``sqlite`` or ``postgresql``."""
         return self._url.get_backend_name()
 
+    @property
+    def in_memory(self) -> bool:
+        """True for an in-memory SQLite database: one connection, seen by this process only."""
+        return self.backend == "sqlite" and sqlite_path(self._url) is None
+
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
 
@@ -170,10 +175,7 @@ class Store:
         if created is not None:
             return created
         existing = self.get_study(name)
-        same = (existing.model_signature, existing.cluster_fingerprint) == (
-            model_signature,
-            cluster_fingerprint,
-        )
+        same = (existing.model_signature, existing.cluster_fingerprint) == (model_signature, cluster_fingerprint)
         if exist_ok and same:
             return existing
         why = "for a different model or cluster" if not same else "already"
@@ -184,10 +186,8 @@ class Store:
 
     def has_study(self, name: str) -> bool:
         """True if a study called ``name`` exists."""
-        return self._tx.read(
-            "look up a study",
-            lambda s: s.scalar(select(StudyRow.id).where(StudyRow.name == name)) is not None,
-        )
+        return self._tx.read("look up a study",
+                             lambda s: s.scalar(select(StudyRow.id).where(StudyRow.name == name)) is not None)
 
     def get_study(self, name: str) -> StudyRecord:
         """The study called ``name``; raises StorageError (listing some names) if there is none."""
@@ -213,16 +213,16 @@ class Store:
         by samples/s: what a list of studies shows, in three queries however many studies there are."""
         return _queries.study_summaries(self._tx)
 
-    def set_study_status(self, name: str, status: str) -> StudyRecord:
-        """Set a study's status (one of ``STUDY_STATUSES``) and return the updated study."""
+    def set_study_status(self, name: str, status: str, *, only_from: str | None = None) -> StudyRecord:
+        """Set a study's status (one of ``STUDY_STATUSES``) and its ``updated_at``; with ``only_from``
+        only if it is in that status (``("running", only_from="running")``: the tuner's heartbeat)."""
         if status not in STUDY_STATUSES:
             raise StorageError(f"study status must be one of {', '.join(STUDY_STATUSES)}: got {status!r}")
         study_id = self._study_id(name)
+        where = [StudyRow.id == study_id] + ([StudyRow.status == only_from] if only_from else [])
         self._tx.write(
             "update a study",
-            lambda s: s.execute(
-                update(StudyRow).where(StudyRow.id == study_id).values(status=status, updated_at=utcnow())
-            ),
+            lambda s: s.execute(update(StudyRow).where(*where).values(status=status, updated_at=utcnow())),
         )
         return self.get_study(name)
 

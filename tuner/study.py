@@ -42,12 +42,13 @@ from autoslapo.storage import BASELINES_SUFFIX
 from search_spaces import BoundSpace, SearchSpace, space_for
 from tuner.baselines import BaselineContext
 from tuner.evaluators import Evaluator, SimEvaluator, make_evaluator
+from tuner.heartbeat import heartbeat
 from tuner.learning import PriorLearner, with_prediction
 from tuner.mirror import OptunaMirror
 from tuner.probe import MemoryProbe
 from tuner.proposer import SAMPLERS, Prediction, Proposal, Proposer
 from tuner.resume import submitted_space
-from tuner.sweep import Sweep, store_best, sweep_space
+from tuner.sweep import Sweep, run_sweep
 
 if TYPE_CHECKING:
     from store import Store, TrialRecord
@@ -215,7 +216,13 @@ class StudyRunner:
             self.mirror = OptunaMirror(store, self.name, self.bound, multi=self.proposer.multi,
                                        every=options.mirror_every, own_only=options.join,
                                        retried_prefix=INTERRUPTED_PREFIX)
-        self._load()
+        try:
+            self._load()
+        except BaseException:  # Ctrl-C while ranking the space: stopped, not ``created``; --resume starts it
+            if not options.join:
+                with contextlib.suppress(StorageError):
+                    store.set_study_status(self.name, "stopped")
+            raise
 
     def baseline_context(self) -> BaselineContext:
         """What the baselines read from this study: bound space, prior, evaluator, measured results."""
@@ -421,7 +428,7 @@ class StudyRunner:
         self.store.set_study_status(self.name, "running")
         before = len(self.store.trials(self.name)) if done else -1
         try:
-            stop = self._run_sweep() if self.sweeping else self.should_stop(started)
+            stop = run_sweep(self) if self.sweeping else self.should_stop(started)
             if stop is None:
                 if self.options.dispatch == "ray":
                     from tuner.dispatch import run_with_ray
@@ -452,26 +459,6 @@ class StudyRunner:
         self.store.set_study_status(self.name, "complete" if stop in ("budget", "exhausted", "swept") else "stopped")
         return outcome
 
-    def _run_sweep(self) -> str:
-        """Score every configuration, store the best up to the budget, keep the exact optimum; "swept"."""
-        sweep = sweep_space(self.bound.configs(), self.proposer.predict, self.evaluator.evaluate,
-                            keep=self.options.trials + len(self.proposer.measured),
-                            exact=type(self.evaluator) is SimEvaluator)
-        for number, config, result in store_best(self.store, self.name, sweep, budget=self.options.trials,
-                                                 known=self.proposer.measured):
-            self.proposer.add_known(config, result)
-            self._count(config, result)
-            if self.mirror is not None:
-                self.mirror.note(number)
-        self.sweep, self.counts, self.pruned = sweep, dict(sweep.counts), sweep.counts.get("pruned", 0)
-        if sweep.best:  # the model's optimum over the space, stored unless a resumed study was full
-            self.best_config, self.best_result = sweep.best[0]
-            self.best = self.best_result.samples_per_s
-        if self.progress is not None:
-            self.progress(Progress(self.launched, self.options.trials, self.best, dict(self.counts),
-                                   f"swept {sweep.scored} configurations"))
-        return "swept"
-
     def _run_inline(self, started: float) -> str:
         while True:
             stop = self.should_stop(started)
@@ -491,7 +478,8 @@ def tune(options: TuneOptions, store: Store, *, evaluator: Evaluator | None = No
     stays; ``resume=True`` continues)."""
     runner = StudyRunner(options, store, evaluator=evaluator, progress=progress)
     try:
-        return runner.run()
+        with heartbeat(store, runner.name):  # a live tuner's study reads running; a killed one's, silent
+            return runner.run()
     except BaseException as err:  # Ctrl-C, a closed pipe, an error: stopped; its trials in flight are re-run by --resume
         if not options.join and not isinstance(err, StorageLost):  # (tuners that share it go on)
             with contextlib.suppress(StorageError):

@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 from autoslapo.config import ScheduleConfig
 from autoslapo.errors import UsageError
 from autoslapo.result import TrialResult
+from tuner.evaluators import SimEvaluator
 from tuner.proposer import Prior
 
 if TYPE_CHECKING:
     from store import Store
+    from tuner.study import StudyRunner
 
 #: The key of the sweep's summary in the optimum's stored ``extra``.
 SUMMARY_KEY = "sweep"
@@ -129,3 +131,23 @@ def store_best(store: Store, study: str, sweep: Sweep, *, budget: int,
             out.append((row.number, c, r))
     return out
 
+
+
+def run_sweep(runner: StudyRunner) -> str:
+    """A study's search by sweep: score every configuration of ``runner``'s bound space, store the
+    best up to its budget, keep the exact optimum on the runner (its best); returns "swept"."""
+    sweep = sweep_space(runner.bound.configs(), runner.proposer.predict, runner.evaluator.evaluate,
+                        keep=runner.options.trials + len(runner.proposer.measured),
+                        exact=type(runner.evaluator) is SimEvaluator)
+    for number, config, result in store_best(runner.store, runner.name, sweep, budget=runner.options.trials,
+                                             known=runner.proposer.measured):
+        runner.proposer.add_known(config, result)
+        runner._count(config, result)
+        if runner.mirror is not None:
+            runner.mirror.note(number)
+    runner.sweep, runner.counts, runner.pruned = sweep, dict(sweep.counts), sweep.counts.get("pruned", 0)
+    if sweep.best:  # the model's optimum over the space, stored unless a resumed study was full
+        runner.best_config, runner.best_result = sweep.best[0]
+        runner.best = runner.best_result.samples_per_s
+    runner.note(f"swept {sweep.scored} configurations")
+    return "swept"

@@ -9,12 +9,13 @@ for bad input, 1 for a runtime failure, never a traceback (``AUTOSLAPO_DEBUG=1``
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from autoslapo.errors import AutoslapoError
 from autoslapo.redact import redact
@@ -39,7 +40,15 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad input as one line and exit code 2."""
+    """argparse that reports bad input as one line and exit code 2, and takes no abbreviated flag.
+
+    ``allow_abbrev`` is off: ``--trial`` must not silently mean ``--trials`` (nor ``--gpu``
+    ``--gpus``); a flag not spelled out is refused, with the close ones named (``_unknown_flags``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
@@ -64,11 +73,38 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_flags(parser: argparse.ArgumentParser, command: str | None, extra: Sequence[str]) -> str:
+    """``": --trial: did you mean --trials?"`` for the flags in ``extra`` the command does not take
+    (``""`` when it takes them all), naming the close ones it takes."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    target = sub.choices.get(command) if sub is not None and command else parser
+    known = sorted(s for s in (target or parser)._option_string_actions if s.startswith("--"))
+    hints = []
+    for word in extra:
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("--") or flag == "--" or flag in known:
+            continue
+        close = [k for k in known if k.startswith(flag)] or difflib.get_close_matches(flag, known, n=3, cutoff=0.7)
+        hints.append(f"{redact(flag)}: did you mean {' or '.join(close[:3])}?" if close else redact(flag))
+    return ": " + "; ".join(hints) if hints else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list if not a.startswith("-")), None)
+    if command is not None and command not in SUBCOMMANDS:
+        close = difflib.get_close_matches(command, SUBCOMMANDS, n=1)
+        hint = f"; did you mean {close[0]}?" if close else f"; the commands: {', '.join(SUBCOMMANDS)}"
+        sys.stderr.write(f"autoslapo: error: no command {redact(command)!r}{hint} (see autoslapo --help)\n")
+        return 2
     parser = build_parser(only=command if command in SUBCOMMANDS else "")
+    flags = [a for a in args_list[:args_list.index("--") if "--" in args_list else None] if a.startswith("--")]
+    hint = _unknown_flags(parser, command, flags)
+    if hint:  # before argparse, whose "--gpus is required" would hide that "--gpu" was meant for it
+        prog = f"autoslapo {command}" if command else "autoslapo"
+        sys.stderr.write(f"{prog}: error: unrecognized arguments{hint} (see {prog} --help)\n")
+        return 2
     args, extra = parser.parse_known_args(args_list)
     if extra:  # named by the subcommand that did not take them (argparse leaves them to the top parser)
         prog = f"autoslapo {args.command}" if args.command else "autoslapo"

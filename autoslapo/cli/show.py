@@ -10,7 +10,7 @@ from autoslapo.cli.best import measurement_noise
 from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, study_row
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import require_store
+from autoslapo.storage import require_store, silent_note
 
 if TYPE_CHECKING:
     from store import TrialRecord
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     varying = [k for k in keys if k not in fixed]
     print(f"study {study.name}: {study.model_name} on {ClusterSpec.from_dict(study.cluster).described_as()}, "
           f"backend {study.backend}, "
-          f"{summary['trials']} trials, status {study.status}")
+          f"{summary['trials']} trials, status {study.status}{silent_note(summary['silent_s'])}")
     if fixed and len(trials) > 1:
         print("same in every trial shown: " + " ".join(f"{k}={_short(v)}" for k, v in fixed.items()))
     if not trials:

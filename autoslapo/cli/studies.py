@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import BASELINES_SUFFIX, open_existing_store
+from autoslapo.storage import BASELINES_SUFFIX, open_existing_store, silent_for, silent_note
 
 if TYPE_CHECKING:
     from store import Store, StudyRecord
@@ -69,6 +69,8 @@ def study_row(store: Store, study: StudyRecord) -> dict[str, Any]:
         "backend": study.backend,
         "objective": study.objective,
         "status": study.status,
+        # a running study whose tuner stopped marking it alive (killed): seconds since, else None
+        "silent_s": silent_for(study.status, study.updated_at),
         "trials": len(trials),
         "trials_by_status": counts,
         "best_samples_per_s": None if best is None else best.samples_per_s,
@@ -136,11 +138,14 @@ def run(args: argparse.Namespace) -> int:
             r["backend"],
             str(r["trials"]),
             fmt(r["best_samples_per_s"]) + ("" if r["best_measured"] is None else (" (M)" if r["best_measured"] else " (E)")),
-            r["status"],
+            r["status"] + silent_note(r["silent_s"]),
         ]
         for r in rows
     ]
     print(format_table(table, ["STUDY", "MODEL", "CLUSTER", "BACKEND", "TRIALS", "BEST samples/s", "STATUS"],
                        right=(4, 5)))
     print("(M) measured, (E) estimated by the cost model")
+    if any(r["silent_s"] is not None for r in rows):
+        print("(no tuner) a study left running by a tuner that is gone (killed, or its machine): "
+              "`autoslapo tune MODEL ... --study NAME --resume` takes it over")
     return 0

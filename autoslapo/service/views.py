@@ -8,7 +8,7 @@ from typing import Any
 from autoslapo.cluster import LINKS, ClusterSpec
 from autoslapo.config import describe
 from autoslapo.service.payload import model_label
-from autoslapo.storage import baseline_study
+from autoslapo.storage import baseline_study, silent_for
 from store import JobRecord, Store, StudyRecord, TrialRecord
 
 LAUNCHED = ("complete", "oom", "failed", "timeout")
@@ -91,6 +91,8 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
     }
     if study is not None:
         doc["study_status"] = study.status
+        if job is None:  # tuned by `autoslapo tune`: seconds since its tuner last marked it alive, when gone
+            doc["silent_s"] = silent_for(study.status, study.updated_at)
     if baselines:
         doc["baselines"] = baselines_view(store, name) if study is not None else []
         if best is not None:

@@ -37,5 +37,8 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
 def test_unknown_command_is_one_line_exit_2() -> None:
     r = _run("frobnicate")
     assert r.returncode == 2
-    assert len(r.stderr.strip().splitlines()) == 1 and "invalid choice" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "no command 'frobnicate'; the commands: run, tune" in r.stderr
     assert "Traceback" not in r.stderr
+    r = _run("studes")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "autoslapo: error: no command 'studes'; did you mean studies? (see autoslapo --help)")

@@ -90,6 +90,32 @@ def test_studies_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().err.startswith("no studies match --model gpt2xl in ")
 
 
+def test_a_running_study_whose_tuner_is_gone_reads_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import sqlite3
+
+    from store import open_store
+
+    path = tmp_path / "r.db"
+    make_study(f"sqlite:///{path}")
+    make_study(f"sqlite:///{path}", "live", n=2)
+    with open_store(f"sqlite:///{path}") as db:
+        db.set_study_status(STUDY, "running")
+        db.set_study_status("live", "running")
+    with sqlite3.connect(path) as conn:  # its tuner was killed 12 minutes ago: no heartbeat since
+        conn.execute("UPDATE autoslapo_studies SET updated_at = datetime('now', '-12 minutes') WHERE name = ?", (STUDY,))
+    assert main(["studies", "--storage", f"sqlite:///{path}"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith(STUDY))
+    assert row.endswith("running (no tuner for 12 min)")
+    assert next(line for line in out.splitlines() if line.startswith("live")).endswith("running")
+    assert "--resume` takes it over" in out
+    assert main(["studies", "--storage", f"sqlite:///{path}", "--json"]) == 0
+    silent = {d["name"]: d["silent_s"] for d in json.loads(capsys.readouterr().out)}
+    assert 700 < silent[STUDY] < 740 and silent["live"] is None
+    assert main(["show", STUDY, "--storage", f"sqlite:///{path}", "--limit", "1"]) == 0
+    assert "status running (no tuner for 12 min)" in capsys.readouterr().out
+
+
 def test_studies_on_a_missing_store_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "nothing.db"
     assert main(["studies", "--storage", f"sqlite:///{target}", "--json"]) == 0

@@ -219,6 +219,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("profile-threads-negative", ["profile", "--threads", "-1"], "threads"),
     ("profile-ranks-too-many", ["profile", "--ranks", "65"], "ranks"),
     ("unknown-command", ["frobnicate"], "frobnicate"),
+    ("misspelled-command", ["tnue", "bert-tiny", "--gpus", "4"], "no command 'tnue'; did you mean tune?"),
+    # a long flag is spelled out: "--trial 3" meant --trials (argparse took it), and a misspelled one is named
+    ("tune-abbreviated-flag", [*T[:-3], "--no-baselines", "--gpus", "4", "--trial", "3", *S],
+     "--trial: did you mean --trial-timeout or --trials?"),
+    ("tune-flag-hides-required", ["tune", "bert-tiny", "--gpu", "4", "--backend", "sim", *S],
+     "--gpu: did you mean --gpu-type or --gpus or --gpus-per-node?"),
+    ("estimate-misspelled-flag", ["estimate", "bert-tiny", "--gpus", "4", "--micro-bach=2"],
+     "--micro-bach: did you mean --micro-batch?"),
 ]
 
 

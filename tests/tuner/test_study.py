@@ -181,6 +181,37 @@ def test_a_study_stopped_by_its_user_is_stopped_not_running(store: Store) -> Non
     assert out.stop_reason == "budget" and store.get_study("i").status == "complete"
 
 
+def test_ctrl_c_while_the_space_is_ranked_leaves_the_study_stopped_not_created(store: Store) -> None:
+    def press_ctrl_c(p: object) -> None:  # the user gives up while the prior ranks the space
+        if "ranking the space" in str(getattr(p, "last", "")):
+            raise KeyboardInterrupt
+
+    opts = TuneOptions(model=BASE, cluster=V100_16, trials=6, study="k", baselines=False, sweep=False)
+    with pytest.raises(KeyboardInterrupt):
+        tune(opts, store, evaluator=SlowSim(SimEvaluator(BASE, V100_16)), progress=press_ctrl_c)
+    assert store.get_study("k").status == "stopped"  # was "created", empty, like a study never begun
+    out = tune(TuneOptions(model=BASE, cluster=V100_16, trials=6, study="k", resume=True, baselines=False,
+                           sweep=False), store)
+    assert out.stop_reason == "budget" and store.get_study("k").status == "complete"
+
+
+def test_a_running_study_is_marked_alive_while_its_tuner_runs(store: Store) -> None:
+    from tuner.heartbeat import heartbeat
+
+    opts = TuneOptions(model=BASE, cluster=V100_16, trials=2, study="h", baselines=False, sweep=False)
+    tune(opts, store)
+    store.set_study_status("h", "running")
+    first = store.get_study("h").updated_at
+    with heartbeat(store, "h", every_s=0.05):
+        time.sleep(0.5)
+    beat = store.get_study("h").updated_at
+    assert beat > first and store.get_study("h").status == "running"
+    store.set_study_status("h", "stopped")  # stopped meanwhile (a cancel, another tuner): never revived
+    with heartbeat(store, "h", every_s=0.05):
+        time.sleep(0.3)
+    assert store.get_study("h").status == "stopped"
+
+
 @pytest.mark.slow
 def test_resume_retries_interrupted_trials_and_keeps_finished_ones(store: Store) -> None:
     opts = TuneOptions(model=BASE, cluster=V100_16, trials=8, study="r", baselines=False)
