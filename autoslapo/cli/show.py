@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     fixed = {k: trials[0].config.get(k) for k in keys if len({json.dumps(t.config.get(k)) for t in trials}) == 1} \
         if trials else {}
     varying = [k for k in keys if k not in fixed]
-    print(f"study {study.name}: {study.model_name} on {ClusterSpec.from_dict(study.cluster).described_as()}, "
+    print(f"study {study.name}: {summary['model_label']} on {ClusterSpec.from_dict(study.cluster).described_as()}, "
           f"backend {study.backend}, "
           f"{summary['trials']} trials, status {study.status}{silent_note(summary['silent_s'])}")
     if fixed and len(trials) > 1:

@@ -78,6 +78,13 @@ def test_tune_then_best_finds_the_study_by_the_config_contents(
     assert autoslapo.best(str(moved), gpus=64, storage=url).to_dict() == doc["config"]  # the library too
     # another shape is another study
     assert main(["best", str(moved), "--gpus", "64", "--storage", url, "--ffn", "11008"]) == 1
+    # two configs of one model_type are told apart in `studies` by their size (both read "mistral")
+    assert main(["tune", str(DATA / "mistral-tiny.json"), "--gpus", "64", "--trials", "2", "--storage", url,
+                 "--no-baselines"]) == 0
+    capsys.readouterr()
+    assert main(["studies", "--storage", url]) == 0
+    models = [line.split()[1:3] for line in capsys.readouterr().out.splitlines()[1:3]]
+    assert models == [["mistral", "7.24B"], ["mistral", "632K"]]
 
 
 def test_a_config_and_a_module_file_are_sent_to_a_service(
