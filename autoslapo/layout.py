@@ -74,6 +74,8 @@ def tp_problem(tp: int, model: ModelSpec, cluster: ClusterSpec | None = None) ->
     if model.family == "user" and tp > 1 and not model.extra.get("tp"):
         return (f"tensor parallelism needs the model file to declare family: got tp={tp} for {model.preset}.py; "
                 "add family = autoslapo.FamilyDescription(...) (or shard_block) to it or use tp=1")
+    if model.family == "user" and tp > 1 and model.extra.get("tp_problem"):
+        return f"got tp={tp} for {model.preset}.py: {model.extra['tp_problem']}"
     if model.family == "user" and model.heads % tp:
         return (f"tp must divide every size the schedule shards (heads, projection widths): got tp={tp} for "
                 f"{model.preset}.py, whose sizes share the divisor {model.heads}; use a tp that divides {model.heads}")

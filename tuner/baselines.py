@@ -164,7 +164,7 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
     from tuner.repeats import record_speedups, remeasure, speedup_interval
 
     out: dict[str, Any] = {}
-    store, name = runner.store, baseline_study(runner.name)
+    store = runner.store
     # A resumed study keeps the baselines an earlier run picked and measured (a real baseline trial is
     # expensive, and re-picking among the candidates let the baseline drift from resume to resume);
     # when the resumed run added no trial (``measure`` False), its stored summaries are the answer.
@@ -191,6 +191,9 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
                                                               or r.samples_per_s > result.samples_per_s)):
                 config, result = cand, r
         picked.append((kind, config, result))
+    if not runner.options.join:  # stored as picked: a study stopped while they are re-measured keeps them
+        _store_companion(runner, [(i, c.to_dict() if c else {"baseline": k}, TrialResult.from_dict(
+            {**r.to_dict(), "extra": {**r.extra, "baseline": k}}).to_dict()) for i, (k, c, r) in enumerate(picked)])
     picked = remeasure(runner, outcome, picked)
     tuned = outcome.best_result.samples_per_s if outcome.best_result else 0.0
     rows, intervals = [], {}
@@ -205,7 +208,13 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
         kept = TrialResult.from_dict({**result.to_dict(), "extra": extra})
         rows.append((i, config.to_dict() if config else {"baseline": kind}, kept.to_dict()))
     record_speedups(runner, outcome, intervals)
-    o = runner.options
+    _store_companion(runner, rows)
+    return out
+
+
+def _store_companion(runner: StudyRunner, rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> None:
+    """(Re)write the study's companion ``<study>.baselines`` with ``rows`` (joined tuners add to it)."""
+    o, store, name = runner.options, runner.store, baseline_study(runner.name)
     if store.has_study(name) and not o.join:  # joined tuners share one companion study
         store.delete_study(name)
     store.create_study(name, model=o.model.to_dict(), cluster=o.cluster.to_dict(), space_name="baselines",
@@ -222,4 +231,3 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
             uniq.append(row)
     store.add_new_trials(name, [(cfg, res) for _, cfg, res in uniq])  # skips stored ones
     store.set_study_status(name, "complete")
-    return out

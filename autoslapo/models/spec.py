@@ -364,7 +364,7 @@ class ModelSpec:
         d = self.to_dict()
         d.pop("preset", None)
         if self.family == "user":  # a model file is found by its content, whatever the file is called
-            d["extra"] = {k: v for k, v in d["extra"].items() if k not in ("module", "attn_core", "bias_gelu", *USER_ATTENTION_KEYS)}
+            d["extra"] = {k: v for k, v in d["extra"].items() if k not in ("module", "attn_core", "bias_gelu", "tp_problem", *USER_ATTENTION_KEYS)}
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -53,6 +53,7 @@ from autoslapo.models.families import FamilyDescription
 from autoslapo.models.modcache import cache_root, ensure_entry, mark_used, read_entry
 from autoslapo.models.spec import USER_ATTENTION_KEYS as ATTENTION_KEYS
 from autoslapo.models.spec import USER_FAMILY, ModelSpec
+from autoslapo.models.user_tp import CHECK_TP, split_attention_problem
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +70,7 @@ __all__ = [
     "user_spec",
 ]
 
-TRACE_VERSION = 2  # bump when the trace measures differently, so old cached traces are redone
+TRACE_VERSION = 3  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
 TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
               "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", "tensors", "layer_tensors", "attn_core",
@@ -348,6 +349,7 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
     # keeps of them (the module's input, its products with weights) and the ops it would run again
     attn = {"in": False, "saved": 0, "kept": 0, "core_ops": 0}
     attn_paths = []
+    first_call: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # the first block's attention inputs
 
     def attn_pre(_m: Any, args: tuple[Any, ...]) -> None:
         attn["in"] = True
@@ -360,6 +362,9 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
             mod = resolve_path(block, um.family.attention, "family.attention")
             handles += [mod.register_forward_pre_hook(attn_pre), mod.register_forward_hook(attn_post)]
             attn_paths.append(f"{um.layers}.{i}.{um.family.attention}")
+        if blocks:
+            handles.append(resolve_path(blocks[0], um.family.attention, "family.attention").register_forward_pre_hook(
+                lambda _m, a, k: None if first_call else first_call.append((a, dict(k))), with_kwargs=True))
 
     ops = [0] * (len(blocks) + 1)
     from autoslapo.primitives.checkpoint import LINEAR_OPS as linear  # what selective recomputation keeps
@@ -413,7 +418,12 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
         if name.split(".", 1)[-1] in attn_paths:
             attn_flops += sum(f for op, f in by_op.items() if all(op is not k.overloadpacket for k in linear))
     per = n * micro_batch
+    split = ""  # whether tensor parallelism can split the attention as the family describes it
+    if um.family is not None and um.shard_block is None and blocks and tp_unit % CHECK_TP == 0:
+        split = split_attention_problem(resolve_path(blocks[0], um.family.attention, "family.attention"),
+                                        um.family, first_call[0] if first_call else None, um.module)
     return {
+        "tp_problem": split,
         "attn_core": int(um.family is not None and bool(blocks) and _has_attention_core(
             resolve_path(blocks[0], um.family.attention, "family.attention"))),
         "attn_act_bytes": attn["saved"] // per, "attn_kept_bytes": attn["kept"] // per,
@@ -460,6 +470,7 @@ def user_spec(path: str | os.PathLike[str]) -> ModelSpec:
         "kernels": um.family is not None,
         # what the attention and fusion knobs can change: an attention core to rewrite, a bias + GeLU to fuse
         "attn_core": bool(shape["attn_core"]), "bias_gelu": um.family is not None and um.family.bias_gelu is not None,
+        "tp_problem": str(shape.get("tp_problem", "")),  # the attention's split failed: tp > 1 refused
         **{k: int(shape[k]) for k in TRACE_KEYS if k not in ("layers", "tp_unit", "seq_len", "attn_core")},
     }
     return ModelSpec(family=USER_FAMILY, hidden=unit, layers=int(shape["layers"]), heads=unit, ffn=unit,

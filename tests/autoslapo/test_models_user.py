@@ -167,6 +167,35 @@ def test_a_family_whose_attention_has_no_core_to_rewrite_runs_as_written(tmp_pat
     assert proc.returncode == 0 and "attn=as written" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_a_family_missing_a_head_count_its_forward_reads_is_refused_tp_with_the_fix(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """attention_attrs=() where the forward reads self.num_heads: estimate passed and `verify --tp 2`
+    failed inside the ranks ("internal error: RuntimeError: rank 0: shape '[4, 32, 4, 16]' is invalid")."""
+    from autoslapo.cli import main
+
+    text = EXAMPLE.read_text()
+    assert '    attention_attrs=("num_heads",),' in text
+    path = write_model_file(tmp_path, text.replace('    attention_attrs=("num_heads",),', "    attention_attrs=(),"),
+                            "no_attrs.py")
+    spec = user_spec(path)
+    assert "set attention_attrs=('num_heads',)" in spec.extra["tp_problem"]
+    assert user_spec(EXAMPLE).extra["tp_problem"] == ""
+    assert spec.signature() == user_spec(path).signature()
+    cluster = ClusterSpec(gpus=4, gpu_type="a100-80gb")
+    assert space_for("user").bind(spec, cluster).domains["tp"] == (1,)  # searched at tp 1 only
+    assert main(["estimate", str(path), "--gpus", "4", "--tp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "got tp=2 for no_attrs.py: family.attention_attrs must name" in err, err
+    assert main(["estimate", str(path), "--gpus", "4", "--tp", "1"]) == 0
+    # two integers missing (the heads and the width the output is reshaped to): both named
+    two = text.replace('    attention_attrs=("num_heads",),', "    attention_attrs=(),").replace(
+        "        self.head_dim = hidden // heads\n", "        self.head_dim = hidden // heads\n        self.width = hidden\n"
+    ).replace("reshape(b, s, self.num_heads * self.head_dim)", "reshape(b, s, self.width)")
+    assert "self.width)" in two
+    problem = user_spec(write_model_file(tmp_path, two, "two_attrs.py")).extra["tp_problem"]
+    assert "set attention_attrs=('num_heads', 'width')" in problem, problem
+
+
 def test_resolve_model_takes_presets_and_files(tmp_path: Path) -> None:
     assert resolve_model("bert-tiny", hidden=256).hidden == 256
     assert resolve_model(str(write_model_file(tmp_path, BARE))).family == "user"

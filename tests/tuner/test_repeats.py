@@ -192,6 +192,31 @@ def test_a_study_stopped_between_rounds_keeps_the_rounds_it_ran(tmp_path: Path) 
         assert again and max(len(samples) for samples in again) == 4 and store.get_study("s").status == "complete"
 
 
+def test_a_study_stopped_while_its_baselines_are_re_measured_keeps_their_picks(tmp_path: Path) -> None:
+    """The baselines' picks were stored only when the phase after the search ended: a Ctrl-C in its
+    repeats lost them, and --resume scored the candidates again (a real trial each)."""
+    from tuner.baselines import stored_picks
+
+    options = TuneOptions(model=MODEL, cluster=CLUSTER, backend="local", trials=4, study="s", repeats=2,
+                          warm_start=False, mirror=False, baselines=True)
+    with open_store(f"sqlite:///{tmp_path / 'a.db'}") as whole:
+        ev = WobblingEvaluator()
+        tune(options, whole, evaluator=ev)
+        picks = {k: v[0] for k, v in stored_picks(whole, "s").items()}
+    assert set(picks) == {"deepspeed", "megatron"}
+    with open_store(f"sqlite:///{tmp_path / 'b.db'}") as store:
+        with pytest.raises(KeyboardInterrupt):
+            tune(options, store, evaluator=StoppedEvaluator(stop_at=len(ev.calls)))  # the last repeat
+        assert store.get_study("s").status == "stopped"
+        assert {k: v[0] for k, v in stored_picks(store, "s").items()} == picks  # kept, as picked
+        again = WobblingEvaluator()
+        tune(replace(options, resume=True), store, evaluator=again)
+        assert {k: v[0] for k, v in stored_picks(store, "s").items()} == picks
+        assert store.get_study("s").status == "complete"
+        extra = {k: v[2] for k, v in stored_picks(store, "s").items()}
+        assert all(e.get("speedup") for e in extra.values())  # the final rows carry the speed-ups
+
+
 def test_the_note_on_repeats_counts_the_samples_stored_after_a_resume(store: Store) -> None:
     """A resumed study re-measures its finalists again, adding to the samples they hold; the note
     under `tune`'s table said "the search's and 2 interleaved repeats" whatever they held."""
