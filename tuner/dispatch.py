@@ -213,6 +213,10 @@ def run_with_ray(runner: DispatchedStudy, started: float) -> str:
 
     # The legacy reporter honours verbose=0; the new one prints tables into the CLI's output.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Ray Tune's own SIGINT handler ends fit() quietly: a Ctrl-C then read as a study run to its end
+    # (exit 0, "complete", the trial in flight left running). Without it, Ctrl-C raises here, and
+    # tune() stops the study as it does for inline trials (its trials in flight marked interrupted).
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     import ray
     from ray import tune
 

@@ -32,6 +32,44 @@ def test_sim_trials_through_local_ray(store: Store) -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_ctrl_c_stops_a_ray_study_as_it_stops_an_inline_one(tmp_path: Path) -> None:
+    """Ray Tune caught the SIGINT and ended fit() quietly: exit 0, the study "complete", its trial
+    in flight left running. A terminal's Ctrl-C: SIGINT to the tuner's process group mid-trial."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from store import open_store
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    proc = subprocess.Popen([sys.executable, "-m", "autoslapo", "tune", "gpt2-tiny", "--gpus", "2", "--backend", "ray",
+                             "--trials", "3", "--steps", "2", "--no-baselines", "--repeats", "0", "--study", "ri",
+                             "--storage", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "AUTOSLAPO_MODEL_CACHE": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (tmp_path / "s.db").exists():
+                with open_store(url) as db:
+                    if db.has_study("ri") and any(t.status == "running" for t in db.trials("ri")):
+                        break
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    with open_store(url) as db:
+        assert db.get_study("ri").status == "stopped"
+        statuses = [t.status for t in db.trials("ri")]
+    assert "running" not in statuses and "failed" in statuses, statuses
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_trials_are_placed_across_the_nodes_of_a_ray_cluster(store: Store) -> None:
     from ray.cluster_utils import Cluster
 
