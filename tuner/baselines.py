@@ -16,6 +16,7 @@ the fastest measured one is the baseline.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -99,12 +100,15 @@ def megatron_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
             found = []
             for schedule in (("1f1b", "gpipe") if pp > 1 else ("1f1b",)):
                 for mb in _micro_batches(ctx):
-                    c = _valid(ctx, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=1.0, zero_stage=0,
-                               sequence_parallel=tp > 1 and b.model.sequence_parallel_ok,  # not ALBERT
-                               attn_kernel="flash" if b.cluster.device.flash_attention
-                               and layout.user_knob_ok("attn_kernel", "flash", b.model) else "sdpa",
-                               norm_kernel="fused",  # Megatron's fused RMSNorm (Apex / Transformer Engine)
-                               pipeline_schedule=schedule)
+                    # sequence parallelism and flash attention where the model takes them (not ALBERT's
+                    # SP, not T5's: its cross-attention reads the whole encoder output; no flash for T5)
+                    sps = (True, False) if tp > 1 and b.model.sequence_parallel_ok else (False,)
+                    attns = ("flash", "sdpa") if b.cluster.device.flash_attention and layout.user_knob_ok(
+                        "attn_kernel", "flash", b.model) else ("sdpa",)
+                    c = next((c for sp, attn in itertools.product(sps, attns) if (c := _valid(
+                        ctx, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=1.0, zero_stage=0, sequence_parallel=sp,
+                        attn_kernel=attn, norm_kernel="fused",  # Megatron's fused RMSNorm (Apex / TE)
+                        pipeline_schedule=schedule)) is not None), None)
                     if c is not None and ctx.predict(c).fits:
                         found.append(c)
             if found:  # the fewest pipeline stages at which something fits

@@ -210,7 +210,9 @@ BASELINE_LABELS = {
 def baseline_label(kind: str, config: dict[str, Any] | None) -> str:
     """How the report names a baseline, with the TP degree it ran (8 on 8-GPU nodes, fewer on a small cluster)."""
     label = BASELINE_LABELS.get(kind, kind)
-    return label.format(tp=(config or {}).get("tp", 8)) if "{tp}" in label else label
+    if "{tp}" in label and not (config or {}).get("tp"):  # none of its configurations fitted
+        return label.split(" (")[0] + " (none fits)"
+    return label.format(tp=config["tp"]) if "{tp}" in label and config else label
 
 
 def load_baselines(store: Store, study: str) -> list[Baseline]:

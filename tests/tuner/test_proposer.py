@@ -218,6 +218,25 @@ def test_megatron_baseline_drops_sequence_parallelism_where_the_family_refuses_i
     store.close()
 
 
+@pytest.mark.parametrize(("name", "gpus", "gpu_type"), [("t5-large", 16, "a100-80gb"), ("t5-tiny", 2, "cpu")])
+def test_megatron_baseline_of_t5_runs_without_sequence_parallelism_and_flash(name: str, gpus: int, gpu_type: str) -> None:
+    """T5 refuses sequence parallelism (its cross-attention reads the whole encoder output) and flash: every
+    Megatron-style candidate was invalid, and the baseline was stored as an out-of-memory that never was."""
+    from autoslapo.report import baseline_label
+    from store import open_store
+    from tuner import StudyRunner, TuneOptions
+
+    store = open_store("sqlite://")
+    r = StudyRunner(TuneOptions(model=ModelSpec.from_name(name), cluster=ClusterSpec(gpus=gpus, gpu_type=gpu_type),
+                                trials=1, prior_seeds=0, warm_start=False), store)
+    mg = megatron_config(r.baseline_context())
+    assert mg is not None and mg.tp > 1 and mg.ckpt_ratio == 1.0 and not mg.sequence_parallel
+    assert mg.attn_kernel == "sdpa" and r.proposer.predict(mg).fits
+    store.close()
+    assert baseline_label("megatron", None) == "Megatron-LM style (none fits)"  # said "(TP 8, ...)" on 2 ranks
+    assert baseline_label("megatron", mg.to_dict()) == f"Megatron-LM style (TP {mg.tp}, full recompute)"
+
+
 def test_baselines_of_a_convolutional_family_leave_its_inapplicable_knobs_at_their_defaults() -> None:
     """A Megatron-style recipe on ResNet-50: TP and full recomputation, without the attention kernel and
     sequence parallelism a convolutional family refuses (before, no candidate was valid and the report
