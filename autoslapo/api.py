@@ -138,15 +138,26 @@ def best(
 
     Same arguments and errors as ``best_trial``; returns only the knobs. With ``server`` (the URL
     of an ``autoslapo serve``, token from $AUTOSLAPO_TOKEN) the service is asked instead of a store
-    (preset names only; the headroom and node-size filters are not sent).
+    (the headroom and node-size filters and ``storage`` are refused with it: the service takes none).
     """
     if server is not None:
+        _not_sent(storage=storage, min_headroom_bytes=min_headroom_bytes,
+                  min_headroom_fraction=min_headroom_fraction, gpus_per_node=gpus_per_node)
         return _remote_best(model, gpus=gpus, gpu_type=gpu_type, metric=metric, measured_only=measured_only,
                             server=server, links=links)
     trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, metric=metric,
                        measured_only=measured_only, min_headroom_bytes=min_headroom_bytes,
                        min_headroom_fraction=min_headroom_fraction, links=links, gpus_per_node=gpus_per_node)
     return _config(trial)
+
+
+def _not_sent(**filters: object) -> None:
+    """UsageError naming the filters given with ``server=``: the service answers from its own store and
+    takes none of them (they were dropped without a word, so a filtered answer was not filtered)."""
+    given = [k for k, v in filters.items() if v is not None]
+    if given:
+        raise UsageError(f"with server= the service answers from its store: {', '.join(given)} cannot be sent; "
+                         "drop them, or ask a store (storage=) instead")
 
 
 def _remote_best(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str, measured_only: bool,
@@ -308,13 +319,16 @@ def apply_best(
     Returns: a ``TrainingJob`` holding the DeepSpeed engine (pp == 1) or the pipeline runtime and
     its optimizer (pp > 1), built by the same runtime functions the tuner's trials use.
     With ``server`` (an ``autoslapo serve`` URL, token from $AUTOSLAPO_TOKEN) the schedule is asked
-    of the service as ``best(..., server=)`` does (no store needed; the headroom filters are not sent).
+    of the service as ``best(..., server=)`` does (no store needed; the headroom, node-size and
+    ``storage`` filters are refused with it).
     Raises: UsageError when no schedule is recorded or the job's world size is not ``gpus``;
     ConfigError/ScheduleError when the schedule does not fit the model.
     """
     import torch.distributed as dist
 
     if server is not None:
+        _not_sent(storage=storage, min_headroom_bytes=min_headroom_bytes,
+                  min_headroom_fraction=min_headroom_fraction, gpus_per_node=gpus_per_node)
         trial = _remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric="samples_per_s",
                                    measured_only=measured_only, server=server, links=links)
     else:

@@ -28,6 +28,7 @@ store's database, for ``optuna-dashboard`` (``tuner/mirror.py``); the sampler's 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,8 +102,8 @@ class TuneOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.trials, int) or self.trials < 1:
             raise UsageError(f"--trials must be a positive integer: got {self.trials!r}")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise UsageError(f"--timeout must be positive seconds: got {self.timeout_s!r}")
+        if self.timeout_s is not None and not 0 < self.timeout_s < math.inf:  # nan, inf: no time limit at all
+            raise UsageError(f"--timeout must be positive, finite seconds: got {self.timeout_s!r}; leave it out for none")
         if self.patience is not None and self.patience < 1:
             raise UsageError(f"--patience must be a positive number of trials: got {self.patience!r}")
         if self.sampler not in SAMPLERS:
@@ -128,8 +129,8 @@ class TuneOptions:
             raise UsageError(f"--repeats must be a whole number of re-measurements, 0 or more: got {self.repeats!r}")
         if self.sweep not in (None, True, False):
             raise UsageError(f"sweep must be true, false or unset (auto): got {self.sweep!r}")
-        if self.trial_timeout_s <= 0:
-            raise UsageError(f"--trial-timeout must be positive seconds: got {self.trial_timeout_s!r}")
+        if not 0 < self.trial_timeout_s < math.inf:
+            raise UsageError(f"--trial-timeout must be positive, finite seconds: got {self.trial_timeout_s!r}")
 
 
 @dataclass

@@ -18,7 +18,8 @@ from search_spaces import SearchSpace, load_space, space_for
 
 POLL_S = 1.0
 # Flags that change what runs locally only; the service would silently ignore them, so refuse them.
-_LOCAL_ONLY = ("storage", "ray_address", "dispatch", "repeats")
+_LOCAL_ONLY = ("storage", "ray_address", "dispatch", "repeats", "max_concurrent", "steps", "trial_timeout",
+               "no_warm_start")
 
 
 def _space(args: argparse.Namespace) -> SearchSpace | None:

@@ -55,6 +55,27 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
+def _check_bind(host: str, port: int) -> None:
+    """UsageError when ``host:port`` cannot be listened on (an unknown host, a port in use): uvicorn
+    said so only after `serve` had announced the address and started its workers."""
+    import socket
+
+    from autoslapo.errors import UsageError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as err:
+        raise UsageError(f"--host must name an address of this machine: got {host!r} ({err}); "
+                         "use 127.0.0.1, 0.0.0.0 or one of its addresses") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise UsageError(f"serve must listen on a free port: {host}:{port} cannot be bound ({err.strerror}); "
+                             "pick another --port, or stop what listens there") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; returns 0."""
     import uvicorn
@@ -69,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-running", args.max_running), ("--max-queued-per-token", args.max_queued_per_token)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1: got {value}; leave it out for no limit")
+    _check_bind(args.host, args.port)  # before the workers start and the address is announced
     store = open_store(args.storage)
     settings = ServiceSettings(allow_anonymous_read=args.allow_anonymous_read, allow_local=args.allow_local,
                                max_body_bytes=args.max_body, max_queued_per_token=args.max_queued_per_token,

@@ -8,6 +8,9 @@ import sys
 from types import FrameType
 
 
+DAY_S = 86400.0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo worker``."""
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
@@ -28,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.service.worker import Worker
     from store import open_store
 
-    if args.lease <= 0 or args.poll <= 0:
-        raise UsageError(f"--lease and --poll must be positive seconds: got {args.lease}, {args.poll}")
+    if not (0 < args.lease <= DAY_S and 0 < args.poll <= DAY_S):  # nan, inf and 1e300 crashed it at its first job
+        raise UsageError(f"--lease and --poll must be positive seconds, at most a day ({DAY_S:g}): got {args.lease}, "
+                         f"{args.poll}; the defaults are 30 and 1")
     if args.max_running is not None and args.max_running < 1:
         raise UsageError(f"--max-running must be at least 1: got {args.max_running}; leave it out for no limit")
     store = open_store(args.storage)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from autoslapo.api import best, best_trial
+from autoslapo.api import apply_best, best, best_trial
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.errors import UsageError
@@ -164,3 +164,14 @@ def test_apply_best_trains_the_tuned_schedule_on_two_ranks(url: str) -> None:
     assert all(r["config"] == HALF.to_dict() and r["loss_scale"] == 2.0**16 for r in half)
     assert half[0]["losses"] == half[1]["losses"] and half[0]["skipped_steps"] == 0
     assert half[0]["losses"][-1] < half[0]["losses"][0]
+
+
+@pytest.mark.parametrize("kwargs", [{"gpus_per_node": 4}, {"min_headroom_bytes": 10**9}, {"storage": "sqlite://"},
+                                    {"min_headroom_fraction": 0.1}])
+def test_filters_the_service_does_not_take_are_refused_with_a_server(kwargs: dict[str, Any]) -> None:
+    """They were dropped without a word: apply_best(..., server=, gpus_per_node=7) answered unfiltered.
+    Refused before anything is sent (nothing listens on port 9)."""
+    with pytest.raises(UsageError, match=f"with server= the service answers from its store: {next(iter(kwargs))} "):
+        best("bert", gpus=8, server="http://127.0.0.1:9", **kwargs)
+    with pytest.raises(UsageError, match="cannot be sent; drop them"):
+        apply_best("bert", gpus=8, server="http://127.0.0.1:9", **kwargs)

@@ -36,7 +36,8 @@ S = ["--storage", "{url}"]
 
 CASES: list[tuple[str, list[str], str]] = [
     # --- tune -------------------------------------------------------------------------------
-    ("tune-study-blank", [*T, "--gpus", "4", "--study", "  ", *S], "study names are 1-100 of A-Z a-z 0-9 . _ -: got '  '"),
+    ("tune-study-blank", [*T, "--gpus", "4", "--study", "  ", *S], "study names are 1-100 of A-Z a-z 0-9 . _ - (not dots alone): got '  '"),
+    ("tune-study-dots", [*T, "--gpus", "4", "--study", "..", *S], "(not dots alone): got '..'"),
     ("tune-study-empty", [*T, "--gpus", "4", "--study", "", *S], "study names are 1-100"),
     ("tune-sim-steps", [*T, "--gpus", "4", "--steps", "3", *S], "--steps set how real trials run"),
     ("tune-max-concurrent-inline", [*T, "--gpus", "4", "--max-concurrent", "4", *S], "--max-concurrent sets how many"),
@@ -225,6 +226,12 @@ CASES: list[tuple[str, list[str], str]] = [
      "--trial: did you mean --trial-timeout or --trials?"),
     ("tune-flag-hides-required", ["tune", "bert-tiny", "--gpu", "4", "--backend", "sim", *S],
      "--gpu: did you mean --gpu-type or --gpus or --gpus-per-node?"),
+    ("tune-timeout-nan", [*T, "--gpus", "4", "--timeout", "nan", *S], "--timeout must be positive, finite seconds: got nan"),
+    ("tune-server-steps", ["tune", "bert-tiny", "--gpus", "4", "--trials", "3", "--steps", "3", "--server",
+                           "http://127.0.0.1:9"], "--server submits a plain study: --steps cannot be sent"),
+    ("worker-lease-nan", ["worker", "--once", "--lease", "nan", *S], "--lease and --poll must be positive seconds"),
+    ("serve-unknown-host", ["serve", "--host", "no-such-host.invalid", "--port", "18397", *S],
+     "--host must name an address of this machine"),
     ("estimate-misspelled-flag", ["estimate", "bert-tiny", "--gpus", "4", "--micro-bach=2"],
      "--micro-bach: did you mean --micro-batch?"),
 ]
