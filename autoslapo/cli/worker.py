@@ -7,7 +7,6 @@ import signal
 import sys
 from types import FrameType
 
-
 DAY_S = 86400.0
 
 
