@@ -181,7 +181,7 @@ def _remote_best_trial(model: str | ModelSpec, *, gpus: int, gpu_type: str | Non
                        samples_per_s=doc.get("samples_per_s"), tokens_per_s=doc.get("tokens_per_s"),
                        tflops_per_device=doc.get("tflops_per_device"),
                        peak_memory_bytes=doc.get("peak_memory_bytes"), measured=bool(doc.get("measured")),
-                       reason=str(doc.get("reason") or ""))
+                       reason=str(doc.get("reason") or ""), result={"model_spec": doc.get("model_spec")})
 
 
 def _store(storage: str | Store | None) -> tuple[Store, bool]:
@@ -193,6 +193,30 @@ def _store(storage: str | Store | None) -> tuple[Store, bool]:
     if storage is not None and not isinstance(storage, str | Path):
         raise UsageError(f"storage must be a URL or a Store: got {type(storage).__name__}")
     return require_store(None if storage is None else str(storage)), True
+
+
+def _trial_spec(model: str | ModelSpec, trial: TrialRecord, storage: str | Store | None) -> ModelSpec:
+    """The model to build for ``trial``: ``model`` resolved, or, for a model named by its signature (the
+    service's ``apply_best`` line for a config.json or a model file), the model its study tuned."""
+    from autoslapo.models.spec import ModelSpec
+
+    try:
+        return _spec(model)
+    except UsageError:
+        if not isinstance(model, str):
+            raise
+        stored = (trial.result or {}).get("model_spec")  # the server sends its study's model with its answer
+        if stored is None:
+            db, opened = _store(storage)
+            try:
+                stored = db.get_study(trial.study).model
+            finally:
+                if opened:
+                    db.close()
+        spec = ModelSpec.from_dict(dict(stored))
+        if spec.signature() != model:  # a name, not this study's signature: the resolver's error stands
+            raise
+        return spec
 
 
 def _spec(model: str | ModelSpec) -> ModelSpec:
@@ -335,7 +359,7 @@ def apply_best(
         trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, measured_only=measured_only,
                            min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction,
                            links=links, gpus_per_node=gpus_per_node)
-    spec = _spec(model)
+    spec = _trial_spec(model, trial, storage)
     config = _config(trial)
     if not dist.is_initialized():
         raise UsageError(

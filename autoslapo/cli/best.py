@@ -99,11 +99,17 @@ def run(args: argparse.Namespace) -> int:
         given = "".join(f" {_flag(k)} {v:g}" for k, v in {**links, "gpus_per_node": per_node}.items() if v is not None)
         filters = [f for f, on in (("--measured", args.measured), (f"--headroom {args.headroom}", args.headroom))
                    if on]
-        if filters and store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric, links=links,
-                                         gpus_per_node=per_node):
+        unfiltered = store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric, links=links,
+                                       gpus_per_node=per_node) if filters else []
+        if unfiltered:
+            free = [((store.get_study(t.study).gpu_memory_bytes or 0) - (t.peak_memory_bytes or 0),
+                     store.get_study(t.study).gpu_memory_bytes or 0) for t in unfiltered if t.peak_memory_bytes]
+            most = (f"; the most a stored trial leaves free is {max(free)[0] / 2**30:.1f} GiB of "
+                    f"{max(free)[1] / 2**30:.1f} GiB a device" if args.headroom and free else
+                    "; trials that do not are stored")
             raise AutoslapoError(
                 f"no complete trial of {model.preset} on {where}{' with' + given if given else ''} passes "
-                f"{' and '.join(filters)} in {store.url} (trials without them are stored); relax it"
+                f"{' and '.join(filters)} in {store.url}{most}; relax it"
                 + (", or tune with a measuring backend (--backend local or ray)" if args.measured else "")
             )
         raise AutoslapoError(

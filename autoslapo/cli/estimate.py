@@ -2,7 +2,8 @@
 
 Knobs given on the command line are fixed; the rest are chosen as the best the cost model finds.
 A measured profile (``autoslapo profile``) calibrates the device: ``--profile PATH``, else
-``$AUTOSLAPO_PROFILE``, else ``~/.cache/autoslapo/profiles/<gpu-type>.json`` if it exists.
+``$AUTOSLAPO_PROFILE`` when it profiles the same ``--gpu-type``, else
+``~/.cache/autoslapo/profiles/<gpu-type>.json`` if it exists.
 ``--server URL`` asks a running ``autoslapo serve`` (``POST /v1/estimate``) with the same model, pins
 and shape: the same answer, and ``--cluster-from`` then names a study in the server's store.
 """
@@ -62,7 +63,9 @@ def _profile(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
         return load_profile(args.profile), str(args.profile)
     env = os.environ.get("AUTOSLAPO_PROFILE")
     if env:
-        return load_profile(Path(env)), env
+        profile = load_profile(Path(env))
+        if profile.get("gpu_type") == args.gpu_type:  # a profile of another device is not this estimate's
+            return profile, env
     path = default_profile_path(args.gpu_type)
     if path.exists():
         return load_profile(path), str(path)
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         if profile.get("gpu_type") != args.gpu_type:
             raise UsageError(
                 f"the profile is for {profile.get('gpu_type')!r}, not --gpu-type {args.gpu_type}: "
-                f"{source}; pass a matching --profile"
+                f"{source}; pass a matching --profile (or none)"
             )
         cluster = cluster.with_profile(profile)
     ranked = calibrated_ranking(model, cluster, calibration["params"] if calibration else None, top=args.top,

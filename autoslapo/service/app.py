@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
@@ -41,7 +40,6 @@ from prometheus_client import (
 )
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autoslapo import api
 from autoslapo.cluster import ClusterSpec
@@ -58,9 +56,10 @@ from autoslapo.service.events import study_events
 from autoslapo.service.jobs import StudyRequest, check_name
 from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
 from autoslapo.service.looplag import loop_lag_histogram, loop_lag_lifespan
+from autoslapo.service.measure import Measure
 from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff, trace_memory_bytes
 from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
-from store import TRIAL_STATUSES, JobLimitError, Store
+from store import RANK_METRICS, TRIAL_STATUSES, JobLimitError, Store
 
 MAX_BODY_BYTES = 64 * 1024
 EVENTS_POLL_S = 0.5
@@ -128,10 +127,10 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             raise ApiError(403, f"token {found.name!r} has role {found.role}: this needs {need} or above")
         return found
 
-    def caller(request: Request, need: str) -> Caller:
-        found = tokens.caller(request.headers.get("authorization"))
+    def caller(request: Request, need: str, *, recheck: bool = False) -> Caller:
+        found = tokens.caller(request.headers.get("authorization"), recheck=recheck)
         if found is None and COOKIE in request.cookies:
-            found = tokens.caller(f"Bearer {request.cookies[COOKIE]}")
+            found = tokens.caller(f"Bearer {request.cookies[COOKIE]}", recheck=recheck)
         return allowed(found, need)
 
     rechecks: set[asyncio.Task[Any]] = set()  # held until done (the loop keeps only weak references)
@@ -153,7 +152,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             task.add_done_callback(_settled(rechecks))
         return allowed(found, need)
 
-    app.add_middleware(_Measure, latency=latency, requests=requests)
+    app.add_middleware(Measure, latency=latency, requests=requests)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
@@ -224,23 +223,26 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                             status_code=202, headers={"Location": url})
 
     @app.get("/v1/studies")
-    async def list_studies(request: Request) -> Response:
+    async def list_studies(request: Request, show_all: bool = Query(False, alias="all")) -> Response:
+        """Every study and queued job; the tuner's ``<study>.baselines`` companions only with ``all=true``."""
         await caller_on_loop(request, "read")
-        body = await answers.get(("studies",), lambda: _json_bytes({"studies": all_studies(store)}))
+        server = _server(request)
+        body = await answers.get(("studies", server, show_all), lambda: _json_bytes(
+            {"studies": all_studies(store, server=server, include_baselines=show_all)}))
         return Response(body, media_type="application/json")
 
-    def _find(name: str) -> dict[str, Any]:
+    def _find(name: str, request: Request) -> dict[str, Any]:
         check_name_or_404(name)
         job = store.jobs.get(name)
         study = store.get_study(name) if store.has_study(name) else None
         if study is None and job is None:
             raise ApiError(404, f"no study named {name!r}: see GET /v1/studies")
-        return study_view(store, study, job, baselines=True)
+        return study_view(store, study, job, baselines=True, server=_server(request))
 
     @app.get("/v1/studies/{name}", name="get_study")
     def get_study(name: str, request: Request) -> dict[str, Any]:
         caller(request, "read")
-        return _find(name)
+        return _find(name, request)
 
     @app.get("/v1/studies/{name}/trials")
     def get_trials(name: str, request: Request, offset: int = 0, limit: int = 100, sort: str = "number",
@@ -266,8 +268,17 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         """Server-sent events: ``trial`` (one per launched trial that ended, as in ``/trials``) and a
         last ``done`` (the study as in ``GET /v1/studies/{name}``) once the study is no longer queued/running."""
         caller(request, "read")
-        _find(name)
-        return StreamingResponse(study_events(store, name, cfg.events_poll_s), media_type="text/event-stream",
+        _find(name, request)
+
+        def refused() -> str | None:  # the token rechecked while the stream is open: a revoked one ends it
+            try:
+                caller(request, "read", recheck=True)
+            except ApiError as err:
+                return f"{err.message}; the stream ended: open it again with a valid token"
+            return None
+
+        return StreamingResponse(study_events(store, name, cfg.events_poll_s, server=_server(request),
+                                              refused=refused), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/v1/studies/{name}/report", response_class=HTMLResponse)
@@ -292,7 +303,11 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             raise ApiError(404, f"no submitted study named {name!r}: only the service's studies can be cancelled")
         if job.owner != who.name and not who.may("admin"):
             raise ApiError(403, f"token {who.name!r} may cancel only its own studies: {name!r} is {job.owner!r}'s")
+        if job.status not in ("queued", "running"):
+            raise ApiError(409, f"study {name!r} already ended ({job.status}): nothing to cancel, nothing was changed")
         job = store.jobs.cancel(name)
+        if job.status not in ("queued", "running", "cancelled"):  # it ended between the read and the cancel
+            raise ApiError(409, f"study {name!r} already ended ({job.status}): nothing to cancel, nothing was changed")
         answers.expire()
         return {"name": name, "status": job.status, "cancel_requested": job.cancel_requested}
 
@@ -303,7 +318,11 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                    metric: str = "samples_per_s", measured_only: bool = False,
                    intra_node_gbps: float | None = None, inter_node_gbps: float | None = None) -> Response:
         await caller_on_loop(request, "read")
+        if metric not in RANK_METRICS:
+            raise ApiError(400, f"metric must be one of {', '.join(RANK_METRICS)}: got {redact(metric)[:40]!r}; "
+                                "leave it out for samples_per_s")
         links = {"intra_node_gbps": intra_node_gbps, "inter_node_gbps": inter_node_gbps}
+        server = _server(request)
 
         def answer() -> bytes:
             try:
@@ -314,11 +333,12 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                 raise ApiError(404 if nothing else 400, one_line(err)) from None
             study = store.get_study(t.study)
             return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
+                                "model_spec": study.model,  # what apply_best builds for a model named by signature
                                 "study": t.study, "trial": t.number, "backend": study.backend, **trial_view(t),
-                                "apply_best": apply_snippet(study)})
+                                "apply_best": apply_snippet(study, server)})
 
         body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only, intra_node_gbps,
-                                  inter_node_gbps), answer)
+                                  inter_node_gbps, server), answer)
         return Response(body, media_type="application/json")
 
     app.include_router(estimate_router(store, caller, allow_module_files=cfg.allow_module_files,
@@ -331,7 +351,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
         caller(request, "read")
-        studies = all_studies(store)
+        studies = all_studies(store, include_baselines=True)  # every study the store holds, as before
         for status in {s["status"] for s in studies} | {"queued", "running", "complete"}:
             studies_gauge.labels(status).set(sum(1 for s in studies if s["status"] == status))
         trials_gauge.set(sum(sum(s["counts"].values()) for s in studies))
@@ -350,14 +370,14 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         who = page_caller(request)
         if who is None:
             return HTMLResponse(pages.login_page(), status_code=401)
-        return HTMLResponse(pages.studies_page(all_studies(store), who))
+        return HTMLResponse(pages.studies_page(all_studies(store, server=_server(request)), who))
 
     @app.get("/studies/{name}", response_class=HTMLResponse)
     def study_page(name: str, request: Request) -> HTMLResponse:
         who = page_caller(request)
         if who is None:
             return HTMLResponse(pages.login_page(), status_code=401)
-        doc = _find(name)
+        doc = _find(name, request)
         trials = [trial_view(t) for t in store.trials(name)] if store.has_study(name) else []
         return HTMLResponse(pages.study_page(doc, trials))
 
@@ -376,31 +396,6 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         return "User-agent: *\nDisallow: /\n"
 
     return app
-
-
-class _Measure:
-    """Counts requests and observes their latency (to the response's first byte) by route: a plain
-    ASGI middleware, cheaper than ``@app.middleware`` on every request."""
-
-    def __init__(self, app: ASGIApp, latency: Histogram, requests: Counter) -> None:
-        self.app = app
-        self.latency = latency
-        self.requests = requests
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-
-        async def measured(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                path = getattr(scope.get("route"), "path", "unmatched")
-                self.latency.labels(path).observe(time.perf_counter() - started)
-                self.requests.labels(path, scope["method"], str(message["status"])).inc()
-            await send(message)
-
-        await self.app(scope, receive, measured)
 
 
 def _settled(held: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
@@ -424,6 +419,11 @@ def _json_bytes(doc: Any) -> bytes:
         return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     except (TypeError, ValueError):
         return bytes(JSONResponse(jsonable_encoder(doc)).body)
+
+
+def _server(request: Request) -> str:
+    """This service's URL as the client reached it (what ``apply_best(..., server=)`` takes)."""
+    return str(request.base_url).rstrip("/")
 
 
 def check_name_or_404(name: str) -> None:

@@ -9,6 +9,7 @@ that runs the study, and any worker that takes it over after a crash, searches t
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -19,7 +20,7 @@ from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
 from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
-from autoslapo.storage import check_study_name
+from autoslapo.storage import BASELINES_SUFFIX, check_study_name
 from search_spaces import SearchSpace, space_for, space_from_dict
 from tuner import TuneOptions, default_study_name
 
@@ -76,11 +77,18 @@ class StudyRequest:
             "resume": (bool,), "join": (bool,),
         }
         for key, value in doc.items():
-            if value is None and key not in ("model", "gpus"):
-                continue
+            want = " or ".join(k.__name__ for k in kinds[key])
+            if value is None and key in ("model", "gpus"):
+                raise UsageError(f"field {key!r} must be {want}, not null: got null; it is required, e.g. "
+                                 "{\"model\": \"bert\", \"gpus\": 8}")
+            if value is None:
+                if known[key].default is None:
+                    continue  # null is this field's default (none/unset): the same as leaving it out
+                nullable = ", ".join(f.name for f in fields(cls) if f.default is None)
+                raise UsageError(f"field {key!r} must be {want}, not null: got null; leave it out for its default "
+                                 f"({json.dumps(known[key].default)}) (null means the default only in {nullable})")
             ok = isinstance(value, kinds[key]) and (kinds[key] == (bool,) or not isinstance(value, bool))
             if not ok:
-                want = " or ".join(k.__name__ for k in kinds[key])
                 raise UsageError(f"field {key!r} must be {want}: got {json_repr(value)}")
         check_model_field(doc["model"], allow_module_files=allow_module_files)
         if is_module_file(doc["model"]):
@@ -103,6 +111,7 @@ class StudyRequest:
                              "short of trials; send one of them")
         if self.name is not None:
             check_name(self.name)
+            check_not_baselines(self.name)
         elif self.resume:
             raise UsageError("resume continues a study: name it, e.g. {\"name\": \"svc\", \"resume\": true}")
         elif self.join:
@@ -146,6 +155,17 @@ class StudyRequest:
     def to_dict(self) -> dict[str, Any]:
         """The request as JSON-safe data (what the job row keeps)."""
         return asdict(self)
+
+
+def check_not_baselines(name: str) -> None:
+    """Refuse a name ending in ``.baselines``: the tuner keeps a study's baselines in that companion
+    study, so the tuner would refuse the job (as ``autoslapo tune`` refuses it up front)."""
+    if name.endswith(BASELINES_SUFFIX):
+        base = name.removesuffix(BASELINES_SUFFIX)
+        fix = (f"tune, resume or join {base!r} instead" if base
+               else f"pick a name that does not end in {BASELINES_SUFFIX!r}")
+        raise UsageError(f"study names ending in {BASELINES_SUFFIX!r} are the tuner's own (a study's baselines): "
+                         f"got {name!r}; {fix}")
 
 
 def parse_space_text(text: str) -> dict[str, Any]:

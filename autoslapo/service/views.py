@@ -7,8 +7,10 @@ from typing import Any
 
 from autoslapo.cluster import LINKS, ClusterSpec
 from autoslapo.config import describe
+from autoslapo.errors import AutoslapoError
+from autoslapo.models.spec import ModelSpec
 from autoslapo.service.payload import model_label
-from autoslapo.storage import baseline_study, silent_for
+from autoslapo.storage import BASELINES_SUFFIX, baseline_study, silent_for
 from store import JobRecord, Store, StudyRecord, TrialRecord
 
 LAUNCHED = ("complete", "oom", "failed", "timeout")
@@ -26,12 +28,33 @@ def trial_view(t: TrialRecord) -> dict[str, Any]:
             "measured": t.measured, "reason": t.reason, "ended_at": _time(t.ended_at)}
 
 
-def apply_snippet(study: StudyRecord) -> str:
+def apply_snippet(study: StudyRecord, server: str | None = None) -> str:
     """The line a training script runs to train with the best recorded schedule of ``study``'s model
-    and cluster (its links too, when they are not the device preset's)."""
-    links = ClusterSpec.from_dict(study.cluster).link_values()
+    and cluster (its links and node size too, when they are not the defaults), asked of ``server``
+    (this service's URL) when given. A preset's model is named as the preset; any other model (a
+    config.json, a model file) by its signature, which the look-up matches as given."""
+    cluster = ClusterSpec.from_dict(study.cluster)
+    links = cluster.link_values()
     given = f", links={json.dumps(links)}" if links else ""
-    return f'job = autoslapo.apply_best("{study.model_name}", gpus={study.gpus}, gpu_type="{study.gpu_type}"{given})'
+    if cluster.gpus_per_node != ClusterSpec(gpus=study.gpus, gpu_type=study.gpu_type).gpus_per_node:
+        given += f", gpus_per_node={cluster.gpus_per_node}"
+    if server:
+        given += f", server={json.dumps(server)}"
+    model = json.dumps(study.model_name if _is_preset_of(study) else study.model_signature)
+    return f'job = autoslapo.apply_best({model}, gpus={study.gpus}, gpu_type={json.dumps(study.gpu_type)}{given})'
+
+
+def _is_preset_of(study: StudyRecord) -> bool:
+    """True when ``study``'s model name is a preset of its very shape (so the name finds its trials)."""
+    try:
+        return ModelSpec.from_name(study.model_name).signature() == study.model_signature
+    except AutoslapoError:
+        return False
+
+
+def is_baseline_study(study: StudyRecord) -> bool:
+    """True for the companion study in which the tuner stores a study's baselines (the CLI's rule)."""
+    return study.space_name == "baselines" and study.name.endswith(BASELINES_SUFFIX)
 
 
 def baselines_view(store: Store, study: str) -> list[dict[str, Any]]:
@@ -55,9 +78,11 @@ def baselines_view(store: Store, study: str) -> list[dict[str, Any]]:
 
 
 def study_view(store: Store, study: StudyRecord | None, job: JobRecord | None, *,
-               trials: list[TrialRecord] | None = None, baselines: bool = False) -> dict[str, Any]:
+               trials: list[TrialRecord] | None = None, baselines: bool = False,
+               server: str | None = None) -> dict[str, Any]:
     """A study's status, progress and best trial so far (a queued job has no study yet); with
-    ``baselines``, also its baselines and the best's speed-ups over them."""
+    ``baselines``, also its baselines and the best's speed-ups over them; ``server``: this
+    service's URL, for the ``apply_best`` line."""
     name = study.name if study is not None else job.study if job is not None else ""
     if trials is None:
         trials = store.trials(name) if study is not None else []
@@ -66,11 +91,11 @@ def study_view(store: Store, study: StudyRecord | None, job: JobRecord | None, *
         counts[t.status] = counts.get(t.status, 0) + 1
     complete = [t for t in trials if t.status == "complete" and t.samples_per_s]
     best = max(complete, key=lambda t: t.samples_per_s or 0.0, default=None)
-    return _study_doc(store, name, study, job, counts, best, baselines=baselines)
+    return _study_doc(store, name, study, job, counts, best, baselines=baselines, server=server)
 
 
 def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecord | None, counts: dict[str, int],
-               best: TrialRecord | None, *, baselines: bool) -> dict[str, Any]:
+               best: TrialRecord | None, *, baselines: bool, server: str | None = None) -> dict[str, Any]:
     request = job.request if job is not None else {}
     doc: dict[str, Any] = {
         "name": name,
@@ -98,14 +123,18 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
         if best is not None:
             doc["best"]["speedup_ci95"] = (best.result.get("extra") or {}).get("speedup_ci95")
     if best is not None and study is not None:
-        doc["apply_best"] = apply_snippet(study)
+        doc["apply_best"] = apply_snippet(study, server)
     return doc
 
 
-def all_studies(store: Store) -> list[dict[str, Any]]:
-    """Every study in the store and every job not started yet, oldest first."""
+def all_studies(store: Store, *, server: str | None = None, include_baselines: bool = False) -> list[dict[str, Any]]:
+    """Every study in the store and every job not started yet, oldest first; the tuner's
+    ``<study>.baselines`` companions only with ``include_baselines`` (as ``autoslapo studies --all``)."""
     jobs = {j.study: j for j in store.jobs.list()}
-    out = [_study_doc(store, s.study.name, s.study, jobs.pop(s.study.name, None), s.counts, s.best, baselines=False)
-           for s in store.study_summaries()]
-    out.extend(study_view(store, None, j) for j in jobs.values())
+    out = []
+    for s in store.study_summaries():
+        job = jobs.pop(s.study.name, None)
+        if include_baselines or not is_baseline_study(s.study):
+            out.append(_study_doc(store, s.study.name, s.study, job, s.counts, s.best, baselines=False, server=server))
+    out.extend(study_view(store, None, j, server=server) for j in jobs.values())
     return out

@@ -175,3 +175,21 @@ def test_filters_the_service_does_not_take_are_refused_with_a_server(kwargs: dic
         best("bert", gpus=8, server="http://127.0.0.1:9", **kwargs)
     with pytest.raises(UsageError, match="cannot be sent; drop them"):
         apply_best("bert", gpus=8, server="http://127.0.0.1:9", **kwargs)
+
+
+def test_a_model_named_by_its_signature_is_built_from_its_study(tmp_path: Path) -> None:
+    """The service's apply_best line names a config.json's model by its signature: the look-up found the
+    study, then apply_best failed to build "unknown model '<signature>'"; it builds the study's model."""
+    from autoslapo.models.resolve import resolve_model
+    from store import open_store
+    from tuner import TuneOptions, tune
+
+    config = Path(__file__).parent / "data" / "hf" / "mistral-tiny.json"
+    spec, url = resolve_model(str(config)), f"sqlite:///{tmp_path / 's.db'}"
+    with open_store(url) as db:
+        tune(TuneOptions(model=spec, cluster=ClusterSpec(gpus=2, gpu_type="cpu"), trials=2, baselines=False), db)
+    assert best(spec.signature(), gpus=2, storage=url) == best(str(config), gpus=2, storage=url)
+    with pytest.raises(UsageError, match="no process group is initialized"):  # found and built: then the launch
+        apply_best(spec.signature(), gpus=2, storage=url)
+    with pytest.raises(UsageError, match="no-such-model"):
+        apply_best("no-such-model", gpus=2, storage=url)

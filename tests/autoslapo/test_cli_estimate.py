@@ -90,6 +90,10 @@ def test_estimate_uses_profile(capsys: pytest.CaptureFixture[str], monkeypatch: 
     wrong = save_profile({**prof, "gpu_type": "a100-80gb"}, tmp_path / "w.json")
     assert main([*argv, "--profile", str(wrong)]) == 2
     assert "profile is for" in capsys.readouterr().err
+    # $AUTOSLAPO_PROFILE (a CPU profile, as `autoslapo profile` saves) is not an A100's: every GPU
+    # estimate failed with "the profile is for 'cpu'"; it calibrates only its own device
+    gpu = ["estimate", "bert-tiny", "--gpus", "8", "--gpu-type", "a100-80gb", "--json"]
+    assert _json(capsys, gpu)["cluster"]["gpu_type"] == "a100-80gb"
 
 
 def test_load_profile_errors(tmp_path: Path) -> None:

@@ -55,6 +55,8 @@ def test_resume_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "passes --measured" in err and "tune with a measuring backend" in err and "first" not in err
     assert main(["best", "bert-base", "--gpus", "8", "--headroom", "31", "--storage", url]) == 1
     assert "passes --headroom 31" in (err := capsys.readouterr().err) and "relax it" in err
+    # how much any leaves free (it said "(trials without them are stored)")
+    assert "the most a stored trial leaves free is 26.8 GiB of 31.7 GiB a device; relax it" in err, err
     # the answer names its node size; --gpus-per-node keeps to one
     assert main(["best", "bert-base", "--gpus", "8", "--storage", url]) == 0
     assert "on 8x v100-32gb (8 a node):" in capsys.readouterr().out

@@ -71,7 +71,8 @@ def test_submit_runs_to_budget_and_best_answers(client: TestClient, tokens: dict
     assert best.status_code == 200, best.text
     assert best.json()["study"] == "svc"
     assert best.json()["config"]["tp"] * best.json()["config"]["pp"] * best.json()["config"]["dp"] == 8
-    assert best.json()["apply_best"] == 'job = autoslapo.apply_best("bert-large", gpus=8, gpu_type="a100-80gb")'
+    assert best.json()["apply_best"] == ('job = autoslapo.apply_best("bert-large", gpus=8, gpu_type="a100-80gb", '
+                                         'server="http://testserver")')
     trials = client.get("/v1/studies/svc/trials", params={"sort": "samples_per_s", "limit": 3},
                         headers=bearer(tokens["read"])).json()
     assert trials["total"] >= 20 and len(trials["trials"]) == 3
@@ -309,7 +310,7 @@ def test_estimate_and_anonymous_read(service_store: Store, tokens: dict[str, str
         trials = anon.get("/v1/studies/none/trials", params={"state": "complete"})
         assert trials.status_code == 400 and "got 'state'" in trials.json()["error"]
         assert anon.get("/v1/studies", params={"x": 1}).json()["error"].startswith(
-            "/v1/studies takes no query parameters: got 'x'")
+            "/v1/studies takes only the query parameters all: got 'x'")
         assert anon.get("/", params={"utm": 1}).status_code == 200  # HTML pages: left alone
         assert anon.post("/v1/studies", json=BODY).status_code == 401
         assert anon.get("/").status_code == 200

@@ -251,7 +251,8 @@ def test_best_over_http_keeps_to_a_described_network(client: TestClient, tokens:
     assert client.get("/v1/best", params=query, headers=read).json()["study"] == "dgx"
     slow = client.get("/v1/best", params={**query, "inter_node_gbps": 6.25}, headers=read).json()
     assert slow["study"] == "slow" and slow["apply_best"] == (
-        'job = autoslapo.apply_best("gpt2-xl", gpus=64, gpu_type="a100-80gb", links={"inter_node_gbps": 6.25})')
+        'job = autoslapo.apply_best("gpt2-xl", gpus=64, gpu_type="a100-80gb", links={"inter_node_gbps": 6.25}, '
+        'server="http://testserver")')
     view = client.get("/v1/studies/slow", headers=read).json()
     assert view["links"] == {"inter_node_gbps": 6.25} and view["apply_best"] == slow["apply_best"]
     assert client.get("/v1/studies/dgx", headers=read).json()["links"] == {}
