@@ -133,3 +133,14 @@ def with_repeats(result: TrialResult, repeats: Sequence[TrialResult]) -> TrialRe
                    hw_tflops_per_device=result.hw_tflops_per_device * factor,
                    step_time_s=result.step_time_s / factor if result.step_time_s else result.step_time_s,
                    extra=extra)
+
+
+def interval_samples(ci: dict[str, Any]) -> str:
+    """What a stored speed-up interval rests on, for its label: ``3 interleaved repeats`` when both sides
+    hold the search's measurement and that many repeats, else ``medians of 5 and 3 measurements`` (a
+    resumed study's finalist gains samples each run; the baseline keeps those it was picked with)."""
+    reps, a, b = int(ci.get("repeats") or 0), ci.get("n_tuned"), ci.get("n_baseline")
+    if a is None or b is None or a == b == reps + 1:
+        return f"{reps} interleaved repeat{'s' if reps != 1 else ''}"
+    return f"medians of {a} and {b} measurements"
+

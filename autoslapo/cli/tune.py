@@ -23,6 +23,7 @@ from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import UsageError
+from autoslapo.stats import interval_samples
 from autoslapo.storage import check_study_name
 
 SAMPLER_NAMES = ("tpe", "random", "grid", "cmaes", "gp", "nsga2")
@@ -279,8 +280,7 @@ def speedup_line(name: str, b: dict[str, Any]) -> str:
     if not ci:
         return f"{head} {b['speedup']:.2f}x ({base})"
     value = f"{ci['speedup']:.2f}x" if ci["significant"] else f"no significant speed-up, {ci['speedup']:.2f}x"
-    return (f"{head} {value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeat{'s' if ci['repeats'] != 1 else ''}; "
-            f"{base})")
+    return f"{head} {value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {interval_samples(ci)}; {base})"
 
 
 def repeats_note(rows: list[Any]) -> str | None:

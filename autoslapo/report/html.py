@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.report.plots import Baseline, GiB
+from autoslapo.stats import interval_samples
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -111,7 +112,7 @@ def _baseline_rows(baselines: Sequence[Baseline], best: float | None) -> list[di
         ci = b.speedup_ci95
         if ci:
             value = f"{ci['speedup']:.2f}x" if ci["significant"] else f"no significant speed-up, {ci['speedup']:.2f}x"
-            text = f"{value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {ci['repeats']} interleaved repeat{'s' if ci['repeats'] != 1 else ''})"
+            text = f"{value} (95% CI {ci['low']:.2f}-{ci['high']:.2f}, {interval_samples(ci)})"
         rows.append({
             "baseline": b.name,
             "status": b.status,

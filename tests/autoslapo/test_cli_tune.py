@@ -143,6 +143,9 @@ def test_a_speedup_line_carries_its_interval_and_says_when_it_is_noise() -> None
          "speedup_ci95": ci}
     assert speedup_line("deepspeed", b).startswith(
         "speedup over deepspeed-style baseline: 1.19x (95% CI 1.07-1.31, 3 interleaved repeats; baseline 10.0")
+    # a resumed study's finalist holds the samples of both runs; the baseline those it was picked with
+    mixed = {**b, "speedup_ci95": {**ci, "repeats": 1, "n_tuned": 5, "n_baseline": 3}}
+    assert "(95% CI 1.07-1.31, medians of 5 and 3 measurements; baseline" in speedup_line("deepspeed", mixed)
     noise = {**b, "speedup_ci95": {**ci, "low": 0.96, "significant": False}}
     assert speedup_line("deepspeed", noise).startswith(
         "speedup over deepspeed-style baseline: no significant speed-up, 1.19x (95% CI 0.96-1.31, 3 interleaved")
