@@ -132,6 +132,11 @@ def ranks_per_node(runner: DispatchedStudy) -> list[int] | None:
     return [cluster.gpus_per_node] * cluster.nodes
 
 
+def shared_threads(ranks: int, concurrent: int, cores: int) -> int:
+    """Threads a CPU rank takes when ``concurrent`` trials of ``ranks`` ranks share ``cores`` cores."""
+    return max(1, cores // (ranks * concurrent))
+
+
 def trial_resources(runner: DispatchedStudy) -> Any:
     """What one trial reserves: a CPU for an estimate; its ranks for a real trial.
 
@@ -230,6 +235,14 @@ def run_with_ray(runner: DispatchedStudy, started: float) -> str:
         if isinstance(evaluator, LocalEvaluator):  # its trials spread their ranks over the machines
             evaluator = dataclasses.replace(evaluator, options={**evaluator.options, "ranks_per_node": split})
     owned = not ray.is_initialized()
+    if owned and not o.ray_address and o.max_concurrent > 1 and runner.options.cluster.gpu_type == "cpu":
+        from tuner.evaluators import LocalEvaluator
+
+        if isinstance(evaluator, LocalEvaluator) and "threads" not in evaluator.options:
+            # concurrent CPU trials on this machine share its cores (each rank took all its share alone,
+            # so two trials at once ran on twice the cores there are, and measured each other)
+            share = shared_threads(runner.options.cluster.gpus, o.max_concurrent, os.cpu_count() or 1)
+            evaluator = dataclasses.replace(evaluator, options={**evaluator.options, "threads": share})
     if owned:
         if o.ray_address:
             join_ray(o.ray_address)

@@ -61,6 +61,7 @@ def run_trial(
     lr: float = 1e-3,
     dropout: float | None = 0.0,
     ranks_per_node: list[int] | None = None,
+    threads: int | None = None,
 ) -> TrialResult:
     """Run ``config`` on ``config.world_size`` local ranks (or across machines) and measure it.
 
@@ -71,7 +72,8 @@ def run_trial(
     (gloo ranks) or cuda (nccl, one GPU per rank); the seed of weights and data; ``data`` (only
     "random": the family's example batches); learning rate; dropout (0: off, ``None``: the family's);
     ``ranks_per_node``: split the ranks over that many machines of the Ray cluster this process is
-    joined to (``autoslapo.runtime.multinode``; Ray must be initialized), else all run here.
+    joined to (``autoslapo.runtime.multinode``; Ray must be initialized), else all run here;
+    ``threads`` per CPU rank (default: this machine's cores shared out over the ranks).
     Returns: a TrialResult (complete, oom, failed or timeout).
     Raises: ConfigError before anything starts when the configuration cannot run here
     (``check_runnable``) or the arguments are bad.
@@ -108,7 +110,7 @@ def run_trial(
                               device=dev, bundle_offset=1)
     else:
         out = launch(ENTRY, config.world_size, payload, timeout_s=timeout_s, mem_cap_bytes=mem_cap_bytes,
-                     device=dev)
+                     device=dev, threads=threads)
     host = platform.node()
     peaks = out.peak_rss_bytes
     memory_kind = "cuda_max_allocated" if dev == "cuda" else "cpu_peak_rss"

@@ -127,3 +127,23 @@ def test_a_real_trial_needing_several_nodes_reserves_a_bundle_per_machine(store:
     sim = StudyRunner(TuneOptions(model=tiny, cluster=ClusterSpec(gpus=16, gpu_type="a100-80gb", gpus_per_node=8),
                                   backend="sim", trials=1, study="s"), store)
     assert ranks_per_node(sim) is None and trial_resources(sim) == {"cpu": 1}
+
+
+def test_concurrent_cpu_trials_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two CPU trials at once each took every core's share (cores / ranks threads a rank): twice the
+    cores there are, so they measured each other. The threads reach the launcher."""
+    from autoslapo.config import ScheduleConfig
+    from autoslapo.runtime import trial
+    from tuner.dispatch import shared_threads
+
+    assert shared_threads(2, 1, 16) == 8 and shared_threads(2, 2, 16) == 4 and shared_threads(2, 4, 2) == 1
+    seen: dict[str, object] = {}
+
+    def launch(*args: object, **kwargs: object) -> object:
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(trial, "launch", launch)
+    with pytest.raises(RuntimeError, match="stop here"):
+        trial.run_trial(ModelSpec.from_name("bert-tiny"), ScheduleConfig(dp=2, micro_batch=2), device="cpu", threads=3)
+    assert seen["threads"] == 3
