@@ -87,7 +87,7 @@ def remeasure(runner: StudyRunner, outcome: TuneOutcome, picked: Sequence[Picked
     def evaluate(config: ScheduleConfig) -> TrialResult:  # each measurement shown on the progress line
         nonlocal measured
         measured += 1
-        runner.note(f"re-measuring the finalists and baselines ({repeats} rounds): run {measured}")
+        runner.note(f"re-measuring the finalists and baselines ({repeats} round{'s' if repeats != 1 else ''}): run {measured}")
         return runner.evaluator.evaluate(config)
 
     while finalists:

@@ -282,7 +282,12 @@ def build_model(
             cls = getattr(transformers, _MODEL_CLASSES[spec.family])
 
         def make() -> nn.Module:
-            return cls(config)  # type: ignore[no-any-return]
+            model = cls(config)
+            if getattr(model, "loss_type", "") is None and cls.__name__.endswith("LMHeadModel"):
+                # GPT2LMHeadModel's name matches no loss of transformers': it warned at every forward
+                # ("loss_type=None ... unrecognized") before taking the causal-LM loss; named, it is silent
+                model.loss_type = "ForCausalLM"
+            return model  # type: ignore[no-any-return]
     # Fork the RNG so that building a model does not move the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
