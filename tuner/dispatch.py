@@ -19,9 +19,11 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autoslapo.config import ScheduleConfig
+from autoslapo.errors import UsageError
 from autoslapo.result import TrialResult
 
 if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
     from tuner.evaluators import Evaluator
     from tuner.proposer import Proposal
     from tuner.study import TuneOptions
@@ -132,6 +134,21 @@ def ranks_per_node(runner: DispatchedStudy) -> list[int] | None:
     return [cluster.gpus_per_node] * cluster.nodes
 
 
+def check_local_devices(cluster: ClusterSpec) -> None:
+    """UsageError when the Ray ``tune`` starts on this machine cannot place one real trial of ``cluster``:
+    its trials were all pruned ("0 GPU(s) here") and the study ended complete with none launched."""
+    if cluster.gpu_type == "cpu":
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < min(cluster.gpus, cluster.gpus_per_node):
+        need = min(cluster.gpus, cluster.gpus_per_node)
+        raise UsageError(f"real trials on the Ray started here run on this machine's CUDA devices: a trial of "
+                         f"{cluster.gpus} x {cluster.gpu_type} needs {need}, it has {have}; join a GPU cluster "
+                         "(--ray-address), use --gpu-type cpu, or --backend sim")
+
+
 def shared_threads(ranks: int, concurrent: int, cores: int) -> int:
     """Threads a CPU rank takes when ``concurrent`` trials of ``ranks`` ranks share ``cores`` cores."""
     return max(1, cores // (ranks * concurrent))
@@ -175,7 +192,6 @@ def join_ray(address: str) -> None:
     """
     import ray
 
-    from autoslapo.errors import UsageError
     from autoslapo.redact import redact
 
     if ray.is_initialized():

@@ -185,6 +185,10 @@ class StudyRunner:
         precisions = None if self.evaluator.instant else RUNTIME_PRECISIONS
         self.bound: BoundSpace = space.bind(options.model, options.cluster, options.global_batch, precisions)
         self.bound.check_layouts()  # before the study is created: bad input leaves the store as it was
+        if options.dispatch == "ray" and not options.ray_address and not self.evaluator.instant:
+            from tuner.dispatch import check_local_devices
+
+            check_local_devices(options.cluster)  # the Ray started here runs its trials here
         auto = type(self.evaluator) is SimEvaluator and options.dispatch == "inline"
         self.sweeping = auto if options.sweep is None else options.sweep
         if self.sweeping and not self.evaluator.instant:

@@ -229,6 +229,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-timeout-nan", [*T, "--gpus", "4", "--timeout", "nan", *S], "--timeout must be positive, finite seconds: got nan"),
     ("tune-server-steps", ["tune", "bert-tiny", "--gpus", "4", "--trials", "3", "--steps", "3", "--server",
                            "http://127.0.0.1:9"], "--server submits a plain study: --steps cannot be sent"),
+    # the Ray tune starts here has no GPU: the study ended "complete" with every trial pruned ("0 GPU(s) here")
+    ("tune-ray-no-gpus", ["tune", "bert-tiny", "--gpus", "2", "--gpu-type", "a100-80gb", "--backend", "ray",
+                          "--trials", "3", "--no-baselines", *S], "needs 2, it has 0; join a GPU cluster"),
     ("worker-lease-nan", ["worker", "--once", "--lease", "nan", *S], "--lease and --poll must be positive seconds"),
     ("serve-unknown-host", ["serve", "--host", "no-such-host.invalid", "--port", "18397", *S],
      "--host must name an address of this machine"),
