@@ -138,13 +138,13 @@ def best(
 
     Same arguments and errors as ``best_trial``; returns only the knobs. With ``server`` (the URL
     of an ``autoslapo serve``, token from $AUTOSLAPO_TOKEN) the service is asked instead of a store
-    (the headroom and node-size filters and ``storage`` are refused with it: the service takes none).
+    (the headroom filters and ``storage`` are refused with it: the service takes neither).
     """
     if server is not None:
         _not_sent(storage=storage, min_headroom_bytes=min_headroom_bytes,
-                  min_headroom_fraction=min_headroom_fraction, gpus_per_node=gpus_per_node)
+                  min_headroom_fraction=min_headroom_fraction)
         return _remote_best(model, gpus=gpus, gpu_type=gpu_type, metric=metric, measured_only=measured_only,
-                            server=server, links=links)
+                            server=server, links=links, gpus_per_node=gpus_per_node)
     trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, metric=metric,
                        measured_only=measured_only, min_headroom_bytes=min_headroom_bytes,
                        min_headroom_fraction=min_headroom_fraction, links=links, gpus_per_node=gpus_per_node)
@@ -161,20 +161,24 @@ def _not_sent(**filters: object) -> None:
 
 
 def _remote_best(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str, measured_only: bool,
-                 server: str, links: Mapping[str, float] | None = None) -> ScheduleConfig:
+                 server: str, links: Mapping[str, float] | None = None,
+                 gpus_per_node: int | None = None) -> ScheduleConfig:
     return _config(_remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric=metric,
-                                      measured_only=measured_only, server=server, links=links))
+                                      measured_only=measured_only, server=server, links=links,
+                                      gpus_per_node=gpus_per_node))
 
 
 def _remote_best_trial(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str,
-                       measured_only: bool, server: str, links: Mapping[str, float] | None = None) -> TrialRecord:
+                       measured_only: bool, server: str, links: Mapping[str, float] | None = None,
+                       gpus_per_node: int | None = None) -> TrialRecord:
     """The best trial as the server at ``server`` answers ``GET /v1/best`` (what it sends of the record)."""
     from autoslapo.config import config_hash
     from autoslapo.remote import Client, model_query
     from store import TrialRecord
 
     doc = Client(server).get("/v1/best", model=model_query(model), gpus=gpus, gpu_type=gpu_type, metric=metric,
-                             measured_only=measured_only or None, **link_overrides(links or {}, lambda k: k))
+                             measured_only=measured_only or None, gpus_per_node=gpus_per_node,
+                             **link_overrides(links or {}, lambda k: k))
     config = dict(doc["config"])
     return TrialRecord(study=str(doc["study"]), number=int(doc["trial"]), config=config,
                        config_hash=config_hash(config), status=str(doc["status"]),
@@ -343,8 +347,8 @@ def apply_best(
     Returns: a ``TrainingJob`` holding the DeepSpeed engine (pp == 1) or the pipeline runtime and
     its optimizer (pp > 1), built by the same runtime functions the tuner's trials use.
     With ``server`` (an ``autoslapo serve`` URL, token from $AUTOSLAPO_TOKEN) the schedule is asked
-    of the service as ``best(..., server=)`` does (no store needed; the headroom, node-size and
-    ``storage`` filters are refused with it).
+    of the service as ``best(..., server=)`` does (no store needed; the headroom filters and
+    ``storage`` are refused with it).
     Raises: UsageError when no schedule is recorded or the job's world size is not ``gpus``;
     ConfigError/ScheduleError when the schedule does not fit the model.
     """
@@ -352,8 +356,8 @@ def apply_best(
 
     if server is not None:
         _not_sent(storage=storage, min_headroom_bytes=min_headroom_bytes,
-                  min_headroom_fraction=min_headroom_fraction, gpus_per_node=gpus_per_node)
-        trial = _remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric="samples_per_s",
+                  min_headroom_fraction=min_headroom_fraction)
+        trial = _remote_best_trial(model, gpus_per_node=gpus_per_node, gpus=gpus, gpu_type=gpu_type, metric="samples_per_s",
                                    measured_only=measured_only, server=server, links=links)
     else:
         trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, measured_only=measured_only,

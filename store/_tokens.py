@@ -58,6 +58,11 @@ class TokenTable:
 
         made = self._tx.write_unique(f"create token {name!r}", insert)
         if made is None:
+            old = next((t for t in self.list() if t.name == name), None)
+            if old is not None and not old.active:  # "revoke it" was no fix for a revoked one
+                raise StorageError(f"token names must be unique: {name!r} exists, revoked "
+                                   f"{old.revoked_at:%Y-%m-%d %H:%M} (a name stays taken, so its old token never "
+                                   "works again); pick another name")
             raise StorageError(f"token names must be unique: {name!r} exists; revoke it or pick another name")
         return made
 

@@ -159,11 +159,12 @@ def _remote(args: argparse.Namespace) -> int:
     from autoslapo.config import describe
     from autoslapo.remote import Client, model_query
 
-    if args.headroom or args.storage or args.gpus_per_node is not None or shape_overrides(args):
-        raise UsageError("--server asks the service by preset, config.json or model file: --headroom, --storage, "
-                         "--gpus-per-node and shape flags are not sent; drop them or ask the store directly")
+    if args.headroom or args.storage or shape_overrides(args):
+        raise UsageError("--server asks the service by preset, config.json or model file: --headroom, --storage "
+                         "and shape flags are not sent; drop them or ask the store directly")
     doc = Client(args.server).get("/v1/best", model=model_query(args.model), gpus=args.gpus, gpu_type=args.gpu_type,
-                                  metric=args.metric, measured_only=args.measured or None, **link_args(args))
+                                  metric=args.metric, measured_only=args.measured or None,
+                                  gpus_per_node=args.gpus_per_node, **link_args(args))
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0

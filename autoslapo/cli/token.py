@@ -10,8 +10,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoslapo token``."""
     parser.add_argument("action", choices=["create", "list", "revoke"], help="what to do")
     parser.add_argument("--name", default=None, help="the token's name (create, revoke)")
-    parser.add_argument("--role", choices=["read", "submit", "admin"], default="read",
-                        help="read: GET; submit: also submit and cancel its own studies; admin: everything")
+    parser.add_argument("--role", choices=["read", "submit", "admin"], default=None,
+                        help="create only (default read): read: GET; submit: also submit and cancel its own "
+                             "studies; admin: everything")
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
 
 
@@ -23,9 +24,25 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action in ("create", "revoke") and not args.name:
         raise UsageError(f"`autoslapo token {args.action}` needs --name NAME")
+    extra = [f for f, given in (("--name", args.action == "list" and args.name is not None),
+                                ("--role", args.action != "create" and args.role is not None)) if given]
+    if extra:  # taken and ignored, they looked like filters (`token list --role admin`)
+        raise UsageError(f"`autoslapo token {args.action}` takes no {' or '.join(extra)}: got "
+                         f"{' '.join(extra)}; drop it (--name names the token to create or revoke, --role "
+                         "the role of one created)")
+    if args.action == "list":
+        from autoslapo.storage import open_existing_store
+
+        found = open_existing_store(args.storage)  # listing creates no database
+        if found is None:
+            from store import resolve_url
+
+            sys.stderr.write(f"no store at {resolve_url(args.storage)} yet (the file does not exist): no tokens\n")
+            return 0
+        found.close()
     with open_store(args.storage) as store:
         if args.action == "create":
-            token = create_token(store, args.name, args.role)
+            token = create_token(store, args.name, args.role or "read")
             sys.stderr.write(f"token {args.name!r} ({args.role}) created; it is shown once, keep it secret:\n")
             sys.stdout.write(token + "\n")
         elif args.action == "revoke":

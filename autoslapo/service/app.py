@@ -316,7 +316,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     @app.get("/v1/best")
     async def best(request: Request, model: str, gpus: int, gpu_type: str | None = None,
                    metric: str = "samples_per_s", measured_only: bool = False,
-                   intra_node_gbps: float | None = None, inter_node_gbps: float | None = None) -> Response:
+                   intra_node_gbps: float | None = None, inter_node_gbps: float | None = None,
+                   gpus_per_node: int | None = None) -> Response:
         await caller_on_loop(request, "read")
         if metric not in RANK_METRICS:
             raise ApiError(400, f"metric must be one of {', '.join(RANK_METRICS)}: got {redact(metric)[:40]!r}; "
@@ -327,7 +328,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         def answer() -> bytes:
             try:
                 t = api.best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=store, metric=metric,
-                                   measured_only=measured_only, links={k: v for k, v in links.items() if v is not None})
+                                   measured_only=measured_only, links={k: v for k, v in links.items() if v is not None},
+                                   gpus_per_node=gpus_per_node)
             except UsageError as err:
                 nothing = "no recorded schedule" in str(err) or "a model a stored study tuned" in str(err)
                 raise ApiError(404 if nothing else 400, one_line(err)) from None
@@ -338,7 +340,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                                 "apply_best": apply_snippet(study, server)})
 
         body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only, intra_node_gbps,
-                                  inter_node_gbps, server), answer)
+                                  inter_node_gbps, gpus_per_node, server), answer)
         return Response(body, media_type="application/json")
 
     app.include_router(estimate_router(store, caller, allow_module_files=cfg.allow_module_files,

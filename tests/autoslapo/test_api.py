@@ -166,7 +166,7 @@ def test_apply_best_trains_the_tuned_schedule_on_two_ranks(url: str) -> None:
     assert half[0]["losses"][-1] < half[0]["losses"][0]
 
 
-@pytest.mark.parametrize("kwargs", [{"gpus_per_node": 4}, {"min_headroom_bytes": 10**9}, {"storage": "sqlite://"},
+@pytest.mark.parametrize("kwargs", [{"min_headroom_bytes": 10**9}, {"storage": "sqlite://"},
                                     {"min_headroom_fraction": 0.1}])
 def test_filters_the_service_does_not_take_are_refused_with_a_server(kwargs: dict[str, Any]) -> None:
     """They were dropped without a word: apply_best(..., server=, gpus_per_node=7) answered unfiltered.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,16 @@ def test_unknown_command_is_one_line_exit_2() -> None:
     r = _run("studes")
     assert r.returncode == 2 and r.stderr.strip() == (
         "autoslapo: error: no command 'studes'; did you mean studies? (see autoslapo --help)")
+
+
+def test_token_list_creates_no_store_and_a_revoked_name_says_so(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    assert main(["token", "list", "--storage", url]) == 0
+    assert "no store at" in capsys.readouterr().err and not (tmp_path / "t.db").exists()  # it made an empty one
+    assert main(["token", "create", "--name", "ci", "--storage", url]) == 0
+    assert main(["token", "revoke", "--name", "ci", "--storage", url]) == 0
+    capsys.readouterr()
+    assert main(["token", "create", "--name", "ci", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert "'ci' exists, revoked " in err and "pick another name" in err and "revoke it" not in err, err

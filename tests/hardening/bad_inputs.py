@@ -213,6 +213,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("token-create-no-name", ["token", "create", *S], "--name"),
     ("token-create-bad-name", ["token", "create", "--name", "a b", *S], "token names"),
     ("token-revoke-unknown", ["token", "revoke", "--name", "nobody", *S], "nobody"),
+    # taken and ignored, they read as filters
+    ("token-list-role", ["token", "list", "--role", "admin", *S], "`autoslapo token list` takes no --role"),
     ("tune-server-bad-url", [*T, "--gpus", "4", "--server", "ftp://x"], "http"),
     ("best-server-down", ["best", "bert-tiny", "--gpus", "4", "--server", "http://127.0.0.1:9"], "cannot reach"),
     # --- profile and the top level ----------------------------------------------------------
