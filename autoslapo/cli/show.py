@@ -82,7 +82,9 @@ def sort_trials(trials: list[TrialRecord], key: str, order: str | None) -> list[
 
 
 def _knob_text(config: dict[str, Any], varying: list[str]) -> str:
-    return " ".join(f"{k}={_short(config.get(k))}" for k in varying)
+    if "tp" not in config:  # a baseline none of whose configurations fitted
+        return f"(no {config.get('baseline', '')} configuration)".replace("(no  ", "(no ")
+    return " ".join(f"{k}={_short(config.get(k))}" for k in varying if k in config)
 
 
 def _short(value: Any) -> str:
@@ -107,16 +109,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"study": summary, "trials": [trial_dict(t) for t in trials]}, indent=2))
         return 0
     keys: list[str] = []
-    for t in trials:
+    # a baseline that found no configuration is stored as {"baseline": kind}: no knobs to show
+    real = [t for t in trials if "tp" in t.config]
+    for t in real:
         keys.extend(k for k in t.config if k not in keys)
     # Knobs every listed trial shares go in the header; the table shows only those that differ.
-    fixed = {k: trials[0].config.get(k) for k in keys if len({json.dumps(t.config.get(k)) for t in trials}) == 1} \
-        if trials else {}
+    fixed = {k: real[0].config.get(k) for k in keys if len({json.dumps(t.config.get(k)) for t in real}) == 1} \
+        if real else {}
     varying = [k for k in keys if k not in fixed]
     print(f"study {study.name}: {summary['model_label']} on {ClusterSpec.from_dict(study.cluster).described_as()}, "
           f"backend {study.backend}, "
           f"{summary['trials']} trials, status {study.status}{silent_note(summary['silent_s'])}")
-    if fixed and len(trials) > 1:
+    if fixed and len(real) > 1:
         print("same in every trial shown: " + " ".join(f"{k}={_short(v)}" for k, v in fixed.items()))
     if not trials:
         print("no trials" + (f" with status {args.status}" if args.status else ""))

@@ -283,3 +283,24 @@ def test_best_shows_the_metric_it_ranked_by_and_says_when_a_measurement_was_not_
         db.set_study_status(STUDY, "complete")
     assert main(["best", "bert", "--gpus", "64", "--storage", url]) == 0
     assert "one measurement" not in capsys.readouterr().out
+
+
+def test_show_of_a_baselines_study_names_the_one_that_found_no_configuration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A baseline none of whose configurations fitted is stored as {"baseline": kind}: `show` printed
+    tp=None attn_kernel=None ... for it and baseline=None for the other."""
+    from store import open_store
+
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    spec, cluster = ModelSpec.from_name("t5-tiny"), ClusterSpec(gpus=2, gpu_type="cpu")
+    with open_store(url) as db:
+        db.create_study("s.baselines", model=spec.to_dict(), cluster=cluster.to_dict(), space_name="baselines",
+                        space_version="1", objective="samples_per_s", backend="sim",
+                        model_signature=spec.signature(), cluster_fingerprint=cluster.fingerprint())
+        db.add_trial("s.baselines", 0, ScheduleConfig(dp=2, micro_batch=4, zero_stage=2).to_dict(),
+                     {"status": "complete", "samples_per_s": 10.0, "extra": {"baseline": "deepspeed"}})
+        db.add_trial("s.baselines", 1, {"baseline": "megatron"},
+                     {"status": "oom", "reason": "no megatron-style configuration fits", "extra": {"baseline": "megatron"}})
+    assert main(["show", "s.baselines", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "(no megatron configuration)" in out, out
