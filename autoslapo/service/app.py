@@ -379,7 +379,10 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         who = page_caller(request)
         if who is None:
             return HTMLResponse(pages.login_page(), status_code=401)
-        doc = _find(name, request)
+        try:
+            doc = _find(name, request)
+        except ApiError as err:  # a page, not the API's JSON, for a browser's mistyped study
+            return HTMLResponse(pages.missing_page(err.message), status_code=err.status)
         trials = [trial_view(t) for t in store.trials(name)] if store.has_study(name) else []
         return HTMLResponse(pages.study_page(doc, trials))
 

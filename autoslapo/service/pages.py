@@ -247,3 +247,9 @@ def login_page(problem: str = "") -> str:
             f"<input name=token type=password autocomplete=off size=60></label> <button>Sign in</button></form>"
             f"<p>Make a token with <code>autoslapo token create --name NAME --role read</code>.</p>")
     return _page("autoslapo: sign in", body)
+
+
+def missing_page(message: str) -> str:
+    """A page asked for what is not there (a study name mistyped): the error, and the way back."""
+    return _page("autoslapo: not found", f"<h1>autoslapo</h1><p role=alert>{escape(message)}</p>"
+                                         "<p><a href='/'>all studies</a></p>")

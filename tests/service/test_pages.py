@@ -30,6 +30,9 @@ def test_signing_in_sets_a_cookie_that_the_form_post_uses(client: TestClient, to
     assert r.status_code == 202, r.text
     page = client.get("/studies/form")
     assert page.status_code == 200 and "<b id=status>queued</b>" in page.text
+    missing = client.get("/studies/frm")  # a browser's mistyped study: a page (it was the API's JSON)
+    assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
+    assert "role=alert" in missing.text and "href='/'" in missing.text
 
 
 def _study_data(page: str) -> dict[str, Any]:
