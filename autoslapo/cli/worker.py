@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
+import time
 from types import FrameType
 
 DAY_S = 86400.0
+
+
+def _log(name: str, line: str) -> None:
+    """A worker's event on stderr: ``12:03:07 autoslapo worker HOST:PID:ID: claimed study 'x' ...``."""
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} autoslapo worker {name}: {line}\n")
+    sys.stderr.flush()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.storage)
     worker = Worker(store, lease_s=args.lease, poll_s=args.poll, max_running=args.max_running,
                     allow_module_files=args.allow_module_files)
+    worker.log = functools.partial(_log, worker.name)
 
     def stop(_sig: int, _frame: FrameType | None) -> None:
         worker.stop()

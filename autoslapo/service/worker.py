@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from autoslapo.errors import AutoslapoError, UsageError
@@ -46,7 +47,7 @@ class Worker:
 
     def __init__(self, store: Store, *, lease_s: float = LEASE_S, poll_s: float = POLL_S,
                  name: str | None = None, max_running: int | None = None, allow_module_files: bool = False,
-                 module_timeout_s: float = TRACE_TIMEOUT_S) -> None:
+                 module_timeout_s: float = TRACE_TIMEOUT_S, log: Callable[[str], None] | None = None) -> None:
         if lease_s <= 0 or poll_s <= 0:
             raise UsageError(f"--lease and --poll must be positive seconds: got {lease_s}, {poll_s}")
         if max_running is not None and max_running < 1:
@@ -57,6 +58,7 @@ class Worker:
         self.max_running = max_running
         self.allow_module_files = allow_module_files
         self.module_timeout_s = module_timeout_s
+        self.log = log or (lambda _line: None)  # what the worker does, one line an event (`autoslapo worker`: stderr)
         self.store = store
         self.lease_s = lease_s
         self.poll_s = poll_s
@@ -78,7 +80,13 @@ class Worker:
                     return ran
                 self._stop.wait(self.poll_s)
                 continue
-            if self.run_job(job) == "released":
+            again = f", attempt {job.attempts} (taken over from a worker that stopped)" if job.attempts > 1 else ""
+            self.log(f"claimed study {job.study!r}: {job.request.get('trials')} trials of {job.request.get('backend')}"
+                     f"{again}")
+            status = self.run_job(job)
+            now = self.store.jobs.get(job.study)
+            self.log(f"study {job.study!r}: {status}" + (f": {now.error}" if now is not None and now.error else ""))
+            if status == "released":
                 continue  # left to a worker that can run it; take the next job
             ran += 1
             if once:

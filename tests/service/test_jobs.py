@@ -61,7 +61,10 @@ def test_a_worker_that_takes_a_job_over_searches_its_space(service_store: Store)
     first = dataclasses.replace(StudyRequest(**ghost.request).to_options(name="inline"), trials=3)
     tune(first, service_store)
     time.sleep(0.5)  # its lease lapses
-    assert Worker(service_store, lease_s=5, poll_s=0.1).run(once=True) == 1
+    said: list[str] = []  # what the worker logs (it logged only "waiting for jobs")
+    assert Worker(service_store, lease_s=5, poll_s=0.1, log=said.append).run(once=True) == 1
+    assert said == ["claimed study 'inline': 6 trials of sim, attempt 2 (taken over from a worker that stopped)",
+                    "study 'inline': complete"], said
     job = service_store.jobs.get("inline")
     assert job is not None and job.status == "complete" and job.attempts == 2
     study = service_store.get_study("inline")
