@@ -64,18 +64,26 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
     name = client.post("/v1/studies", body)["name"]
     seen = -1
     try:
-        while True:
-            doc = client.get(f"/v1/studies/{name}")
-            if doc["launched"] != seen:
-                seen = doc["launched"]
-                best = (doc.get("best") or {}).get("samples_per_s") or 0.0
-                bar(SimpleNamespace(launched=seen, budget=doc["budget"] or args.trials, best=best,
-                                    counts=doc["counts"], last=doc["status"]))
-            if doc["status"] not in ("queued", "running"):
-                break
-            time.sleep(POLL_S)
-    finally:
-        bar.close()
+        try:
+            while True:
+                doc = client.get(f"/v1/studies/{name}")
+                if doc["launched"] != seen:
+                    seen = doc["launched"]
+                    best = (doc.get("best") or {}).get("samples_per_s") or 0.0
+                    bar(SimpleNamespace(launched=seen, budget=doc["budget"] or args.trials, best=best,
+                                        counts=doc["counts"], last=doc["status"]))
+                if doc["status"] not in ("queued", "running"):
+                    break
+                if doc["status"] == "queued" and doc.get("error"):  # why it waits (a model file, no worker for it)
+                    bar(SimpleNamespace(launched=seen, budget=doc["budget"] or args.trials, best=0.0,
+                                        counts=doc["counts"], last=f"queued: {doc['error']}"))
+                time.sleep(POLL_S)
+        finally:
+            bar.close()
+    except KeyboardInterrupt:  # the client stops following; the study is the server's and goes on
+        sys.stderr.write(f"autoslapo tune: stopped following study {name!r}, which goes on at {client.url}: follow it "
+                         f"again with --study {name} --join, cancel it with POST /v1/studies/{name}/cancel\n")
+        raise
     out = sys.stdout
     out.write(f"study {name}: {doc['launched']} trials launched, status {doc['status']} "
               f"({doc['model']} on {doc['gpus']}x {doc['gpu_type']}, backend {doc['backend']}, server {client.url})\n")

@@ -56,3 +56,19 @@ def test_token_list_creates_no_store_and_a_revoked_name_says_so(tmp_path: Path,
     assert main(["token", "create", "--name", "ci", "--storage", url]) == 2
     err = capsys.readouterr().err
     assert "'ci' exists, revoked " in err and "pick another name" in err and "revoke it" not in err, err
+
+
+def test_ctrl_c_while_following_a_served_study_says_it_goes_on(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """It said only "interrupted": the study runs on at the server, unsaid, with no way back named."""
+    from autoslapo import remote
+
+    def follow(self: object, path: str, **params: object) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(remote.Client, "post", lambda self, path, body=None: {"name": "svc-1"})
+    monkeypatch.setattr(remote.Client, "get", follow)
+    assert main(["tune", "bert-tiny", "--gpus", "2", "--server", "http://127.0.0.1:9"]) == 130
+    err = capsys.readouterr().err
+    assert "stopped following study 'svc-1', which goes on at http://127.0.0.1:9" in err
+    assert "--study svc-1 --join" in err and "POST /v1/studies/svc-1/cancel" in err
