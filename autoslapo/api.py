@@ -96,6 +96,7 @@ def best_trial(
             return found[0]
         any_found = store.best_trials(key, gpus, gpu_type, metric=metric, links=links, gpus_per_node=gpus_per_node)
         where = store.url
+        tuned = isinstance(model, str) and any(model in (s.model_name, s.model_signature) for s in store.list_studies())
     finally:
         if owned:
             store.close()
@@ -109,7 +110,7 @@ def best_trial(
         )
     from autoslapo.models.resolve import is_model_file
 
-    if isinstance(model, str) and key == model and not is_model_file(model):  # matched as a stored name only
+    if isinstance(model, str) and key == model and not is_model_file(model) and not tuned:  # matched as a stored name only
         raise UsageError(
             f"model must be a preset, a model file or a model a stored study tuned: got {model!r}, none of them "
             f"in {where}; `autoslapo models` lists the presets"
@@ -367,8 +368,9 @@ def apply_best(
     config = _config(trial)
     if not dist.is_initialized():
         raise UsageError(
-            f"apply_best runs inside a launched job of {gpus} ranks: no process group is initialized; "
-            f"launch with `torchrun --nproc-per-node {gpus} script.py` (or autoslapo.dist.spawn) first"
+            f"apply_best runs inside a launched job of {gpus} ranks, on an initialized process group: none is; "
+            f"call torch.distributed.init_process_group() first (nccl on GPUs, gloo on CPU), in a job launched with "
+            f"`torchrun --nproc-per-node {gpus} script.py` (or autoslapo.dist.spawn)"
         )
     world = dist.get_world_size()
     if world != config.world_size:

@@ -54,13 +54,15 @@ def silent_note(seconds: float | None) -> str:
 
 
 #: What a new study may be called (the CLI's ``--study`` and the service's ``name``).
-STUDY_NAME_RULE = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,100}")  # not "." or "..": a URL path would not reach it
+# not "." or "..": a URL path would not reach it; not "-x": a command line would read it as a flag
+STUDY_NAME_RULE = re.compile(r"(?!\.+$)(?!-)[A-Za-z0-9._-]{1,100}")
 
 
 def check_study_name(name: Any) -> str:
     """A new study's name as given; UsageError naming the rule otherwise."""
     if not isinstance(name, str) or STUDY_NAME_RULE.fullmatch(name) is None:
-        raise UsageError(f"study names are 1-100 of A-Z a-z 0-9 . _ - (not dots alone): got {repr(name)[:60]}; "
+        raise UsageError(f"study names are 1-100 of A-Z a-z 0-9 . _ - (not dots alone, not a leading -): got "
+                         f"{repr(name)[:60]}; "
                          "pick a name like bert-8x")
     return name
 

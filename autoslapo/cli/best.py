@@ -47,7 +47,7 @@ def parse_headroom(text: str | None) -> tuple[int | None, float | None]:
                 raise ValueError
             return None, share
         gib = float(raw[:-3] if raw.lower().endswith("gib") else raw)
-        if gib < 0:
+        if not 0 <= gib < 2**40:  # nan and inf too
             raise ValueError
         return int(gib * 1024**3), None
     except ValueError:

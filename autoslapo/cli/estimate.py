@@ -63,7 +63,10 @@ def _profile(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
         return load_profile(args.profile), str(args.profile)
     env = os.environ.get("AUTOSLAPO_PROFILE")
     if env:
-        profile = load_profile(Path(env))
+        try:
+            profile = load_profile(Path(env))
+        except UsageError as err:  # say where the path came from: no --profile was given
+            raise UsageError(f"$AUTOSLAPO_PROFILE: {err}; fix it or unset it") from None
         if profile.get("gpu_type") == args.gpu_type:  # a profile of another device is not this estimate's
             return profile, env
     path = default_profile_path(args.gpu_type)

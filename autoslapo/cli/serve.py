@@ -55,9 +55,10 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _check_bind(host: str, port: int) -> None:
+def _check_bind(host: str, port: int) -> int:
     """UsageError when ``host:port`` cannot be listened on (an unknown host, a port in use): uvicorn
     said so only after `serve` had announced the address and started its workers."""
+    import errno
     import socket
 
     from autoslapo.errors import UsageError
@@ -72,8 +73,12 @@ def _check_bind(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as err:
+            if err.errno == errno.EADDRNOTAVAIL:  # an address, but not one of this machine's
+                raise UsageError(f"--host must name an address of this machine: got {host!r} ({err.strerror}); "
+                                 "use 127.0.0.1, 0.0.0.0 or one of its addresses") from None
             raise UsageError(f"serve must listen on a free port: {host}:{port} cannot be bound ({err.strerror}); "
                              "pick another --port, or stop what listens there") from None
+        return int(probe.getsockname()[1])  # --port 0: the free one picked, announced and served
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-running", args.max_running), ("--max-queued-per-token", args.max_queued_per_token)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1: got {value}; leave it out for no limit")
-    _check_bind(args.host, args.port)  # before the workers start and the address is announced
+    args.port = _check_bind(args.host, args.port)  # before the workers start and the address is announced
     store = open_store(args.storage)
     settings = ServiceSettings(allow_anonymous_read=args.allow_anonymous_read, allow_local=args.allow_local,
                                max_body_bytes=args.max_body, max_queued_per_token=args.max_queued_per_token,

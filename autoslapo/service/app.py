@@ -368,11 +368,11 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             return None
 
     @app.get("/", response_class=HTMLResponse)
-    def index(request: Request) -> HTMLResponse:
+    def index(request: Request, show_all: bool = Query(False, alias="all")) -> HTMLResponse:
         who = page_caller(request)
         if who is None:
             return HTMLResponse(pages.login_page(), status_code=401)
-        return HTMLResponse(pages.studies_page(all_studies(store, server=_server(request)), who))
+        return HTMLResponse(pages.studies_page(all_studies(store, server=_server(request), include_baselines=show_all), who))
 
     @app.get("/studies/{name}", response_class=HTMLResponse)
     def study_page(name: str, request: Request) -> HTMLResponse:

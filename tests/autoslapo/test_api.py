@@ -189,7 +189,10 @@ def test_a_model_named_by_its_signature_is_built_from_its_study(tmp_path: Path) 
     with open_store(url) as db:
         tune(TuneOptions(model=spec, cluster=ClusterSpec(gpus=2, gpu_type="cpu"), trials=2, baselines=False), db)
     assert best(spec.signature(), gpus=2, storage=url) == best(str(config), gpus=2, storage=url)
-    with pytest.raises(UsageError, match="no process group is initialized"):  # found and built: then the launch
+    with pytest.raises(UsageError, match=r"call torch\.distributed\.init_process_group"):  # found and built
         apply_best(spec.signature(), gpus=2, storage=url)
+    # another node size: no schedule of that model (it said the model was none a stored study tuned)
+    with pytest.raises(UsageError, match=r"no recorded schedule for .* \(1 a node\)"):
+        best(spec.signature(), gpus=2, storage=url, gpus_per_node=1)
     with pytest.raises(UsageError, match="no-such-model"):
         apply_best("no-such-model", gpus=2, storage=url)

@@ -94,6 +94,8 @@ def test_estimate_uses_profile(capsys: pytest.CaptureFixture[str], monkeypatch: 
     # estimate failed with "the profile is for 'cpu'"; it calibrates only its own device
     gpu = ["estimate", "bert-tiny", "--gpus", "8", "--gpu-type", "a100-80gb", "--json"]
     assert _json(capsys, gpu)["cluster"]["gpu_type"] == "a100-80gb"
+    monkeypatch.setenv("AUTOSLAPO_PROFILE", str(tmp_path / "gone.json"))  # the message says where the path came from
+    assert main(gpu) == 2 and "$AUTOSLAPO_PROFILE: " in capsys.readouterr().err
 
 
 def test_load_profile_errors(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ def test_token_list_creates_no_store_and_a_revoked_name_says_so(tmp_path: Path,
     assert main(["token", "list", "--storage", url]) == 0
     assert "no store at" in capsys.readouterr().err and not (tmp_path / "t.db").exists()  # it made an empty one
     assert main(["token", "create", "--name", "ci", "--storage", url]) == 0
+    assert "token 'ci' (read) created" in capsys.readouterr().err  # it said "(None)"
     assert main(["token", "revoke", "--name", "ci", "--storage", url]) == 0
     capsys.readouterr()
     assert main(["token", "create", "--name", "ci", "--storage", url]) == 2

@@ -36,8 +36,8 @@ S = ["--storage", "{url}"]
 
 CASES: list[tuple[str, list[str], str]] = [
     # --- tune -------------------------------------------------------------------------------
-    ("tune-study-blank", [*T, "--gpus", "4", "--study", "  ", *S], "study names are 1-100 of A-Z a-z 0-9 . _ - (not dots alone): got '  '"),
-    ("tune-study-dots", [*T, "--gpus", "4", "--study", "..", *S], "(not dots alone): got '..'"),
+    ("tune-study-blank", [*T, "--gpus", "4", "--study", "  ", *S], "study names are 1-100 of A-Z a-z 0-9 . _ - (not dots alone, not a leading -): got '  '"),
+    ("tune-study-dots", [*T, "--gpus", "4", "--study", "..", *S], "(not dots alone, not a leading -): got '..'"),
     ("tune-study-empty", [*T, "--gpus", "4", "--study", "", *S], "study names are 1-100"),
     ("tune-sim-steps", [*T, "--gpus", "4", "--steps", "3", *S], "--steps set how real trials run"),
     ("tune-max-concurrent-inline", [*T, "--gpus", "4", "--max-concurrent", "4", *S], "--max-concurrent sets how many"),
@@ -234,6 +234,14 @@ CASES: list[tuple[str, list[str], str]] = [
     # the Ray tune starts here has no GPU: the study ended "complete" with every trial pruned ("0 GPU(s) here")
     ("tune-ray-no-gpus", ["tune", "bert-tiny", "--gpus", "2", "--gpu-type", "a100-80gb", "--backend", "ray",
                           "--trials", "3", "--no-baselines", *S], "needs 2, it has 0; join a GPU cluster"),
+    ("tune-server-timeout-inf", ["tune", "bert-tiny", "--gpus", "4", "--timeout", "inf", "--server", "http://127.0.0.1:9"],
+     "--timeout must be positive, finite seconds: got inf"),  # it failed sending: "not JSON compliant"
+    ("best-headroom-inf", ["best", "bert-tiny", "--gpus", "4", "--headroom", "inf", *S], "--headroom must be GiB"),
+    ("tune-study-dash", [*T, "--gpus", "4", "--study=-x", *S], "not a leading -): got '-x'"),
+    ("token-revoke-no-store", ["token", "revoke", "--name", "x", "--storage", "sqlite:///{dir}/none.db"],
+     "no store at"),
+    ("serve-foreign-address", ["serve", "--host", "10.255.255.1", "--port", "18396", *S],
+     "--host must name an address of this machine"),
     ("worker-lease-nan", ["worker", "--once", "--lease", "nan", *S], "--lease and --poll must be positive seconds"),
     ("serve-unknown-host", ["serve", "--host", "no-such-host.invalid", "--port", "18397", *S],
      "--host must name an address of this machine"),

@@ -115,6 +115,7 @@ def test_baseline_companions_are_listed_only_when_asked(client: TestClient, toke
     every = client.get("/v1/studies", params={"all": "true"}, headers=read).json()["studies"]
     assert sorted(s["name"] for s in every) == ["withb", "withb.baselines"]
     assert "withb.baselines" not in client.get("/", headers=read).text
+    assert "withb.baselines" in client.get("/", params={"all": "true"}, headers=read).text  # the page took no all
     assert client.get("/v1/studies/withb", headers=read).json()["baselines"]  # its own document keeps them
     typo = client.get("/v1/studies", params={"al": "true"}, headers=read)
     assert typo.status_code == 400 and typo.json()["error"].startswith("/v1/studies takes only the query parameters all")
