@@ -17,10 +17,10 @@ from autoslapo.errors import UsageError
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
     from autoslapo.models.spec import ModelSpec
-    from store import Store
+    from store import Store, StudyRecord
 
 __all__ = ["BASELINES_SUFFIX", "HEARTBEAT_S", "SILENT_AFTER_S", "StudyCluster", "baseline_study",
-           "check_study_name", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster"]
+           "check_study_name", "is_baseline_study", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster"]
 
 #: The tuner scores a study's baselines in a companion study, ``<study>.baselines``: a name of its own.
 BASELINES_SUFFIX = ".baselines"
@@ -29,6 +29,12 @@ BASELINES_SUFFIX = ".baselines"
 def baseline_study(study: str) -> str:
     """The companion study the tuner stores ``study``'s baselines in."""
     return f"{study}{BASELINES_SUFFIX}"
+
+
+def is_baseline_study(study: StudyRecord) -> bool:
+    """True for the companion study in which the tuner stores a study's baselines (hidden from
+    ``autoslapo studies`` and the service's lists unless asked)."""
+    return study.space_name == "baselines" and study.name.endswith(BASELINES_SUFFIX)
 
 
 #: A tuner marks the study it runs alive this often (``tuner.heartbeat``) ...

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import BASELINES_SUFFIX, open_existing_store, silent_for, silent_note
+from autoslapo.storage import is_baseline_study, open_existing_store, silent_for, silent_note
 
 if TYPE_CHECKING:
     from store import Store, StudyRecord
@@ -106,11 +106,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all", action="store_true",
                         help="also list the companion '<study>.baselines' studies the tuner scores baselines in")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-
-
-def is_baseline_study(study: StudyRecord) -> bool:
-    """True for the companion study in which the tuner stores a study's baselines."""
-    return study.space_name == "baselines" and study.name.endswith(BASELINES_SUFFIX)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,20 +30,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"`autoslapo token {args.action}` takes no {' or '.join(extra)}: got "
                          f"{' '.join(extra)}; drop it (--name names the token to create or revoke, --role "
                          "the role of one created)")
-    if args.action in ("list", "revoke"):
-        from autoslapo.storage import open_existing_store
+    from autoslapo.storage import open_existing_store
 
-        found = open_existing_store(args.storage)  # listing creates no database
-        if found is None:
-            from store import resolve_url
+    # listing and revoking create no database; creating a token makes the store if it is not there yet
+    store = open_store(args.storage) if args.action == "create" else open_existing_store(args.storage)
+    if store is None:
+        from store import resolve_url
 
-            if args.action == "revoke":
-                raise UsageError(f"no store at {resolve_url(args.storage)} (the file does not exist): no token named "
-                                 f"{args.name!r} to revoke; check --storage")
-            sys.stderr.write(f"no store at {resolve_url(args.storage)} yet (the file does not exist): no tokens\n")
-            return 0
-        found.close()
-    with open_store(args.storage) as store:
+        if args.action == "revoke":
+            raise UsageError(f"no store at {resolve_url(args.storage)} (the file does not exist): no token named "
+                             f"{args.name!r} to revoke; check --storage")
+        sys.stderr.write(f"no store at {resolve_url(args.storage)} yet (the file does not exist): no tokens\n")
+        return 0
+    with store:
         if args.action == "create":
             token = create_token(store, args.name, args.role or "read")
             sys.stderr.write(f"token {args.name!r} ({args.role or 'read'}) created; it is shown once, keep it secret:\n")

@@ -10,7 +10,7 @@ from autoslapo.config import describe
 from autoslapo.errors import AutoslapoError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.service.payload import model_label
-from autoslapo.storage import BASELINES_SUFFIX, baseline_study, silent_for
+from autoslapo.storage import baseline_study, is_baseline_study, silent_for
 from store import JobRecord, Store, StudyRecord, TrialRecord
 
 LAUNCHED = ("complete", "oom", "failed", "timeout")
@@ -50,11 +50,6 @@ def _is_preset_of(study: StudyRecord) -> bool:
         return ModelSpec.from_name(study.model_name).signature() == study.model_signature
     except AutoslapoError:
         return False
-
-
-def is_baseline_study(study: StudyRecord) -> bool:
-    """True for the companion study in which the tuner stores a study's baselines (the CLI's rule)."""
-    return study.space_name == "baselines" and study.name.endswith(BASELINES_SUFFIX)
 
 
 def baselines_view(store: Store, study: str) -> list[dict[str, Any]]:
