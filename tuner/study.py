@@ -64,6 +64,12 @@ LEARNED_SHORTLIST = 2000
 LEARNED_REFRESH = 20
 
 
+def check_timeout(timeout_s: float | None) -> None:
+    """UsageError unless ``--timeout`` is unset or positive, finite seconds (nan and inf: no limit at all)."""
+    if timeout_s is not None and not 0 < timeout_s < math.inf:
+        raise UsageError(f"--timeout must be positive, finite seconds: got {timeout_s!r}; leave it out for none")
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     """Everything one ``autoslapo tune`` needs (the CLI builds it; tests build it directly)."""
@@ -102,8 +108,7 @@ class TuneOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.trials, int) or self.trials < 1:
             raise UsageError(f"--trials must be a positive integer: got {self.trials!r}")
-        if self.timeout_s is not None and not 0 < self.timeout_s < math.inf:  # nan, inf: no time limit at all
-            raise UsageError(f"--timeout must be positive, finite seconds: got {self.timeout_s!r}; leave it out for none")
+        check_timeout(self.timeout_s)
         if self.patience is not None and self.patience < 1:
             raise UsageError(f"--patience must be a positive number of trials: got {self.patience!r}")
         if self.sampler not in SAMPLERS:

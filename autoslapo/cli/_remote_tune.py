@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from types import SimpleNamespace
@@ -35,9 +34,9 @@ def _space(args: argparse.Namespace) -> SearchSpace | None:
 def run_remote(args: argparse.Namespace, bar: Any) -> int:
     """Submit, print progress until the study ends, then the table of the best trials. Returns 0 (1: none complete)."""
     from autoslapo.remote import Client, model_field
+    from tuner.study import check_timeout
 
-    if args.timeout is not None and not 0 < args.timeout < math.inf:  # not JSON, and no limit at all
-        raise UsageError(f"--timeout must be positive, finite seconds: got {args.timeout!r}; leave it out for none")
+    check_timeout(args.timeout)  # before it is sent: nan and inf are not JSON
     given = [f"--{k.replace('_', '-')}" for k in _LOCAL_ONLY if getattr(args, k, None)]
     if shape_overrides(args):
         given.append("shape flags")
