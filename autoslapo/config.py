@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autoslapo.errors import ConfigError
 from autoslapo.knobs import Knob, bind_knobs, knob
-from autoslapo.layout import check_layout
+from autoslapo.layout import check_layout, knob_applies
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -222,11 +222,14 @@ def config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def describe(config: Mapping[str, Any]) -> str:
-    """One line for tables: the brief knobs always, the others when they matter and are not at default."""
+def describe(config: Mapping[str, Any], family: str | None = None) -> str:
+    """One line for tables: the brief knobs always, the others when they matter and are not at default.
+
+    With ``family``, the knobs that do not act on it are left out (``attn=sdpa`` on a convolutional
+    model, whose config keeps the default)."""
     parts = []
     for k in KNOBS:
-        if k.name not in config:
+        if k.name not in config or (family is not None and not knob_applies(k, family)):
             continue
         v = config[k.name]
         if k.brief or (v != k.default and not (k.inert and k.inert(config, 0))):

@@ -356,6 +356,11 @@ def check_layout(config: ScheduleConfig, model: ModelSpec, cluster: ClusterSpec 
             raise ConfigError(f"precision bf16 is not supported on {dev.name}; use fp16 or fp32")
 
 
+def knob_applies(knob: Knob, family: str) -> bool:
+    """Whether ``knob`` acts on a model of ``family`` (a convolutional one has no attention knob)."""
+    return not _why_inapplicable(knob, family)
+
+
 def _why_inapplicable(knob: Knob, family: str) -> str:
     """Why ``family`` cannot use ``knob``; empty when it can."""
     if knob.families and family not in knob.families:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from store import Store, StudyRecord
 
 __all__ = ["BASELINES_SUFFIX", "HEARTBEAT_S", "SILENT_AFTER_S", "StudyCluster", "baseline_study",
-           "check_study_name", "is_baseline_study", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster"]
+           "check_study_name", "is_baseline_study", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster", "study_label"]
 
 #: The tuner scores a study's baselines in a companion study, ``<study>.baselines``: a name of its own.
 BASELINES_SUFFIX = ".baselines"
@@ -35,6 +35,23 @@ def is_baseline_study(study: StudyRecord) -> bool:
     """True for the companion study in which the tuner stores a study's baselines (hidden from
     ``autoslapo studies`` and the service's lists unless asked)."""
     return study.space_name == "baselines" and study.name.endswith(BASELINES_SUFFIX)
+
+
+def study_label(study: StudyRecord) -> str:
+    """The study's model as tables and titles show it (``studies``, ``show``, ``best``, the report):
+    a preset's or a model file's name, and for a config.json (named by its ``model_type`` alone) its
+    size too: ``mistral 7.24B``, so that two configs of one type are told apart."""
+    from autoslapo.models.spec import PRESETS, ModelSpec
+
+    if study.model_name in PRESETS or study.model_family == "user":
+        return study.model_name
+    try:
+        n = ModelSpec.from_dict(study.model).num_params()
+        size = next(f"{n / scale:.3g}{unit}" for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, ""))
+                    if n >= scale or scale == 1)
+        return f"{study.model_name} {size}"
+    except Exception:  # a model this autoslapo cannot read back (an older store's): its name as stored
+        return study.model_name
 
 
 #: A tuner marks the study it runs alive this often (``tuner.heartbeat``) ...

@@ -82,16 +82,45 @@ def _unknown_flags(parser: argparse.ArgumentParser, command: str | None, extra: 
     hints = []
     for word in extra:
         flag = word.split("=", 1)[0]
-        if not flag.startswith("--") or flag == "--" or flag in known:
+        if flag == "--" or flag in (target or parser)._option_string_actions or not _is_flag(flag):
             continue
-        close = [k for k in known if k.startswith(flag)] or difflib.get_close_matches(flag, known, n=3, cutoff=0.7)
+        # "-gpus" (one dash), "--TRIALS" (case): what was meant, spelled as the command takes it
+        spelled = "--" + flag.lstrip("-").lower()
+        close = ([spelled] if spelled in known else [k for k in known if k.startswith(spelled)]
+                 or difflib.get_close_matches(spelled, known, n=3, cutoff=0.7))
         hints.append(f"{redact(flag)}: did you mean {' or '.join(close[:3])}?" if close else redact(flag))
     return ": " + "; ".join(hints) if hints else ""
+
+
+def _is_flag(word: str) -> bool:
+    """Whether ``word`` reads as a flag: ``--x`` or ``-x...``, not a negative number (``--seed -1``)."""
+    if not word.startswith("-") or len(word) < 2:
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return True
+    return False
+
+
+def _flags_before_command(args: Sequence[str]) -> str:
+    """The error for flags written before the command (``autoslapo --storage URL studies``), or ""."""
+    at = next((i for i, a in enumerate(args) if a in SUBCOMMANDS), None)
+    head = list(args[:at] if at is not None else args)
+    if not head or not _is_flag(head[0]) or head[0] in ("-h", "--help"):
+        return ""
+    fix = f"autoslapo {args[at]} {' '.join(head)} ..." if at is not None else (
+        f"autoslapo COMMAND {' '.join(head)}, a COMMAND of {', '.join(SUBCOMMANDS)}")
+    return f"flags go after the command: got {redact(' '.join(head))} before it; write {redact(fix)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    early = _flags_before_command(args_list)
+    if early:  # else the flag's value ("URL") was read as the command
+        sys.stderr.write(f"autoslapo: error: {early} (see autoslapo --help)\n")
+        return 2
     command = next((a for a in args_list if not a.startswith("-")), None)
     if command is not None and command not in SUBCOMMANDS:
         close = difflib.get_close_matches(command, SUBCOMMANDS, n=1)
@@ -99,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"autoslapo: error: no command {redact(command)!r}{hint} (see autoslapo --help)\n")
         return 2
     parser = build_parser(only=command if command in SUBCOMMANDS else "")
-    flags = [a for a in args_list[:args_list.index("--") if "--" in args_list else None] if a.startswith("--")]
+    flags = [a for a in args_list[:args_list.index("--") if "--" in args_list else None] if _is_flag(a)]
     hint = _unknown_flags(parser, command, flags)
     if hint:  # before argparse, whose "--gpus is required" would hide that "--gpu" was meant for it
         prog = f"autoslapo {command}" if command else "autoslapo"

@@ -132,13 +132,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
     from autoslapo.config import describe
+    from autoslapo.storage import study_label
 
     kind = "measured" if t.measured else "estimated"
     noise = doc.get("repeats_samples_per_s")
     if noise:
         kind += f", median of {len(noise)} runs, IQR {doc.get('samples_per_s_spread', 0.0):,.1f}"
-    sys.stdout.write(f"{study.model_name} on {study.gpus}x {study.gpu_type} ({node} a node): "
-                     f"{_value(args.metric, doc)} ({kind}, study {t.study} trial {t.number})\n  {describe(t.config)}\n")
+    sys.stdout.write(f"{study_label(study)} on {study.gpus}x {study.gpu_type} ({node} a node): "
+                     f"{_value(args.metric, doc)} ({kind}, study {t.study} trial {t.number})\n"
+                     f"  {describe(t.config, model.family)}\n")
     if t.measured and not noise and study.status != "complete":  # its finalists were not measured again
         sys.stdout.write(f"  one measurement: study {t.study} is {study.status}, so its best were not re-measured yet "
                          f"(`autoslapo tune ... --study {t.study} --resume`, with the flags it was tuned with, does)\n")

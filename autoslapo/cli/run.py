@@ -19,6 +19,7 @@ from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.cluster import DEVICES
 from autoslapo.config import ScheduleConfig, describe
 from autoslapo.errors import ConfigError, UsageError
+from autoslapo.models.spec import is_convolutional
 
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
          "g": 2**30, "gb": 2**30, "gib": 2**30}
@@ -75,15 +76,15 @@ def _has_bf16(device: str) -> bool:
     return bool(torch.cuda.is_bf16_supported())
 
 
-def _table(result: object, model: str, config: ScheduleConfig) -> str:
+def _table(result: object, model: str, config: ScheduleConfig, family: str) -> str:
     r = result.to_dict()  # type: ignore[attr-defined]
     c = config.to_dict()
-    lines = [f"{model}: {describe(c)}", f"status           {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")]
+    lines = [f"{model}: {describe(c, family)}", f"status           {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")]
     if r["status"] == "complete":
         mib = r["peak_memory_bytes"] / 2**20
         lines += [
             f"samples/s        {r['samples_per_s']:.3f}",
-            f"tokens/s         {r['tokens_per_s']:.1f}",
+            *([] if is_convolutional(family) else [f"tokens/s         {r['tokens_per_s']:.1f}"]),  # images, not tokens
             f"TFLOP/s/device   {r['tflops_per_device']:.4f} (hardware {r['hw_tflops_per_device']:.4f})",
             f"step time        {r['step_time_s']:.4f} s (IQR {r['step_time_spread_s']:.4f} s, "
             f"{len(r['extra'].get('step_times_s', []))} timed steps)",
@@ -129,5 +130,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
-        print(_table(result, spec.preset, config))
+        print(_table(result, spec.preset, config, spec.family))
     return 0 if result.ok and not result.extra.get("repeat_failures") else 1

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import is_baseline_study, open_existing_store, silent_for, silent_note
+from autoslapo.storage import is_baseline_study, open_existing_store, silent_for, silent_note, study_label
 
 if TYPE_CHECKING:
     from store import Store, StudyRecord
@@ -51,23 +51,6 @@ def fmt(value: float | int | None, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def model_label(study: StudyRecord) -> str:
-    """The study's model as a table shows it: a preset's or a model file's name, and for a
-    config.json (named by its ``model_type`` alone) its size too: ``mistral 7.24B``, so that two
-    configs of one type are told apart."""
-    from autoslapo.models.spec import PRESETS, ModelSpec
-
-    if study.model_name in PRESETS or study.model_family == "user":
-        return study.model_name
-    try:
-        n = ModelSpec.from_dict(study.model).num_params()
-        size = next(f"{n / scale:.3g}{unit}" for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, ""))
-                    if n >= scale or scale == 1)
-        return f"{study.model_name} {size}"
-    except Exception:  # a model this autoslapo cannot read back (an older store's): its name as stored
-        return study.model_name
-
-
 def study_row(store: Store, study: StudyRecord) -> dict[str, Any]:
     """One study as a JSON-safe dict: its description, trial counts and best throughput."""
     trials = store.trials(study.name)
@@ -79,7 +62,7 @@ def study_row(store: Store, study: StudyRecord) -> dict[str, Any]:
     return {
         "name": study.name,
         "model": study.model_name,
-        "model_label": model_label(study),
+        "model_label": study_label(study),
         "family": study.model_family,
         "gpus": study.gpus,
         "gpu_type": study.gpu_type,

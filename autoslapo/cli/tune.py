@@ -238,15 +238,15 @@ def run(args: argparse.Namespace) -> int:
     for t in rows:
         mem = (t.peak_memory_bytes or 0) / 2**30
         out.write(f"{t.number:>4} {t.samples_per_s or 0:>11,.1f} {t.tflops_per_device or 0:>11.1f} "
-                  f"{mem:>8.1f}  {describe(t.config)}\n")
+                  f"{mem:>8.1f}  {describe(t.config, model.family)}\n")
     note = repeats_note(rows)
     if note:
         out.write(note + "\n")
     if outcome.sweep is not None and outcome.best_config is not None and outcome.best_result is not None:
         out.write(f"optimum of the cost model over the space: {outcome.best_result.samples_per_s:,.1f} samples/s: "
-                  f"{describe(outcome.best_config.to_dict())}\n")
+                  f"{describe(outcome.best_config.to_dict(), model.family)}\n")
     for name, b in outcome.baselines.items():
-        out.write(speedup_line(name, b) + "\n")
+        out.write(speedup_line(name, b, model.family) + "\n")
     return 0
 
 
@@ -266,16 +266,16 @@ def sweep_line(study: str, summary: dict[str, Any], elapsed_s: float, where: str
             f"({where})")
 
 
-def speedup_line(name: str, b: dict[str, Any]) -> str:
+def speedup_line(name: str, b: dict[str, Any], family: str | None = None) -> str:
     """``speedup over deepspeed-style baseline: 1.19x (95% CI 1.07-1.31, 3 interleaved repeats; ...)``.
 
-    ``b``: a baseline summary of ``score_baselines``. An interval that holds 1.0 reads "no
+    ``b``: a baseline summary of ``score_baselines``; ``family``: the model's (its knobs alone shown). An interval that holds 1.0 reads "no
     significant speed-up"; without repeats (estimates) the line has no interval.
     """
     head = f"speedup over {name}-style baseline:"
     if b["speedup"] is None:
         return f"{head} n/a (baseline {b['status']}: {b['reason']})"
-    base = f"baseline {b['samples_per_s']:,.1f} samples/s: {describe(b['config'])}"
+    base = f"baseline {b['samples_per_s']:,.1f} samples/s: {describe(b['config'], family)}"
     ci = b.get("speedup_ci95")
     if not ci:
         return f"{head} {b['speedup']:.2f}x ({base})"

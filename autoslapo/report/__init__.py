@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
 from autoslapo.report.plots import KNOB_PREFIX, Baseline, GiB
-from autoslapo.storage import baseline_study
+from autoslapo.storage import baseline_study, study_label
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,7 +80,7 @@ def _summary(study: StudyRecord, frame: pd.DataFrame) -> dict[str, Any]:
         params = None
     memory = f"{study.gpu_memory_bytes / GiB:.0f} GiB" if study.gpu_memory_bytes else "unknown"
     return {
-        "model": study.model_name + (f" ({params / 1e6:,.0f}M parameters)" if params else ""),
+        "model": study_label(study) + (f" ({params:,} parameters)" if params else ""),
         "family": study.model_family,
         "cluster": f"{ClusterSpec.from_dict(study.cluster).described_as()}, {memory} each",
         "backend": study.backend,
@@ -120,7 +120,7 @@ def render_report(study: StudyRecord, frame: pd.DataFrame, out_dir: str | Path, 
     from autoslapo.report import plots
 
     out = _out_dir(out_dir)
-    label = f"{study.model_name} on {ClusterSpec.from_dict(study.cluster).described_as()}"
+    label = f"{study_label(study)} on {ClusterSpec.from_dict(study.cluster).described_as()}"
     done = plots.complete(frame)
     best_row = done.loc[done["samples_per_s"].idxmax()] if not done.empty else None
     best_value = None if best_row is None else float(best_row["samples_per_s"])

@@ -152,3 +152,15 @@ def test_run_a_tiny_mistral_config_on_two_ranks() -> None:
     result = TrialResult.from_dict(json.loads(proc.stdout))
     assert result.status == "complete" and result.measured
     assert result.samples_per_s > 0 and result.tokens_per_s == pytest.approx(result.samples_per_s * 32)
+
+
+def test_best_and_the_report_show_a_config_models_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``studies`` said ``mistral 632K``; ``best`` and the report's title said ``mistral`` alone."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    tiny = str(DATA / "mistral-tiny.json")
+    assert main(["tune", tiny, "--gpus", "2", "--storage", url, "--no-baselines", "--study", "m"]) == 0
+    capsys.readouterr()
+    assert main(["best", tiny, "--gpus", "2", "--storage", url]) == 0
+    assert capsys.readouterr().out.startswith("mistral 632K on 2x a100-80gb")
+    assert main(["report", "m", "-o", str(tmp_path / "r"), "--storage", url]) == 0
+    assert "mistral 632K (631,552 parameters)" in (tmp_path / "r" / "index.html").read_text()

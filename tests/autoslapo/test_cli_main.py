@@ -73,3 +73,16 @@ def test_ctrl_c_while_following_a_served_study_says_it_goes_on(monkeypatch: pyte
     err = capsys.readouterr().err
     assert "stopped following study 'svc-1', which goes on at http://127.0.0.1:9" in err
     assert "--study svc-1 --join" in err and "POST /v1/studies/svc-1/cancel" in err
+
+
+def test_flags_are_named_in_any_spelling_and_a_negative_value_is_no_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """``-gpus`` and ``--TRIALS`` were left to argparse ("--gpus is required"); a flag before the
+    command had its value read as the command. A negative number stays a value."""
+    assert main(["tune", "bert-tiny", "--gpus", "2", "-tp", "2", "--backend", "sim"]) == 2
+    assert "-tp: did you mean --tp?" in capsys.readouterr().err
+    assert main(["--storage", "sqlite:////tmp/x.db", "studies", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "write autoslapo studies --storage sqlite:////tmp/x.db ..." in err and len(err.splitlines()) == 1
+    assert main(["tune", "bert-tiny", "--gpus", "2", "--seed", "-1", "--backend", "sim"]) == 2
+    err = capsys.readouterr().err
+    assert "seed" in err and "unrecognized" not in err, err

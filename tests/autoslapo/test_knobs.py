@@ -194,3 +194,10 @@ def test_flash_attention_needs_sixteen_bit_inputs() -> None:
         AWAY.with_(precision="fp32").validate(MODEL, CLUSTER)
     AWAY.with_(precision="bf16").validate(MODEL, CLUSTER)
     AWAY.with_(precision="fp32", attn_kernel="sdpa").validate(MODEL, CLUSTER)
+
+
+def test_tables_leave_out_the_knobs_a_family_has_not() -> None:
+    """``attn=sdpa`` was printed for a convolutional model, which has no attention."""
+    config = ScheduleConfig(tp=1, pp=1, dp=2, micro_batch=4, grad_accum=1).to_dict()
+    assert "attn=sdpa" in describe(config) and "attn=sdpa" in describe(config, "llama")
+    assert "attn=" not in describe(config, "wideresnet") and "mb=4" in describe(config, "wideresnet")

@@ -228,6 +228,11 @@ CASES: list[tuple[str, list[str], str]] = [
      "--trial: did you mean --trial-timeout or --trials?"),
     ("tune-flag-hides-required", ["tune", "bert-tiny", "--gpu", "4", "--backend", "sim", *S],
      "--gpu: did you mean --gpu-type or --gpus or --gpus-per-node?"),
+    # one dash, or capitals: argparse said "--gpus is required" (or "unrecognized arguments: --TRIALS")
+    ("tune-single-dash-flag", ["tune", "bert-tiny", "-gpus", "4", "--backend", "sim", *S], "-gpus: did you mean --gpus?"),
+    ("tune-capital-flag", [*T[:-3], "--no-baselines", "--gpus", "4", "--TRIALS", "3", *S], "--TRIALS: did you mean --trials?"),
+    # a flag before the command: its value ("{url}") was read as the command
+    ("flag-before-command", [*S, "studies"], "flags go after the command: got --storage"),
     ("tune-timeout-nan", [*T, "--gpus", "4", "--timeout", "nan", *S], "--timeout must be positive, finite seconds: got nan"),
     ("tune-server-steps", ["tune", "bert-tiny", "--gpus", "4", "--trials", "3", "--steps", "3", "--server",
                            "http://127.0.0.1:9"], "--server submits a plain study: --steps cannot be sent"),
