@@ -6,7 +6,7 @@ dropped-connection errors) and returns frozen records, never ORM objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -320,13 +320,14 @@ class Store:
             self._tx, study, self._study_id(study), config, budget=budget, result=result, host=host
         )
 
-    def add_new_trials(self, study: str, trials: Iterable[tuple[dict[str, Any], dict[str, Any]]]) -> int:
+    def add_new_trials(self, study: str, trials: Iterable[tuple[dict[str, Any], dict[str, Any]]], *,
+                       times: Sequence[tuple[datetime, datetime] | None] = ()) -> int:
         """Store finished ``(config, result)`` trials under the next free numbers; return how many.
 
-        Configs the study already has are skipped (another tuner stored them first). One
-        transaction under the study's lock, like ``claim_trial``.
-        """
-        return _trials.add_new_trials(self._tx, study, self._study_id(study), trials)
+        Configs the study already has are skipped (another tuner stored them first). One transaction
+        under the study's lock, like ``claim_trial``. ``times``: each trial's (start, end), by position
+        (missing or None: now, for both)."""
+        return _trials.add_new_trials(self._tx, study, self._study_id(study), trials, times)
 
     def start_trial(
         self,

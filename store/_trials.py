@@ -8,7 +8,7 @@ short transaction (the insert-and-settle loop in at most a few). ``study`` is th
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -282,11 +282,13 @@ def claim_trial(
 
 
 def add_new_trials(
-    tx: Transactions, study: str, study_id: int, trials: Iterable[tuple[dict[str, Any], dict[str, Any]]]
+    tx: Transactions, study: str, study_id: int, trials: Iterable[tuple[dict[str, Any], dict[str, Any]]],
+    times: Sequence[tuple[datetime, datetime] | None] = (),
 ) -> int:
     """``Store.add_new_trials``: finished trials of new configs under the next numbers, under the lock."""
     now = utcnow()
-    items = [(config_hash(c), c, r) for c, r in trials]
+    items = [(config_hash(c), c, r, (times[i] if i < len(times) else None) or (now, now))
+             for i, (c, r) in enumerate(trials)]
     if not items:
         return 0
 
@@ -295,17 +297,17 @@ def add_new_trials(
         have = set(
             session.scalars(
                 select(TrialRow.config_hash).where(
-                    TrialRow.study_id == study_id, TrialRow.config_hash.in_([d for d, _, _ in items])
+                    TrialRow.study_id == study_id, TrialRow.config_hash.in_([d for d, *_ in items])
                 )
             )
         )
         rows = []
-        for digest, config, result in items:
+        for digest, config, result, (started, ended) in items:
             if digest in have:
                 continue  # stored already (by another tuner), or twice in this batch
             have.add(digest)
             rows.append(
-                trial_row(study_id, config, number=number, result=result, started_at=now, ended_at=now)
+                trial_row(study_id, config, number=number, result=result, started_at=started, ended_at=ended)
             )
             number += 1
         if rows:

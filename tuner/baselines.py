@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import autoslapo.layout as layout
@@ -27,6 +28,7 @@ from autoslapo.errors import ConfigError
 from autoslapo.result import TrialResult
 from autoslapo.storage import baseline_study
 from search_spaces import BoundSpace
+from tuner.learning import with_prediction
 from tuner.proposer import Prediction
 
 if TYPE_CHECKING:
@@ -179,6 +181,8 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
                             (stored[k][2].get("speedup_ci95") or {}).get(k)) for k in kinds}
     ctx = runner.baseline_context()
     picked: list[tuple[str, ScheduleConfig | None, TrialResult]] = []
+    # when each pick was measured (its row's duration): kept from the earlier run, or the study's row
+    spans = _stored_spans(store, runner.name)
     for kind, pick in (("deepspeed", deepspeed_candidates), ("megatron", megatron_candidates)):
         if kind in stored:
             picked.append((kind, stored[kind][0], stored[kind][1]))
@@ -190,14 +194,22 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
             r = ctx.measured.get(cand)
             if r is None:
                 runner.note(f"scoring the {kind}-style baseline: candidate {i} of {CANDIDATES}")
+                start = utcnow()
                 r = ctx.evaluate(cand)
+                span: tuple[datetime, datetime] | None = (start, utcnow())
+                if not runner.evaluator.instant:  # the prior's prediction beside the measurement, as a trial's
+                    r = with_prediction(r, ctx.predict(cand))
+            else:
+                row = store.find_trial(runner.name, cand.to_dict())
+                span = (row.started_at, row.ended_at) if row is not None and row.started_at and row.ended_at else None
             if config is None or (r.status == "complete" and (result.status != "complete"
                                                               or r.samples_per_s > result.samples_per_s)):
-                config, result = cand, r
+                config, result, spans[kind] = cand, r, span
         picked.append((kind, config, result))
     if not runner.options.join:  # stored as picked: a study stopped while they are re-measured keeps them
         _store_companion(runner, [(i, c.to_dict() if c else {"baseline": k}, TrialResult.from_dict(
-            {**r.to_dict(), "extra": {**r.extra, "baseline": k}}).to_dict()) for i, (k, c, r) in enumerate(picked)])
+            {**r.to_dict(), "extra": {**r.extra, "baseline": k}}).to_dict()) for i, (k, c, r) in enumerate(picked)],
+            [spans.get(k) for k, _, _ in picked])
     picked = remeasure(runner, outcome, picked)
     tuned = outcome.best_result.samples_per_s if outcome.best_result else 0.0
     rows, intervals = [], {}
@@ -212,12 +224,27 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
         kept = TrialResult.from_dict({**result.to_dict(), "extra": extra})
         rows.append((i, config.to_dict() if config else {"baseline": kind}, kept.to_dict()))
     record_speedups(runner, outcome, intervals)
-    _store_companion(runner, rows)
+    _store_companion(runner, rows, [spans.get(k) for k, _, _ in picked])
     return out
 
 
-def _store_companion(runner: StudyRunner, rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> None:
-    """(Re)write the study's companion ``<study>.baselines`` with ``rows`` (joined tuners add to it)."""
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _stored_spans(store: Store, study: str) -> dict[str, tuple[datetime, datetime] | None]:
+    """When each baseline an earlier run of ``study`` picked was measured, by kind (its row's start and end)."""
+    name = baseline_study(study)
+    if not store.has_study(name):
+        return {}
+    return {str(t.result["extra"]["baseline"]): (t.started_at, t.ended_at) for t in store.trials(name)
+            if t.started_at and t.ended_at and (t.result.get("extra") or {}).get("baseline")}
+
+
+def _store_companion(runner: StudyRunner, rows: list[tuple[int, dict[str, Any], dict[str, Any]]],
+                     spans: list[tuple[datetime, datetime] | None]) -> None:
+    """(Re)write the study's companion ``<study>.baselines`` with ``rows`` (joined tuners add to it);
+    ``spans``: when each was measured, by position (None: now)."""
     o, store, name = runner.options, runner.store, baseline_study(runner.name)
     if store.has_study(name) and not o.join:  # joined tuners share one companion study
         store.delete_study(name)
@@ -228,10 +255,10 @@ def _store_companion(runner: StudyRunner, rows: list[tuple[int, dict[str, Any], 
     # Two identical baseline configs (tiny clusters) would share a hash: store distinct ones only.
     seen: set[str] = set()
     uniq = []
-    for row in rows:
+    for row, span in zip(rows, spans, strict=True):
         key = str(sorted(row[1].items()))
         if key not in seen:
             seen.add(key)
-            uniq.append(row)
-    store.add_new_trials(name, [(cfg, res) for _, cfg, res in uniq])  # skips stored ones
+            uniq.append((row, span))
+    store.add_new_trials(name, [(cfg, res) for (_, cfg, res), _ in uniq], times=[span for _, span in uniq])  # skips stored ones
     store.set_study_status(name, "complete")

@@ -53,7 +53,7 @@ from autoslapo.models.families import FamilyDescription
 from autoslapo.models.modcache import cache_root, ensure_entry, mark_used, read_entry
 from autoslapo.models.spec import USER_ATTENTION_KEYS as ATTENTION_KEYS
 from autoslapo.models.spec import USER_FAMILY, ModelSpec
-from autoslapo.models.user_tp import CHECK_TP, split_attention_problem
+from autoslapo.models.user_tp import CHECK_TP, head_width_problem, split_attention_problem
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +70,7 @@ __all__ = [
     "user_spec",
 ]
 
-TRACE_VERSION = 3  # bump when the trace measures differently, so old cached traces are redone
+TRACE_VERSION = 4  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
 TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
               "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", "tensors", "layer_tensors", "attn_core",
@@ -260,6 +260,9 @@ def _tp_unit(model: nn.Module, blocks: list[nn.Module], desc: FamilyDescription 
     sizes: list[int] = []
     for block in blocks:
         attn = resolve_path(block, desc.attention, "family.attention")
+        width = head_width_problem(tuple(desc.attention_attrs), attn, um.module)
+        if width:  # halved, the forward runs with wrong numbers; no split check would see it
+            raise UsageError(width)
         for attr in desc.attention_attrs:
             v = getattr(attn, attr, None)
             if not isinstance(v, int):

@@ -28,8 +28,26 @@ if TYPE_CHECKING:
 CHECK_TP = 2
 #: Sizes of one head (never divided by tp), left out of the attributes tried.
 PER_HEAD = re.compile(r"head_?dim|head_?size|d_?head|dim_?head|^d_[kv]$|scale", re.IGNORECASE)
+#: Names that are a head's width when they are the whole name (``head_dim``, ``attention_head_size``),
+#: which tp keeps: named in ``attention_attrs``, the forward would run split with each head halved
+#: and the number of heads whole (BERT's ``all_head_size``, the heads' total, is divided rightly).
+HEAD_WIDTH = re.compile(r"(attention_|attn_)?(head_?dim|head_?size|d_?head|dim_?head|d_[kv])", re.IGNORECASE)
 #: At most this many of the module's integers are tried as missing head counts (singly and in pairs).
 MAX_CANDIDATES = 8
+
+
+def head_width_problem(attrs: tuple[str, ...], attn: object, module: str) -> str:
+    """Why ``attrs`` (a family's ``attention_attrs``) cannot be the head counts tp divides: one names a
+    head's width (``head_dim``), as a one-line rule with its fix naming the module's head counts; ""."""
+    wrong = [a for a in attrs if HEAD_WIDTH.fullmatch(a)]
+    if not wrong:
+        return ""
+    counts = [k for k, v in vars(attn).items() if isinstance(v, int) and not isinstance(v, bool)
+              and "head" in k.lower() and not HEAD_WIDTH.fullmatch(k) and k not in attrs]
+    fix = f"name the head count instead ({', '.join(repr(k) for k in counts)} in it)" if counts else "name the head count instead"
+    return (f"family.attention_attrs names the integers tensor parallelism divides by tp, the head counts: "
+            f"{wrong[0]!r} in {module}.py is a head's width, which tp keeps (each rank runs whole heads, "
+            f"fewer of them); {fix}, or leave it out")
 
 
 def _replace(root: nn.Module, path: str, new: nn.Module) -> None:

@@ -196,6 +196,17 @@ def test_a_family_missing_a_head_count_its_forward_reads_is_refused_tp_with_the_
     assert "set attention_attrs=('num_heads', 'width')" in problem, problem
 
 
+def test_a_head_width_named_as_a_head_count_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """attention_attrs=("head_dim",) passed the split check (halved heads, whole count: the forward
+    runs with wrong numbers) and `verify --tp 2` reported only an output difference."""
+    text = EXAMPLE.read_text().replace('    attention_attrs=("num_heads",),', '    attention_attrs=("head_dim",),')
+    assert 'attention_attrs=("head_dim",)' in text
+    with pytest.raises(UsageError) as e:
+        user_spec(write_model_file(tmp_path, text, "width.py"))
+    assert "'head_dim' in width.py is a head's width, which tp keeps" in str(e.value)
+    assert "name the head count instead ('num_heads' in it)" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_resolve_model_takes_presets_and_files(tmp_path: Path) -> None:
     assert resolve_model("bert-tiny", hidden=256).hidden == 256
     assert resolve_model(str(write_model_file(tmp_path, BARE))).family == "user"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -51,6 +52,17 @@ def test_claims_number_trials_one_past_the_highest(db: Store, study: str) -> Non
         14: "complete",
     }
     assert db.get_trial(study, 13) == db.find_trial(study, config(21))
+
+
+def test_new_trials_keep_the_times_they_ran_when_given(db: Store, study: str) -> None:
+    """A baseline measured before its companion study is written keeps when it ran (its duration)."""
+    t0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert db.add_new_trials(study, [(config(30), result(30)), (config(31), result(31))],
+                             times=[(t0, t0 + timedelta(seconds=7)), None]) == 2
+    kept = db.find_trial(study, config(30))
+    assert kept is not None and kept.started_at == t0 and kept.ended_at == t0 + timedelta(seconds=7)
+    now = db.find_trial(study, config(31))
+    assert now is not None and now.started_at == now.ended_at and now.started_at > t0
 
 
 def test_a_config_is_stored_once_per_study(db: Store, study: str) -> None:

@@ -251,3 +251,31 @@ def test_a_study_stopped_during_a_trial_leaves_no_trial_running_and_resume_runs_
     assert store.get_study("s").status == "stopped"
     out = tune(replace(options, resume=True), store, evaluator=WobblingEvaluator())
     assert out.launched == 3 and [t.status for t in store.trials("s")] == ["complete"] * 3
+
+
+class SlowEvaluator(WobblingEvaluator):
+    """A measurement that takes time (20 ms), as a real one does."""
+
+    def evaluate(self, config: ScheduleConfig) -> TrialResult:
+        import time
+
+        time.sleep(0.02)
+        return super().evaluate(config)
+
+
+def test_a_baselines_row_has_its_duration_and_prediction_and_keeps_them_on_resume(tmp_path: Path) -> None:
+    """The companion study's rows were written with no duration (started = ended, when stored) and
+    without the prior's prediction each real trial carries beside its measurement."""
+    options = TuneOptions(model=MODEL, cluster=CLUSTER, backend="local", trials=3, study="s", repeats=0,
+                          warm_start=False, mirror=False, baselines=True)
+    with open_store(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        tune(options, store, evaluator=SlowEvaluator())
+        rows = [t for t in store.trials("s.baselines") if t.status == "complete"]
+        assert rows
+        for t in rows:
+            assert t.started_at and t.ended_at and (t.ended_at - t.started_at).total_seconds() >= 0.015, t
+            assert t.result["extra"]["predicted_samples_per_s"] > 0 and t.result["extra"]["predicted_memory_bytes"] > 0
+        spans = {t.number: (t.started_at, t.ended_at) for t in rows}
+        tune(replace(options, trials=4, resume=True), store, evaluator=SlowEvaluator())
+        assert {t.number: (t.started_at, t.ended_at) for t in store.trials("s.baselines")
+                if t.status == "complete"} == spans  # the companion was rewritten, its times kept
