@@ -289,3 +289,7 @@ def run_with_ray(runner: DispatchedStudy, started: float) -> str:
         shutil.rmtree(storage, ignore_errors=True)
         if owned:
             ray.shutdown()
+            if o.ray_address is None:  # the trials ran here: what an actor killed mid-trial left behind
+                from autoslapo.runtime.launcher import sweep_stale_trial_dirs
+
+                sweep_stale_trial_dirs(wait_s=5.0)

@@ -209,6 +209,49 @@ def _kill_strays(launch_id: str) -> set[int]:
     return proctree.kill(None, f"{LAUNCH_ID_ENV}={launch_id}".encode())
 
 
+#: A launch's scratch folder: ``autoslapo-trial-<launcher pid>-<random>`` under the temporary directory.
+TRIAL_DIR_PREFIX = "autoslapo-trial-"
+
+
+def sweep_stale_trial_dirs(root: str | Path | None = None, wait_s: float = 0.0) -> list[str]:
+    """Remove the scratch folders of launches whose launcher died without its clean-up (a Ray
+    trial's actor killed by a Ctrl-C of its study, a ``kill -9``), with any process still
+    carrying their launch id; returns the folders removed. A folder whose launcher is alive is
+    kept (waiting up to ``wait_s`` seconds for it to end). Folders not named by a pid are left."""
+    base = Path(root if root is not None else tempfile.gettempdir())
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(TRIAL_DIR_PREFIX)]
+    except OSError:
+        return []
+    owners = {n: int(pid) for n in names if (pid := n[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]).isdigit()}
+    deadline = time.monotonic() + wait_s
+    while any(_alive(p) for p in owners.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    removed = []
+    for name, pid in owners.items():
+        if _alive(pid):
+            continue
+        _kill_strays(name)
+        shutil.rmtree(base / name, ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive, not ours to judge
+        return True
+    # a zombie (exited, not yet reaped) is gone for this purpose
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
 def _shm_names() -> set[str]:
     try:
         return set(os.listdir(SHM))
@@ -269,7 +312,8 @@ def launch(
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
     offset = node.rank_offset if node is not None else 0
-    tmp = Path(tempfile.mkdtemp(prefix="autoslapo-trial-"))
+    sweep_stale_trial_dirs()  # what a killed launcher left (cheap: one listing of the temporary directory)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-"))
     shm_before = _shm_names()
     watch = OomWatch()
     procs: list[subprocess.Popen[bytes]] = []

@@ -281,3 +281,29 @@ def test_bad_arguments_are_rejected_before_anything_starts(kwargs: dict[str, Any
     entry = kwargs.pop("entry", f"{HERE}:sum_ranks")
     with pytest.raises(ConfigError):
         launch(entry, timeout_s=10, **kwargs)
+
+
+def test_a_killed_launchers_folder_and_processes_are_swept_a_live_ones_kept(tmp_path: Path) -> None:
+    """A Ray trial's actor killed by a Ctrl-C of its study left /tmp/autoslapo-trial-* (its ``finally``
+    never ran); the next launch on the machine, and a local Ray study's end, sweep it."""
+    from autoslapo.runtime.launcher import LAUNCH_ID_ENV, TRIAL_DIR_PREFIX, sweep_stale_trial_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead, live, other = (f"{TRIAL_DIR_PREFIX}{gone.pid}-abc", f"{TRIAL_DIR_PREFIX}{os.getpid()}-def",
+                         f"{TRIAL_DIR_PREFIX}xyz")
+    for name in (dead, live, other):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rank0.log").write_text("x")
+    # a rank of the dead launch, in a session of its own, still running
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
+                            env={**os.environ, LAUNCH_ID_ENV: dead})
+    try:
+        assert sweep_stale_trial_dirs(tmp_path) == [dead]
+        assert rank.wait(timeout=10) == -signal.SIGKILL
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live, other])
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+    out = launch(f"{HERE}:sum_ranks", 1, timeout_s=120)  # its folder names its launcher
+    assert out.status == "complete" and out.launch_id.startswith(f"{TRIAL_DIR_PREFIX}{os.getpid()}-")

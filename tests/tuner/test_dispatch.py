@@ -43,6 +43,14 @@ def test_ctrl_c_stops_a_ray_study_as_it_stops_an_inline_one(tmp_path: Path) -> N
 
     from store import open_store
 
+    import tempfile
+
+    from autoslapo.runtime.launcher import TRIAL_DIR_PREFIX
+
+    def trial_dirs() -> set[str]:
+        return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(TRIAL_DIR_PREFIX)}
+
+    before = trial_dirs()
     url = f"sqlite:///{tmp_path / 's.db'}"
     proc = subprocess.Popen([sys.executable, "-m", "autoslapo", "tune", "gpt2-tiny", "--gpus", "2", "--backend", "ray",
                              "--trials", "3", "--steps", "2", "--no-baselines", "--repeats", "0", "--study", "ri",
@@ -66,6 +74,10 @@ def test_ctrl_c_stops_a_ray_study_as_it_stops_an_inline_one(tmp_path: Path) -> N
         assert db.get_study("ri").status == "stopped"
         statuses = [t.status for t in db.trials("ri")]
     assert "running" not in statuses and "failed" in statuses, statuses
+    # the trial's scratch folder, which its killed actor never removed, is swept at the study's end
+    left = [n for n in trial_dirs() - before
+            if not Path(f"/proc/{n[len(TRIAL_DIR_PREFIX):].split('-', 1)[0]}").exists()]
+    assert left == [], left
 
 
 @pytest.mark.ray
