@@ -39,13 +39,11 @@ def test_ctrl_c_stops_a_ray_study_as_it_stops_an_inline_one(tmp_path: Path) -> N
     import signal
     import subprocess
     import sys
+    import tempfile
     import time
 
-    from store import open_store
-
-    import tempfile
-
     from autoslapo.runtime.launcher import TRIAL_DIR_PREFIX
+    from store import open_store
 
     def trial_dirs() -> set[str]:
         return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(TRIAL_DIR_PREFIX)}
