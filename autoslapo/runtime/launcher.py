@@ -223,7 +223,7 @@ def sweep_stale_trial_dirs(root: str | Path | None = None, wait_s: float = 0.0) 
         names = [n for n in os.listdir(base) if n.startswith(TRIAL_DIR_PREFIX)]
     except OSError:
         return []
-    owners = {n: int(pid) for n in names if (pid := n[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]).isdigit()}
+    owners = {n: int(head) for n in names if (head := n[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]).isdigit()}
     deadline = time.monotonic() + wait_s
     while any(_alive(p) for p in owners.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
