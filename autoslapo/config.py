@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from autoslapo.errors import ConfigError
 from autoslapo.knobs import Knob, bind_knobs, knob
 from autoslapo.layout import check_layout, knob_applies
+from autoslapo.models.spec import FAMILIES
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -37,8 +38,9 @@ CKPT_GRANULARITIES: tuple[str, ...] = ("full", "selective", "op")
 LOSS_KERNELS: tuple[str, ...] = ("eager", "chunked")
 NORM_KERNELS: tuple[str, ...] = ("eager", "fused")
 #: Families whose norms are RMSNorms as transformers writes them (a chain of ops), which the
-#: ``norm_kernel`` knob runs as one op; the others' LayerNorm is one kernel already.
-RMS_NORM_FAMILIES: tuple[str, ...] = ("llama", "t5")
+#: ``norm_kernel`` knob runs as one op; the others' LayerNorm is one kernel already. Each family's
+#: ``rms_norm`` flag (``autoslapo.models.spec.FAMILIES``) says it.
+RMS_NORM_FAMILIES: tuple[str, ...] = tuple(f for f, flags in FAMILIES.items() if flags.get("rms_norm"))
 #: Tokens per chunk of the chunked loss kernel (its schedule and its cost both read this): 1024 x a
 #: 50k-vocabulary shard is 200 MB of fp32 logits.
 LOSS_CHUNK_TOKENS = 1024
@@ -61,31 +63,31 @@ class ScheduleConfig:
     """
 
     tp: int = field(default=1, metadata=knob(
-        "int", "tensor-parallel degree", "tp", ordered=True, auto=True, brief=True, verify=True, effect=True))
+        "int", "tensor-parallel degree", "tp", ordered=True, auto=True, brief=True, verify=True, effect=True, user_file=True))
     pp: int = field(default=1, metadata=knob(
-        "int", "pipeline stages", "pp", ordered=True, auto=True, brief=True, verify=True, effect=True))
+        "int", "pipeline stages", "pp", ordered=True, auto=True, brief=True, verify=True, effect=True, user_file=True))
     dp: int = field(default=1, metadata=knob(
-        "int", "data-parallel replicas (derived: --gpus / (tp*pp))", "dp", ordered=True, derived=True, brief=True))
+        "int", "data-parallel replicas (derived: --gpus / (tp*pp))", "dp", ordered=True, derived=True, brief=True, user_file=True))
     micro_batch: int = field(default=1, metadata=knob(
-        "int", "sequences per micro-batch", "mb", ordered=True, auto=True, brief=True, effect=True))
+        "int", "sequences per micro-batch", "mb", ordered=True, auto=True, brief=True, effect=True, user_file=True))
     grad_accum: int = field(default=1, metadata=knob(
         "int", "micro-batches per replica and optimizer step (the pipeline's micro-batches when pp > 1; "
-        "derived from the global batch)", "accum", ordered=True, derived=True, brief=True, verify=True))
+        "derived from the global batch)", "accum", ordered=True, derived=True, brief=True, verify=True, user_file=True))
     ckpt_ratio: float = field(default=0.0, metadata=knob(
         "ratio", "share of the layers whose activations are checkpointed (recomputed), 0-1", "ckpt",
-        ordered=True, sweep=(0.0, 0.25, 0.5, 0.75, 1.0), brief=True, verify=True, effect=True))
+        ordered=True, sweep=(0.0, 0.25, 0.5, 0.75, 1.0), brief=True, verify=True, effect=True, user_file=True))
     ckpt_placement: CkptPlacement = field(default="front", metadata=knob(
         "choice", "which layers are checkpointed: front (held longest under 1F1B), back, or spread",
-        "place", choices=CKPT_PLACEMENTS, verify=True, inert=_all_or_no_layers_checkpointed))
+        "place", choices=CKPT_PLACEMENTS, verify=True, inert=_all_or_no_layers_checkpointed, user_file=True))
     zero_stage: int = field(default=0, metadata=knob(
         "int", "ZeRO stage: 1 partitions optimizer state, 2 also gradients, 3 also parameters over dp",
         "zero", choices=(0, 1, 2, 3), ordered=True, sweep=(0, 1, 2, 3), brief=True, effect=True,
-        inert=lambda k, _: k.get("dp", 1) == 1))
+        inert=lambda k, _: k.get("dp", 1) == 1, user_file=True))
     attn_kernel: AttnKernel = field(default="sdpa", metadata=knob(
         "choice", "attention kernel", "attn", choices=ATTN_KERNELS, flag="--attn", sweep=ATTN_KERNELS,
-        brief=True, verify=True, effect=True, transformer_only=True))
+        brief=True, verify=True, effect=True, transformer_only=True, user_file=True))
     fuse_bias_gelu: bool = field(default=False, metadata=knob(
-        "bool", "fuse the MLP's bias + GeLU", "fuse", verify=True, effect=True, transformer_only=True))
+        "bool", "fuse the MLP's bias + GeLU", "fuse", verify=True, effect=True, transformer_only=True, user_file=True))
     compile_layers: bool = field(default=False, metadata=knob(
         "bool", "run each layer as a torch.compile region", "compile", verify=True))
     sequence_parallel: bool = field(default=False, metadata=knob(
@@ -94,13 +96,13 @@ class ScheduleConfig:
         transformer_only=True))
     pipeline_schedule: PipelineSchedule = field(default="1f1b", metadata=knob(
         "choice", "pipeline schedule", "sched", choices=PIPELINE_SCHEDULES, effect=True,
-        inert=lambda k, _: k.get("pp", 1) == 1))
+        inert=lambda k, _: k.get("pp", 1) == 1, user_file=True))
     virtual_stages: int = field(default=1, metadata=knob(
         "int", "pipeline chunks per rank (the interleaved schedule)", "vs", ordered=True,
-        inert=lambda k, _: k.get("pp", 1) == 1 or k.get("pipeline_schedule", "1f1b") != "interleaved"))
+        inert=lambda k, _: k.get("pp", 1) == 1 or k.get("pipeline_schedule", "1f1b") != "interleaved", user_file=True))
     precision: Precision = field(default="bf16", metadata=knob(
         "choice", "parameter and compute precision (default: bf16 where the device has it)", "prec",
-        choices=PRECISIONS))
+        choices=PRECISIONS, user_file=True))
     ckpt_granularity: CkptGranularity = field(default="full", metadata=knob(
         "choice", "what a checkpointed layer recomputes: full (the whole layer, keeping its input) or "
         "selective (only the attention core, keeping the linear layers' outputs; Korthikanti et al. 2022) or "
@@ -108,7 +110,7 @@ class ScheduleConfig:
         "rest; torchtitan's selective op policy); "
         "searched when free, but full when only --ckpt-ratio is pinned",
         "gran", choices=CKPT_GRANULARITIES, sweep=CKPT_GRANULARITIES, verify=True, since=2,
-        inert=lambda k, _: float(k.get("ckpt_ratio", 0.0)) == 0.0, transformer_only=True, refines="ckpt_ratio"))
+        inert=lambda k, _: float(k.get("ckpt_ratio", 0.0)) == 0.0, transformer_only=True, refines="ckpt_ratio", user_file=True))
     loss_kernel: LossKernel = field(default="eager", metadata=knob(
         "choice", "cross-entropy kernel: eager (whole tokens x vocabulary logits) or chunked (head matmul, "
         "log-softmax and loss chunk by chunk over tokens, logits recomputed in backward)", "loss",
@@ -220,6 +222,13 @@ def config_hash(config: Mapping[str, Any]) -> str:
             if not (k in KNOB and KNOB[k].since > 1 and v == KNOB[k].default)}
     blob = json.dumps(kept, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def later_knob_defaults(pinned: Mapping[str, Any], keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The knobs newer than the first set (``since`` > 1) that ``pinned`` leaves free, at their defaults
+    (but those in ``keep``): what a published run's stack had no choice of, so that a knob added later
+    does not move the validation's rows (``cost.heldout``, ``cost.published``)."""
+    return {k.name: k.default for k in KNOBS if k.since > 1 and k.name not in pinned and k.name not in keep}
 
 
 def describe(config: Mapping[str, Any], family: str | None = None) -> str:

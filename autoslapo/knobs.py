@@ -48,7 +48,11 @@ class Knob:
     is pinned and this one is not, a search keeps this one at its default (``--ckpt-ratio 1`` alone
     means whole layers recomputed, as it did before ``ckpt_granularity`` existed). ``families``: the
     families whose models have what the knob acts on (empty: any); on another family it runs at its
-    default only, as a ``transformer_only`` knob does on a convolutional one.
+    default only, as a ``transformer_only`` knob does on a convolutional one. ``user_file``: a user's
+    own module (``autoslapo tune my_model.py``) takes it: the user schedule
+    (``plan._apply_user_schedule``) implements it. Off by default: a knob added without saying so
+    runs at its default on a model file, not searched there (where it would change nothing and
+    spend real trials on its values).
     """
 
     kind: Kind
@@ -69,6 +73,7 @@ class Knob:
     conv_only: bool = False
     refines: str = ""
     families: tuple[str, ...] = ()
+    user_file: bool = False
     # Filled in from the dataclass field by ``bind_knobs``.
     name: str = ""
     default: Any = None

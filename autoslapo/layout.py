@@ -213,27 +213,25 @@ def user_problem(config: ScheduleConfig, model: ModelSpec) -> str:
     return ""
 
 
-#: The knobs a user's own module always runs at their defaults (``user_unsupported`` refuses them otherwise).
-USER_DEFAULT_ONLY = ("sequence_parallel", "loss_kernel", "compile_layers")
-
-
 def user_unvaried_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ...]:
-    """The names of ``knobs`` a search never varies for a user's module (empty for other families): those of
-    ``USER_DEFAULT_ONLY`` and those whose every other value ``user_knob_ok`` rules out for this file."""
+    """The names of ``knobs`` a search never varies for a user's module (empty for other families): those
+    it does not take (``Knob.user_file`` off) and those whose every other value ``user_knob_ok`` rules
+    out for this file."""
     if model.family != "user":
         return ()
-    return tuple(k.name for k in knobs if k.name in USER_DEFAULT_ONLY or (
+    return tuple(k.name for k in knobs if not k.user_file or (
         k.sweep is not None and not any(v != k.default and user_knob_ok(k.name, v, model) for v in k.sweep)))
 
 
 def user_unsupported(config: ScheduleConfig) -> list[str]:
     """The knob settings of ``config`` that a user's own module never takes (its loss, products and
-    layers' insides are its own): the one list ``user_problem`` and the user schedule refuse by."""
-    return [k for k, on in (("sequence_parallel", config.sequence_parallel),
-                            ("loss_kernel=chunked", config.loss_kernel == "chunked"),
-                            ("compile_layers", config.compile_layers),
-                            ("ckpt_granularity=op", config.ckpt_granularity == "op" and config.ckpt_ratio > 0))
-            if on]
+    layers' insides are its own; ``Knob.user_file`` off, and per-op recomputation): the one list
+    ``user_problem`` and the user schedule refuse by."""
+    from autoslapo.config import KNOBS  # that module imports this one
+
+    off = [k.name if k.kind == "bool" else f"{k.name}={getattr(config, k.name)}" for k in KNOBS
+           if not k.user_file and getattr(config, k.name) != k.default]
+    return off + (["ckpt_granularity=op"] if config.ckpt_granularity == "op" and config.ckpt_ratio > 0 else [])
 
 
 def op_ckpt_ok(model: ModelSpec) -> bool:
@@ -386,8 +384,10 @@ def inapplicable_knobs(model: ModelSpec, knobs: Iterable[Knob]) -> tuple[str, ..
     """The names of ``knobs`` (``autoslapo.config.KNOBS``) that ``model``'s family cannot use:
     ``Knob.transformer_only`` ones on a convolutional family, ``Knob.conv_only`` ones on any other,
     ``Knob.families`` ones on a family they do not name. They stay at their defaults in spaces and
-    sweeps, and ``check_layout`` refuses a config that sets one otherwise."""
-    return tuple(k.name for k in knobs if _why_inapplicable(k, model.family))
+    sweeps, and ``check_layout`` refuses a config that sets one otherwise. A user's own module: also the
+    knobs it does not take (``Knob.user_file`` off; ``user_problem`` refuses them)."""
+    user = model.family == "user"
+    return tuple(k.name for k in knobs if _why_inapplicable(k, model.family) or (user and not k.user_file))
 
 
 def default_precision(has_bf16: bool, runnable: Collection[str] | None = None) -> str:

@@ -131,7 +131,7 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.cluster import ClusterSpec
-from autoslapo.config import KNOB, RMS_NORM_FAMILIES, ScheduleConfig
+from autoslapo.config import KNOB, RMS_NORM_FAMILIES, ScheduleConfig, later_knob_defaults
 from autoslapo.cost.device import DevicePerf, device_perf
 from autoslapo.cost.estimate import estimate
 from autoslapo.cost.field import FieldCheck
@@ -228,6 +228,8 @@ def check_row(row: dict[str, str]) -> HeldOutCheck:
     fixed: dict[str, Any] = dict(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), precision=row["precision"],
                                  pipeline_schedule=row["pipeline_schedule"])
     fixed.update(pinned_knobs(row))
+    # a knob newer than the first set that the row does not pin stays at its default (its stack had none)
+    fixed.update(later_knob_defaults(fixed, keep=("norm_kernel",)))  # the norm: the row's column, below
     if model.family in RMS_NORM_FAMILIES:  # the stack's RMSNorm: the row's column, else transformers' eager one
         fixed.setdefault("norm_kernel", row.get("norm_kernel") or "eager")
     perf = row_perf(row, cluster)

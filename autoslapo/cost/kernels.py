@@ -58,6 +58,7 @@ import itertools
 import math
 
 from autoslapo.config import RMS_NORM_FAMILIES
+from autoslapo.models.spec import FAMILIES
 
 # FP32 operations a score element costs in the online softmax besides its exponential (see the
 # module docstring).
@@ -71,9 +72,10 @@ FLASH_SOFTMAX_EXPOSED = 0.5
 FLASH_FP32_EFF = 0.8
 
 
-#: Families with rotary positions (see the module docstring); those whose norms are RMSNorms as
-#: transformers writes them are ``autoslapo.config.RMS_NORM_FAMILIES``.
-ROTARY_FAMILIES = ("llama",)
+#: Families with rotary positions (see the module docstring; each family's ``rotary`` flag in
+#: ``autoslapo.models.spec.FAMILIES``); those whose norms are RMSNorms as transformers writes them
+#: are ``autoslapo.config.RMS_NORM_FAMILIES``.
+ROTARY_FAMILIES = tuple(f for f, flags in FAMILIES.items() if flags.get("rotary"))
 
 
 def norm_traffic(family: str, elem: float, fused: bool) -> tuple[float, int]:

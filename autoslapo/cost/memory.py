@@ -32,7 +32,7 @@ from autoslapo.cost.device import AUTOSLAPO_CPU, is_autoslapo_runtime
 from autoslapo.cost.encdec import encdec_activation_bytes, encdec_stage_params
 from autoslapo.cost.head import element_bytes, loss_tensor_bytes
 from autoslapo.cost.kernels import rms_norm_saved_extra
-from autoslapo.models.spec import is_convolutional
+from autoslapo.models.spec import family_flag, is_convolutional
 from autoslapo.models.wrn_shape import wrn_rank_params
 
 if TYPE_CHECKING:
@@ -123,11 +123,11 @@ def estimate_state_bytes(model: ModelSpec, config: ScheduleConfig,
 
 
 def has_dropout(model: ModelSpec, dropout: bool | None) -> bool:
-    """Whether training applies dropout: as given, else the family's default (LLaMA has none).
+    """Whether training applies dropout: as given, else the family's ``dropout`` flag (LLaMA has none).
 
     With dropout off, PyTorch's dropout returns its input and stores no mask.
     """
-    return model.family != "llama" if dropout is None else dropout
+    return family_flag(model.family, "dropout") if dropout is None else dropout
 
 
 #: Families whose MLP runs transformers' tanh-GELU (``gelu_new``, a chain of elementwise ops).

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autoslapo.cluster import ClusterSpec
+from autoslapo.config import later_knob_defaults
 from autoslapo.cost.estimate import Estimate
 from autoslapo.cost.search import best_config
 from autoslapo.models.spec import ModelSpec
@@ -70,6 +71,7 @@ def check_row(row: dict[str, str]) -> PublishedCheck:
     # the published runs recompute whole layers and compute the loss from whole (shard) logits
     fixed["ckpt_granularity"], fixed["loss_kernel"] = "full", "eager"
     fixed["zero_stage"] = 0  # Megatron's data parallelism of 2021 and DeepSpeed-free BERT: plain allreduce
+    fixed.update(later_knob_defaults(fixed))  # knobs added later: the stacks of 2021 had none of them
     gb = int(row["global_batch"]) if row["global_batch"] else None
     est = best_config(model, cluster, global_batch=gb, **fixed)
     metric = row["metric"]

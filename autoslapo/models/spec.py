@@ -25,14 +25,15 @@ from autoslapo.models.wrn_shape import wrn_end_params, wrn_params
 # (absent: False): an encoder stack of ``layers`` blocks and a decoder stack (T5; see ``T5_EXTRA``);
 # ``convolutional`` (only where true): a convolutional image classifier, no attention, tokens or vocabulary (WideResNet:
 # ``hidden``/``ffn`` are channel widths, ``seq_len`` the image side, ``vocab`` the classes; see
-# ``autoslapo.models.wrn_shape``). ``extra`` holds no keys for it.
+# ``autoslapo.models.wrn_shape``). ``extra`` holds no keys for it. Priced by the cost model: ``dropout`` (absent:
+# True; no masks without), ``rotary`` positions and ``rms_norm`` as transformers writes them (``norm_kernel``).
 FAMILIES: dict[str, dict[str, bool]] = {
     "bert": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "roberta": {"causal": False, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "gpt2": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
     "opt": {"causal": True, "gated_mlp": False, "learned_pos": True, "gqa": False},
-    "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True},
-    "t5": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "encoder_decoder": True},
+    "llama": {"causal": True, "gated_mlp": True, "learned_pos": False, "gqa": True, "dropout": False, "rotary": True, "rms_norm": True},
+    "t5": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "encoder_decoder": True, "rms_norm": True},
     # ALBERT: ``shared_layers`` (one layer's weights run ``layers`` times; stored once, a copy on
     # every pipeline stage); ``extra["embedding_size"]``: the factorized embedding width E (< hidden), mapped to
     # hidden by ``embedding_hidden_mapping_in``.
@@ -49,8 +50,7 @@ FAMILIES: dict[str, dict[str, bool]] = {
     "wideresnet": {"causal": False, "gated_mlp": False, "learned_pos": False, "gqa": False, "convolutional": True},
 }
 
-# The user's own module (``autoslapo.models.user``): no presets, no transformers class; its shape is
-# measured from its file and kept in ``extra``. Apart from ``FAMILIES``, which lists the built-in ones.
+# The user's own module (``autoslapo.models.user``): no presets or transformers class; its shape, measured from its file, in ``extra``.
 USER_FAMILY = "user"
 #: What a user's block's attention module holds and runs, from its trace (``autoslapo.models.user``;
 #: the cost of selective recomputation). Left out of ``signature``: the file's digest decides them.
@@ -64,7 +64,7 @@ def family_flags(family: str) -> dict[str, bool]:
 
 
 #: Flags that are on for a family that does not list them.
-FLAGS_ON_BY_DEFAULT = ("qkv_bias", "sequence_parallel")
+FLAGS_ON_BY_DEFAULT = ("qkv_bias", "sequence_parallel", "dropout")
 
 
 def family_flag(family: str, flag: str) -> bool:
@@ -145,7 +145,7 @@ class ModelSpec:
         if self.family not in FAMILIES and self.family != USER_FAMILY:
             raise ConfigError(
                 f"model family must be one of {sorted(FAMILIES)}: got {self.family!r}; "
-                "pick one of those or add a family description (see README)"
+                "pick one of those, or add the family: its flags to FAMILIES in autoslapo/models/spec.py (README: Adding a model family)"
             )
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)

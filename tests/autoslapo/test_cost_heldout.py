@@ -296,3 +296,18 @@ def test_a_row_with_an_unknown_norm_kernel_is_refused() -> None:
     row = {**load_rows(TORCHTITAN_DATA)[0], "norm_kernel": "apex"}
     with pytest.raises(ConfigError, match='norm_kernel must be one of "eager", "fused": got "apex"'):
         check_row(row)
+
+
+def test_a_knob_added_later_stays_at_its_default_where_a_row_does_not_pin_it(all_checks: list[HeldOutCheck]) -> None:
+    """The rows pin the knobs their stacks chose; a knob added after them (``since`` > 1) is no choice
+    their stack had. Left free, a new knob was searched and moved a row (a contributor's no-dropout
+    knob took one Megatron row past the 15 % bound)."""
+    from autoslapo.config import KNOBS
+    from autoslapo.cost.heldout import pinned_knobs
+
+    later = [k for k in KNOBS if k.since > 1 and k.name != "norm_kernel"]  # the norm: the row's column
+    for c in all_checks:
+        pinned = pinned_knobs(c.row)
+        for k in later:
+            if k.name not in pinned:
+                assert getattr(c.estimate.config, k.name) == k.default, (c.row["source"], c.row["model"], k.name)
