@@ -30,6 +30,7 @@ Pure: no torch or transformers import.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,10 +161,20 @@ def register_hf_model_type(entry: HFModelType) -> HFModelType:
 def _int(config: Mapping[str, Any], key: str, model_type: str) -> int:
     v = config.get(key)
     if not isinstance(v, int) or isinstance(v, bool):
-        raise ConfigError(
-            f"a {model_type} config.json needs an integer {key!r}: got {v!r}; add it to the config"
-        )
+        fix = "add it to the config" if key not in config else f"write it as a whole number (it is a {type(v).__name__})"
+        raise ConfigError(f"a {model_type} config.json needs an integer {key!r}: got {v!r}; {fix}")
     return v
+
+
+def _config_words(message: str, entry: HFModelType) -> str:
+    """``message`` of a shape rule, which names the CLI's shape flags (``--heads``), with the config's
+    keys instead (``num_attention_heads``): the shape came from the config.json, not from flags."""
+    names = {f"--{f.replace('_', '-')}": k for f, k in entry.keys.items()}
+    if "max_positions" in entry.keys:
+        names["--seq-len"] = entry.keys["max_positions"]  # the sequence trained: up to the position table
+    for flag in sorted(names, key=len, reverse=True):  # --kv-heads before --heads
+        message = re.sub(rf"{re.escape(flag)}(?![\w-])", names[flag], message)
+    return message
 
 
 def spec_from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -> ModelSpec:
@@ -200,7 +211,10 @@ def spec_from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -
     rest.pop("tie_word_embeddings", None)  # recorded once, in extra
     tied = config_bool(config, "tie_word_embeddings", entry.tied_default)
     extra = {HF_CONFIG_KEY: rest, "tie_word_embeddings": tied, **entry.extra(config)}
-    spec = ModelSpec(family=entry.family, preset=name or entry.model_type, extra=extra, **shape)
+    try:
+        spec = ModelSpec(family=entry.family, preset=name or entry.model_type, extra=extra, **shape)
+    except ConfigError as e:  # a shape rule: named by the config's keys, which the user wrote
+        raise ConfigError(_config_words(str(e), entry)) from None
     _check_head_dim(config, spec)
     entry.check(config, spec)
     return spec

@@ -369,3 +369,17 @@ def test_a_t5_config_reads_both_stacks_and_counts_what_the_model_holds() -> None
     assert build_config(deeper).num_decoder_layers == 4
     with pytest.raises(ConfigError, match="is_encoder_decoder"):
         spec_from_hf_config({**TINY["t5"], "is_encoder_decoder": False})
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"num_attention_heads": 5}, "change hidden_size or num_attention_heads"),
+    ({"num_key_value_heads": 3}, "use a divisor of 4 for num_key_value_heads"),
+    ({"max_position_embeddings": -1}, "give a positive max_position_embeddings"),
+    ({"num_attention_heads": "4"}, "got '4'; write it as a whole number (it is a str)"),
+])
+def test_a_config_shape_error_names_the_config_key_not_a_flag(change: dict[str, Any], said: str) -> None:
+    """The shape rules named the CLI's flags (--heads, --kv-heads, --seq-len) that the user never passed,
+    and a string where an integer belongs was "add it to the config" though it was there."""
+    with pytest.raises(ConfigError) as e:
+        spec_from_hf_config({"model_type": "llama", **_DECODER, **change})
+    assert said in str(e.value) and "--" not in str(e.value), str(e.value)
