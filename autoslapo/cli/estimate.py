@@ -159,6 +159,11 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
     return {**doc, "model": spec}
 
 
+#: A schedule predicted to fit with less free than this share of a device is called tight: the model
+#: counts allocations, and PyTorch's caching allocator reserves more than it allocates (fragmentation).
+TIGHT_FRACTION = 0.05
+
+
 def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     """Print an estimate's document (``autoslapo.cost.answer``): JSON, or a summary. Returns 0."""
     if args.json:
@@ -179,6 +184,9 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
             ", ".join(f"{k} x{v:.2f}" for k, v in calibration["params"].items()) + f" ({calibration['n_trials']} trials)"
             if calibration else "none stored yet (the uncalibrated model)") + (
             "; autoslapo's runtime, which its trials ran" if d.get("runtime") == AUTOSLAPO_GPU else ""))
+    if d.get("runtime") == "megatron":  # what the GPU presets describe, not the runtime `run` and real trials use
+        print("  stack: the published runs' Megatron-LM / DeepSpeed (16-bit weights and gradients); autoslapo's own "
+              "trials keep fp32 ones and need more memory: --cluster-from STUDY of a measured study prices those")
     spec = ModelSpec.from_dict(model)
     # the family cannot use them, or a model file never varies them: not shown
     na = {*inapplicable_knobs(spec, KNOBS), *user_unvaried_knobs(spec, KNOBS)}
@@ -198,13 +206,17 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
         unit = "blocks" if family in ("t5", "user") or is_convolutional(family) else "layers"
         print(f"  pipeline: {sum(sizes)} {unit} over {len(sizes)} ranks: "
               + ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs) + ("" if len(runs) == 1 else " (uneven)"))
-    print(f"  {d['samples_per_s']:,.1f} samples/s, {d['tokens_per_s']:,.0f} tokens/s, step {d['step_time_s']:.3f} s")
+    tokens = "" if is_convolutional(d["model"]["family"]) else f", {d['tokens_per_s']:,.0f} tokens/s"  # images
+    print(f"  {d['samples_per_s']:,.1f} samples/s{tokens}, step {d['step_time_s']:.3f} s")
     if args.global_batch is None and "grad_accum" not in d["pinned"]:  # tune fixes it (its space's global batch)
         print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}: not fixed, so the largest micro-batch "
               "that fits is fastest; --global-batch fixes it, as tune does")
     print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")
-    print(f"  memory {d['memory_per_device_bytes'] / 2**30:.2f} GiB of {d['memory_capacity_bytes'] / 2**30:.1f} GiB a "
-          f"device ({'fits' if d['fits'] else 'does NOT fit'})")
+    used, capacity = d["memory_per_device_bytes"], d["memory_capacity_bytes"]
+    tight = d["fits"] and capacity - used < TIGHT_FRACTION * capacity
+    print(f"  memory {used / 2**30:.2f} GiB of {capacity / 2**30:.1f} GiB a device ({'fits' if d['fits'] else 'does NOT fit'}"
+          + (f"; {(capacity - used) / 2**30:.2f} GiB free, under {TIGHT_FRACTION:.0%}: the caching allocator's "
+             "fragmentation may not fit there; --top 5 shows roomier schedules" if tight else "") + ")")
     if d.get("top"):
         print(f"  the {len(d['top'])} fastest schedules that fit:")
         for row in d["top"]:

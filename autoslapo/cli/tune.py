@@ -218,6 +218,9 @@ def run(args: argparse.Namespace) -> int:
     where = f"{model.preset} on {cluster.described_as()}, backend {backend}"
     if outcome.sweep is not None:
         out.write(sweep_line(outcome.study, outcome.sweep, time.monotonic() - t0, where) + "\n")
+        if cluster.gpu_type != "cpu":  # what the GPU presets describe, not autoslapo's own runtime
+            out.write("estimates of the published runs' Megatron-LM / DeepSpeed stack (16-bit weights and gradients); "
+                      "autoslapo's own trials (--backend local or ray) keep fp32 ones and need more memory\n")
     else:
         out.write(f"study {outcome.study}: {outcome.launched} trials launched, {outcome.pruned} pruned as "
                   f"predicted OOM, stopped by {outcome.stop_reason}, {time.monotonic() - t0:.1f}s ({where})\n")

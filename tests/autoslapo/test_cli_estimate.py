@@ -304,3 +304,18 @@ def test_estimate_shows_each_pipeline_ranks_layers(capsys: pytest.CaptureFixture
     assert main(["estimate", "llama-70b", "--layers", "126", "--gpus", "1024", "--tp", "8", "--pp", "16",
                  "--pipeline-schedule", "interleaved", "--virtual-stages", "8"]) == 0
     assert "pipeline: 126 layers over 16 ranks: 7, 8 x 14, 7 (uneven)" in capsys.readouterr().out
+
+
+def test_the_summary_names_the_stack_priced_a_tight_fit_and_no_tokens_for_images(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPU estimate priced the Megatron-LM stack unsaid (autoslapo's own trials need more memory); a
+    pick 0.3 GiB under capacity read just "fits"; a ResNet's estimate printed tokens/s."""
+    assert main(["estimate", "gpt2-xl", "--gpus", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "stack: the published runs' Megatron-LM / DeepSpeed" in out and "--cluster-from STUDY" in out
+    assert "GiB free, under 5%: the caching allocator's fragmentation may not fit there" in out
+    assert main(["estimate", "resnet-50", "--gpus", "8", "--global-batch", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "samples/s, step" in out and "tokens/s" not in out and "fragmentation" not in out
+    assert main(["estimate", "bert-tiny", "--gpus", "2", "--gpu-type", "cpu"]) == 0
+    assert "stack:" not in capsys.readouterr().out  # a CPU estimate prices autoslapo's own runtime

@@ -43,6 +43,7 @@ def test_resume_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main([*base, "--trials", "9", "--study", "s", "--resume"]) == 0
     assert "study s: scored every valid configuration" in (out := capsys.readouterr().out)
     assert "stored the best 9;" in out
+    assert "estimates of the published runs' Megatron-LM / DeepSpeed stack" in out  # which stack: said
     assert main([*base, "--trials", "3", "--study", "nope", "--resume"]) == 2
     assert "no study named 'nope'" in capsys.readouterr().err
     assert main([*base, "--trials", "0"]) == 2
