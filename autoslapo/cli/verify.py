@@ -53,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
     """Validate the input before any process starts; returns (spec, config, full depth)."""
     from autoslapo.config import ScheduleConfig
+    from autoslapo.models.hf import check_hf_spec
     from autoslapo.models.resolve import resolve_model
 
     widths = {k: v for k, v in shape_overrides(args).items() if k not in ("layers", "seq_len")}
@@ -90,9 +91,9 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
         layers = full_layers
     else:
         layers = 2 * pp
-    spec = spec.with_overrides(layers=layers, seq_len=min(args.seq_len, spec.max_positions))
-    if args.seq_len > spec.max_positions:
-        raise UsageError(f"--seq-len must be <= {spec.max_positions} for {args.model}: got {args.seq_len}")
+    # a --seq-len past a learned position table grows the table, as run and estimate do
+    spec = spec.with_overrides(layers=layers, seq_len=args.seq_len)
+    check_hf_spec(spec)  # a config's rules on the sequence (a sliding window covers it)
     config = ScheduleConfig(micro_batch=args.batch // grad_accum, grad_accum=grad_accum, precision="fp32", **knobs)
     config.validate(spec)
     return spec, config, full_layers

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -53,7 +53,15 @@ from autoslapo.models.families import FamilyDescription
 from autoslapo.models.modcache import cache_root, ensure_entry, mark_used, read_entry
 from autoslapo.models.spec import USER_ATTENTION_KEYS as ATTENTION_KEYS
 from autoslapo.models.spec import USER_FAMILY, ModelSpec
-from autoslapo.models.user_tp import CHECK_TP, head_width_problem, split_attention_problem
+from autoslapo.models.user_tp import (
+    CHECK_TP,
+    Call,
+    capture_calls,
+    resolve_path,
+    split_attention_problem,
+    split_mlp_problem,
+    tp_unit,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +78,7 @@ __all__ = [
     "user_spec",
 ]
 
-TRACE_VERSION = 4  # bump when the trace measures differently, so old cached traces are redone
+TRACE_VERSION = 5  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
 TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
               "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", "tensors", "layer_tensors", "attn_core",
@@ -132,19 +140,26 @@ def _execute(path: Path, digest: str) -> ModuleType:
     return mod
 
 
-def _entry(mod: ModuleType, path: Path, name: str, signature: str) -> Callable[..., Any]:
+def _entry(mod: ModuleType, path: Path, name: str, signature: str, args: tuple[int, ...]) -> Callable[..., Any]:
     fn = getattr(mod, name, None)
     if not callable(fn):
         got = "nothing" if fn is None else type(fn).__name__
         raise UsageError(f"a model file must define {signature}: {str(path)!r} has {got} named {name!r}; "
                          f"add def {signature} to it")
+    try:  # called with len(args) positional arguments (batch(2, 0)): its signature must take them
+        inspect.signature(fn).bind(*args)
+    except ValueError:  # a callable without a signature (a builtin): its call says
+        pass
+    except TypeError as exc:
+        raise UsageError(f"a model file must define {signature}: {path.name}'s is {name}{inspect.signature(fn)}, which "
+                         f"{name}{args} cannot call ({exc}); define it as def {signature}") from None
     return fn  # type: ignore[no-any-return]
 
 
 def _read(path: Path, digest: str) -> UserModel:
     mod = _execute(path, digest)
-    build = _entry(mod, path, "build", "build() -> nn.Module")
-    batch = _entry(mod, path, "batch", "batch(micro_batch, seed) -> dict")
+    build = _entry(mod, path, "build", "build() -> nn.Module", ())
+    batch = _entry(mod, path, "batch", "batch(micro_batch, seed) -> dict", (TRACE_MICRO_BATCH, 0))
     layers = getattr(mod, "layers", None)
     if layers is not None and (not isinstance(layers, str) or not layers):
         raise UsageError(f"layers must be the dotted path of the model's ModuleList of blocks: got {layers!r} in "
@@ -220,20 +235,13 @@ def user_loss(out: Any) -> torch.Tensor:
             raise ConfigError(f"a model's forward must return the loss, one number: got a tensor of shape "
                               f"{tuple(loss.shape)}; reduce it (e.g. its mean) or compute the loss from the labels")
         return loss
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor) and out[0].numel() == 1:
+        # (loss, logits): the loss is computed, and returned with more
+        raise ConfigError(f"a model's forward must return the loss alone or an object with .loss: got a "
+                          f"{type(out).__name__} of {len(out)} whose first element is a one-number tensor, the loss; "
+                          "return the loss alone (a tensor of one number, shape ()), not a tuple, or an object with .loss")
     raise ConfigError(f"a model's forward must return the loss or an object with .loss: got {type(out).__name__}; "
                       "compute the loss from the labels in forward")
-
-
-def resolve_path(model: nn.Module, path: str, what: str) -> nn.Module:
-    """The submodule at dotted ``path``. Raises UsageError naming the missing part and the valid children."""
-    mod = model
-    for part in path.split("."):
-        children = dict(mod.named_children())
-        if part not in children:
-            raise UsageError(f"{what} {path!r} is not a submodule path of {type(model).__name__}: no {part!r} in "
-                             f"{type(mod).__name__} (children: {', '.join(children) or 'none'}); fix the path")
-        mod = children[part]
-    return mod
 
 
 def user_blocks(model: nn.Module, um: UserModel) -> list[nn.Module]:
@@ -249,43 +257,34 @@ def user_blocks(model: nn.Module, um: UserModel) -> list[nn.Module]:
     return list(mod)
 
 
-def _tp_unit(model: nn.Module, blocks: list[nn.Module], desc: FamilyDescription | None, um: UserModel) -> int:
+def _tp_unit(blocks: list[nn.Module], desc: FamilyDescription | None, um: UserModel) -> int:
     """The largest tensor-parallel degree every size the schedule shards divides (1 without a family)."""
-    from torch import nn
-
     if um.shard_block is not None:
         return um.tp_divisor
-    if desc is None:
-        return 1
-    sizes: list[int] = []
-    for block in blocks:
-        attn = resolve_path(block, desc.attention, "family.attention")
-        width = head_width_problem(tuple(desc.attention_attrs), attn, um.module)
-        if width:  # halved, the forward runs with wrong numbers; no split check would see it
-            raise UsageError(width)
-        for attr in desc.attention_attrs:
-            v = getattr(attn, attr, None)
-            if not isinstance(v, int):
-                raise UsageError(f"family.attention_attrs names integer attributes of the attention module: "
-                                 f"{attr!r} is {v!r} in {um.module}.py; list only integer attributes")
-            sizes.append(v)
-        for path in (*desc.qkv, *desc.mlp_in):
-            lin = resolve_path(block, path, "family column-parallel path")
-            if not isinstance(lin, nn.Linear):
-                raise UsageError(f"a family's q/k/v and MLP input paths must be nn.Linear: {path!r} is a "
-                                 f"{type(lin).__name__} in {um.module}.py; point them at the Linear layers")
-            sizes.append(lin.out_features // desc.qkv_chunks if path in desc.qkv else lin.out_features)
-        for path in (desc.attn_out, desc.mlp_out):
-            lin = resolve_path(block, path, "family row-parallel path")
-            if not isinstance(lin, nn.Linear):
-                raise UsageError(f"a family's attn_out and mlp_out paths must be nn.Linear: {path!r} is a "
-                                 f"{type(lin).__name__} in {um.module}.py; point them at the Linear layers")
-            sizes.append(lin.in_features)
-        for path in desc.norms:
-            resolve_path(block, path, "family.norms")
-        if desc.mlp is not None:
-            resolve_path(block, desc.mlp, "family.mlp")
-    return math.gcd(*sizes) if sizes else 1
+    return 1 if desc is None else tp_unit(blocks, desc, um.module)
+
+
+def forward_keys_problem(model: nn.Module, keys: list[str], module: str) -> str:
+    """Why ``model(**batch)`` cannot bind a batch of ``keys`` to its forward's parameters, as a one-line
+    rule naming the key and the parameters with its fix; "" when it can (or the forward has no signature)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return ""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = ", ".join(n for n, p in params.items() if p.kind in kinds) or "none"
+    where = f"{type(model).__name__}.forward in {module}.py"
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in keys if k not in params or params[k].kind not in kinds]
+        if unknown:
+            return (f"batch()'s keys must be the keyword arguments of the model's forward: {unknown[0]!r} is not one "
+                    f"of {where} (its parameters: {named}); rename the key in batch() or the forward's parameter")
+    missing = [n for n, p in params.items() if p.kind in kinds and p.default is p.empty and n not in keys]
+    if missing:
+        return (f"batch()'s keys must give every argument the model's forward requires: {where} requires "
+                f"{missing[0]!r}, which batch() does not give (its keys: {', '.join(keys)}); add it to the dict "
+                "batch() returns, or give the parameter a default")
+    return ""
 
 
 def _has_attention_core(attn: nn.Module) -> bool:
@@ -317,10 +316,14 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
 
     with torch.device("meta"):
         model = um.build()
+    if isinstance(model, type):  # return Net instead of return Net()
+        raise UsageError(f"build() must return an nn.Module instance: {um.module}.py's returned the class "
+                         f"{model.__name__}; return an instance ({model.__name__}(...))")
     if not isinstance(model, torch.nn.Module):
-        raise UsageError(f"build() must return an nn.Module: got {type(model).__name__} from {um.module}.py")
+        raise UsageError(f"build() must return an nn.Module: got {type(model).__name__} from {um.module}.py; "
+                         "return the model (an instance of an nn.Module subclass)")
     blocks = user_blocks(model, um)
-    tp_unit = _tp_unit(model, blocks, um.family, um)
+    tp_unit = _tp_unit(blocks, um.family, um)
     params = _numel(model)
     batch = um.batch(micro_batch, 0)
     if not isinstance(batch, dict) or not batch:
@@ -333,6 +336,8 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
     seq = batch.get("input_ids")
     seq_len = int(seq.shape[1]) if isinstance(seq, torch.Tensor) and seq.dim() >= 2 else 1
     meta_batch = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    if problem := forward_keys_problem(model, list(batch), um.module):
+        raise UsageError(problem)
     # Saved tensors per block: forward hooks say which block runs, a saved-tensor hook counts bytes.
     current: list[int] = [-1]
     saved = [0] * (len(blocks) + 1)  # the last slot: outside every block
@@ -352,7 +357,7 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
     # keeps of them (the module's input, its products with weights) and the ops it would run again
     attn = {"in": False, "saved": 0, "kept": 0, "core_ops": 0}
     attn_paths = []
-    first_call: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # the first block's attention inputs
+    calls: dict[str, Call] = {}  # the first block's attention and MLP inputs (the split checks)
 
     def attn_pre(_m: Any, args: tuple[Any, ...]) -> None:
         attn["in"] = True
@@ -365,9 +370,7 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
             mod = resolve_path(block, um.family.attention, "family.attention")
             handles += [mod.register_forward_pre_hook(attn_pre), mod.register_forward_hook(attn_post)]
             attn_paths.append(f"{um.layers}.{i}.{um.family.attention}")
-        if blocks:
-            handles.append(resolve_path(blocks[0], um.family.attention, "family.attention").register_forward_pre_hook(
-                lambda _m, a, k: None if first_call else first_call.append((a, dict(k))), with_kwargs=True))
+        handles += capture_calls(blocks[0], um.family, calls) if blocks else []
 
     ops = [0] * (len(blocks) + 1)
     from autoslapo.primitives.checkpoint import LINEAR_OPS as linear  # what selective recomputation keeps
@@ -421,10 +424,11 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
         if name.split(".", 1)[-1] in attn_paths:
             attn_flops += sum(f for op, f in by_op.items() if all(op is not k.overloadpacket for k in linear))
     per = n * micro_batch
-    split = ""  # whether tensor parallelism can split the attention as the family describes it
+    split = ""  # whether tensor parallelism can split the attention and the MLP as the family describes them
     if um.family is not None and um.shard_block is None and blocks and tp_unit % CHECK_TP == 0:
-        split = split_attention_problem(resolve_path(blocks[0], um.family.attention, "family.attention"),
-                                        um.family, first_call[0] if first_call else None, um.module)
+        split = (split_attention_problem(blocks[0].get_submodule(um.family.attention), um.family,
+                                         calls.get("attention"), um.module)
+                 or split_mlp_problem(blocks[0], um.family, calls.get("mlp"), um.module))
     return {
         "tp_problem": split,
         "attn_core": int(um.family is not None and bool(blocks) and _has_attention_core(

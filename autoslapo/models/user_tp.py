@@ -1,4 +1,8 @@
-"""Whether a model file's attention still runs with its heads split over tensor-parallel ranks.
+"""A model file's family checks: its paths, and whether its blocks still run split over tensor-parallel ranks.
+
+``tp_unit`` checks the paths a ``family`` names inside each block (the q/k/v and MLP input paths
+column-parallel Linears, attn_out and mlp_out row-parallel ones, the head counts integers) and
+gives the largest tp every size the schedule shards divides.
 
 Tensor parallelism shards ``family.qkv`` by output features and ``family.attn_out`` by input
 features, and divides the integers ``family.attention_attrs`` names (the head counts the forward
@@ -10,19 +14,33 @@ attention module with its projections cut as tp 2 cuts them and the named attrib
 called with the inputs the traced forward gave it. When that fails, the file's tensor
 parallelism is refused before anything runs (``layout.tp_problem`` reads ``extra["tp_problem"]``),
 naming the attributes that make it run when divided too, found by trying the module's integers.
+
+The MLP is split the same way: ``family.mlp_in`` cut by output features (the Linears that widen the
+MLP's input: fc1, or gate and up), ``family.mlp_out`` by input features (the one that narrows it
+back), on a copy of the smallest module of the first block that holds them all, called with the
+inputs the traced forward gave it. With the paths swapped every size still divides tp, but the ranks
+fail ("mat1 and mat2 shapes cannot be multiplied"); the check refuses tp > 1 and names the order
+that runs, found by trying each of the named Linears as mlp_out.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.errors import UsageError
+
 if TYPE_CHECKING:
     from torch import nn
+    from torch.utils.hooks import RemovableHandle
 
     from autoslapo.models.families import FamilyDescription
+
+#: A module's positional and keyword inputs, as a forward pre-hook saw them.
+Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 #: The degree the check splits by: any tp the file's sizes allow splits the same integers.
 CHECK_TP = 2
@@ -34,6 +52,18 @@ PER_HEAD = re.compile(r"head_?dim|head_?size|d_?head|dim_?head|^d_[kv]$|scale", 
 HEAD_WIDTH = re.compile(r"(attention_|attn_)?(head_?dim|head_?size|d_?head|dim_?head|d_[kv])", re.IGNORECASE)
 #: At most this many of the module's integers are tried as missing head counts (singly and in pairs).
 MAX_CANDIDATES = 8
+
+
+def resolve_path(model: nn.Module, path: str, what: str) -> nn.Module:
+    """The submodule at dotted ``path``. Raises UsageError naming the missing part and the valid children."""
+    mod = model
+    for part in path.split("."):
+        children = dict(mod.named_children())
+        if part not in children:
+            raise UsageError(f"{what} {path!r} is not a submodule path of {type(model).__name__}: no {part!r} in "
+                             f"{type(mod).__name__} (children: {', '.join(children) or 'none'}); fix the path")
+        mod = children[part]
+    return mod
 
 
 def head_width_problem(attrs: tuple[str, ...], attn: object, module: str) -> str:
@@ -50,27 +80,85 @@ def head_width_problem(attrs: tuple[str, ...], attn: object, module: str) -> str
             f"fewer of them); {fix}, or leave it out")
 
 
-def _replace(root: nn.Module, path: str, new: nn.Module) -> None:
-    parent, _, leaf = path.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, leaf, new)
+def tp_unit(blocks: list[nn.Module], desc: FamilyDescription, module: str) -> int:
+    """The largest tensor-parallel degree every size the schedule shards divides, after checking the
+    paths ``desc`` names inside each block. Raises UsageError naming a path that breaks a rule."""
+    from torch import nn
+
+    sizes: list[int] = []
+    for block in blocks:
+        attn = resolve_path(block, desc.attention, "family.attention")
+        width = head_width_problem(tuple(desc.attention_attrs), attn, module)
+        if width:  # halved, the forward runs with wrong numbers; no split check would see it
+            raise UsageError(width)
+        for attr in desc.attention_attrs:
+            v = getattr(attn, attr, None)
+            if not isinstance(v, int):
+                raise UsageError(f"family.attention_attrs names integer attributes of the attention module: "
+                                 f"{attr!r} is {v!r} in {module}.py; list only integer attributes")
+            sizes.append(v)
+        for path in (*desc.qkv, *desc.mlp_in):
+            lin = resolve_path(block, path, "family column-parallel path")
+            if not isinstance(lin, nn.Linear):
+                raise UsageError(f"a family's q/k/v and MLP input paths must be nn.Linear: {path!r} is a "
+                                 f"{type(lin).__name__} in {module}.py; point them at the Linear layers")
+            sizes.append(lin.out_features // desc.qkv_chunks if path in desc.qkv else lin.out_features)
+        for path in (desc.attn_out, desc.mlp_out):
+            lin = resolve_path(block, path, "family row-parallel path")
+            if not isinstance(lin, nn.Linear):
+                raise UsageError(f"a family's attn_out and mlp_out paths must be nn.Linear: {path!r} is a "
+                                 f"{type(lin).__name__} in {module}.py; point them at the Linear layers")
+            sizes.append(lin.in_features)
+        for path in desc.norms:
+            resolve_path(block, path, "family.norms")
+        if desc.mlp is not None:
+            resolve_path(block, desc.mlp, "family.mlp")
+    return math.gcd(*sizes) if sizes else 1
 
 
-def _split_call(attn: nn.Module, desc: FamilyDescription, call: tuple[tuple[Any, ...], dict[str, Any]],
+def mlp_root(desc: FamilyDescription) -> str:
+    """The path (in a block; "" for the block) of the smallest module holding ``mlp_in`` and ``mlp_out``."""
+    common: list[str] = []
+    for parts in zip(*(p.split(".")[:-1] for p in (*desc.mlp_in, desc.mlp_out)), strict=False):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
+
+
+def capture_calls(block: nn.Module, desc: FamilyDescription, calls: dict[str, Call]) -> list[RemovableHandle]:
+    """Hooks saving into ``calls`` the first inputs of ``block``'s attention (key ``"attention"``) and of
+    its MLP's module (key ``"mlp"``, see ``mlp_root``): what the split checks call them with."""
+    def saver(key: str) -> Any:
+        def save(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            calls.setdefault(key, (args, dict(kwargs)))
+        return save
+    return [block.get_submodule(desc.attention).register_forward_pre_hook(saver("attention"), with_kwargs=True),
+            block.get_submodule(mlp_root(desc)).register_forward_pre_hook(saver("mlp"), with_kwargs=True)]
+
+
+def _split_call(mod: nn.Module, root: str, desc: FamilyDescription, call: Call, cuts: list[tuple[str, bool]],
                 attrs: tuple[str, ...], tp: int) -> str:
-    """Run a copy of ``attn`` split as tp ``tp`` splits it; "" when it runs, else its error in one line."""
+    """Run a copy of ``mod`` (the block's module at ``root``) with the Linears at ``cuts`` (block paths,
+    True: by output features) cut as tp ``tp`` cuts them and ``attrs`` of the attention divided when it
+    holds the attention; "" when it runs, else its error in one line."""
     import torch
     from torch import nn
 
-    prefix = desc.attention + "."
-    mod = copy.deepcopy(attn)
-    for path, column in [*((p, True) for p in desc.qkv), (desc.attn_out, False)]:
+    prefix = root + "." if root else ""
+    mod = copy.deepcopy(mod)
+    for path, column in cuts:
         rel = path[len(prefix):]
         lin = mod.get_submodule(rel)
         assert isinstance(lin, nn.Linear)
         shape = (lin.in_features, lin.out_features // tp) if column else (lin.in_features // tp, lin.out_features)
-        _replace(mod, rel, nn.Linear(*shape, bias=lin.bias is not None, device="meta", dtype=lin.weight.dtype))
-    for name in attrs:
-        setattr(mod, name, getattr(mod, name) // tp)
+        parent, _, leaf = rel.rpartition(".")
+        setattr(mod.get_submodule(parent), leaf,
+                nn.Linear(*shape, bias=lin.bias is not None, device="meta", dtype=lin.weight.dtype))
+    if attrs and (desc.attention == root or desc.attention.startswith(prefix)):
+        attn = mod.get_submodule(desc.attention[len(prefix):] if desc.attention != root else "")
+        for name in attrs:
+            setattr(attn, name, getattr(attn, name) // tp)
     try:
         with torch.no_grad():
             mod(*call[0], **call[1])
@@ -80,16 +168,19 @@ def _split_call(attn: nn.Module, desc: FamilyDescription, call: tuple[tuple[Any,
     return ""
 
 
-def split_attention_problem(attn: nn.Module, desc: FamilyDescription,
-                            call: tuple[tuple[Any, ...], dict[str, Any]] | None, module: str) -> str:
+def _attention_cuts(desc: FamilyDescription) -> list[tuple[str, bool]]:
+    return [*((p, True) for p in desc.qkv), (desc.attn_out, False)]
+
+
+def split_attention_problem(attn: nn.Module, desc: FamilyDescription, call: Call | None, module: str) -> str:
     """Why tensor parallelism cannot split ``attn`` (the first block's ``family.attention``, called with
     ``call``) as the family describes it, as a one-line rule with its fix; "" when it can (or the
     projections live outside the attention module, where the split cannot be tried alone)."""
     prefix = desc.attention + "."
     if call is None or not all(p.startswith(prefix) for p in (*desc.qkv, desc.attn_out)):
         return ""
-    attrs = tuple(desc.attention_attrs)
-    error = _split_call(attn, desc, call, attrs, CHECK_TP)
+    attrs, cuts = tuple(desc.attention_attrs), _attention_cuts(desc)
+    error = _split_call(attn, desc.attention, desc, call, cuts, attrs, CHECK_TP)
     if not error:
         return ""
     ints = {k: v for k, v in vars(attn).items() if isinstance(v, int) and not isinstance(v, bool) and k not in attrs
@@ -99,7 +190,7 @@ def split_attention_problem(attn: nn.Module, desc: FamilyDescription,
     fix = None
     for n in (1, 2):
         fix = next((extra for extra in itertools.combinations(names, n)
-                    if not _split_call(attn, desc, call, attrs + extra, CHECK_TP)), None)
+                    if not _split_call(attn, desc.attention, desc, call, cuts, attrs + extra, CHECK_TP)), None)
         if fix is not None:
             break
     named = "attention_attrs=(" + "".join(f"{a!r}, " for a in attrs + (fix or ())).rstrip(", ") + \
@@ -111,3 +202,37 @@ def split_attention_problem(attn: nn.Module, desc: FamilyDescription,
     return (f"family.attention_attrs must name the head counts {module}.py's attention forward reads (tensor "
             f"parallelism divides them by tp): split over {CHECK_TP} ranks, {desc.attention!r} fails with "
             f"attention_attrs={attrs!r} ({error}); {how}, or use tp=1")
+
+
+def split_mlp_problem(block: nn.Module, desc: FamilyDescription, call: Call | None, module: str) -> str:
+    """Why tensor parallelism cannot split the first block's MLP (the module at ``mlp_root``, called with
+    ``call``) as ``mlp_in`` and ``mlp_out`` describe it, as a one-line rule with its fix; "" when it can
+    (or when that module holds the attention and its split alone already fails: not the MLP's doing)."""
+    from torch import nn
+
+    root = mlp_root(desc)
+    if call is None:
+        return ""
+    mod, attrs = block.get_submodule(root), tuple(desc.attention_attrs)
+    inside = [c for c in _attention_cuts(desc) if not root or c[0].startswith(root + ".")]
+
+    def fails(mlp_in: tuple[str, ...], mlp_out: str) -> str:
+        cuts = [*inside, *((p, True) for p in mlp_in), (mlp_out, False)]
+        return _split_call(mod, root, desc, call, cuts, attrs, CHECK_TP)
+    error = fails(desc.mlp_in, desc.mlp_out)
+    if not error or (inside and _split_call(mod, root, desc, call, inside, attrs, CHECK_TP)):
+        return ""
+    # the fixes tried: another of the named Linears as mlp_out (swapped paths), or one more in mlp_in (a gate)
+    named, prefix = [*desc.mlp_in, desc.mlp_out], root + "." if root else ""
+    others = [prefix + n for n, m in mod.named_modules() if isinstance(m, nn.Linear) and n and prefix + n not in named
+              and not any(prefix + n == c[0] for c in inside)]
+    tries = [*((tuple(p for p in named if p != out), out) for out in reversed(named) if out != desc.mlp_out),
+             *(((*desc.mlp_in, extra), desc.mlp_out) for extra in others)]
+    fix = next((t for t in tries if not fails(*t)), None)
+    given, where = f"mlp_in={desc.mlp_in!r}, mlp_out={desc.mlp_out!r}", repr(root) if root else "block"
+    how = (f"set mlp_in={fix[0]!r}, mlp_out={fix[1]!r} (with them, the split forward runs)" if fix is not None else
+           "name in mlp_in every Linear that takes the MLP's input (fc1; gate and up) and in mlp_out the one that "
+           "gives its output (fc2; down)")
+    return (f"family.mlp_in must name the Linear(s) that widen the MLP's input (tensor parallelism cuts their output "
+            f"features) and mlp_out the one that narrows it back (cut by its input features): split over {CHECK_TP} "
+            f"ranks, {module}.py's {where} fails with {given} ({error}); {how}, or use tp=1")
