@@ -3,7 +3,9 @@
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--workers N`` starts N ``autoslapo worker``
 processes on the same store and stops them when the server stops; on Linux they are killed when the
 server dies, ``kill -9`` included (no orphan keeps running a job it then holds a lease on: after
-the lease a restarted server's workers resume it). Without ``--workers``, run workers apart.
+the lease a restarted server's workers resume it). A worker that dies while the server runs is
+started again, with a back-off, a bounded number of times in a row (``autoslapo.service.supervise``),
+each death logged with its exit code. Without ``--workers``, run workers apart.
 Those workers run at a lower CPU priority (nice +10) than the server: a study's CPU-heavy trials
 then wait for the API's answers on a busy machine rather than the other way round.
 ``--max-running N`` is handed to those workers (run separate workers with the same flag);
@@ -20,7 +22,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from types import FrameType
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -44,13 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body", type=int, default=64 * 1024, help="largest request body in bytes (default 64 KiB)")
 
 
-def _die_with(parent: int) -> None:
-    """In a worker child, before exec: ask Linux for SIGKILL when the server dies (by any signal)."""
+def _prctl() -> Any:
+    """Linux's prctl, looked up in the server (None elsewhere): a worker started again while the
+    server's threads run calls it between fork and exec, where no import or dlopen is safe."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _die_with(parent: int, prctl: Any) -> None:
+    """In a worker child, before exec: ask Linux for SIGKILL when the server dies (by any signal)."""
+    if prctl is None:
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the server died before the request took effect
         os._exit(1)
 
@@ -87,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     from autoslapo.errors import UsageError
     from autoslapo.service import ServiceSettings, create_app
+    from autoslapo.service.supervise import Supervisor
     from store import open_store
 
     if args.workers < 0 or not 0 <= args.port < 65536 or args.max_body < 1:
@@ -100,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
     settings = ServiceSettings(allow_anonymous_read=args.allow_anonymous_read, allow_local=args.allow_local,
                                max_body_bytes=args.max_body, max_queued_per_token=args.max_queued_per_token,
                                allow_module_files=args.allow_module_files)
-    workers: list[subprocess.Popen[bytes]] = []
     command = [sys.executable, "-m", "autoslapo", "worker"]
     if args.storage:
         command += ["--storage", args.storage]
@@ -111,24 +123,29 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn re-raises the SIGTERM it shut down on, with the handler it found: the default one
     # would end the process here and skip the `finally` below, leaving the workers orphaned.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    server, prctl = os.getpid(), _prctl()
+
+    def start_worker() -> subprocess.Popen[bytes]:
+        worker = subprocess.Popen(command, preexec_fn=lambda: _die_with(server, prctl))
+        _lower_priority(worker.pid)
+        return worker
+
+    workers = Supervisor(args.workers, start_worker, log=_log)  # a worker that dies is started again
     try:
-        server = os.getpid()
-        workers = [subprocess.Popen(command, preexec_fn=lambda: _die_with(server)) for _ in range(args.workers)]
-        for w in workers:
-            _lower_priority(w.pid)
+        workers.start()
         sys.stderr.write(f"autoslapo serve: http://{args.host}:{args.port}/ over {store.url}, "
                          f"{args.workers} worker(s)\n")
         uvicorn.run(create_app(store, settings), host=args.host, port=args.port, log_level="warning")
     finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            try:
-                w.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        workers.stop()
         store.close()
     return 0
+
+
+def _log(line: str) -> None:
+    """A supervisor's event on stderr: ``12:03:07 autoslapo serve: worker 1 (pid 4242) died with ...``."""
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} autoslapo serve: {line}\n")
+    sys.stderr.flush()
 
 
 WORKER_NICE = 10

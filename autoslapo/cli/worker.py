@@ -35,12 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run jobs until SIGTERM/SIGINT (the current job finishes its trial and is resumed later)."""
     from autoslapo.errors import UsageError
-    from autoslapo.service.worker import Worker
+    from autoslapo.service.worker import Worker, check_lease
     from store import open_store
 
     if not (0 < args.lease <= DAY_S and 0 < args.poll <= DAY_S):  # nan, inf and 1e300 crashed it at its first job
         raise UsageError(f"--lease and --poll must be positive seconds, at most a day ({DAY_S:g}): got {args.lease}, "
                          f"{args.poll}; the defaults are 30 and 1")
+    check_lease(args.lease)
     if args.max_running is not None and args.max_running < 1:
         raise UsageError(f"--max-running must be at least 1: got {args.max_running}; leave it out for no limit")
     store = open_store(args.storage)

@@ -83,6 +83,6 @@ def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estim
     if len(ranked) > 1:
         d["top"] = [{"rank": i, "samples_per_s": e.samples_per_s, "tokens_per_s": e.tokens_per_s,
                      "step_time_s": e.step_time_s, "memory_per_device_bytes": e.memory_per_device_bytes,
-                     "config": e.config.to_dict(), "schedule": describe(e.config.to_dict())}
+                     "config": e.config.to_dict(), "schedule": describe(e.config.to_dict(), model.family)}
                     for i, e in enumerate(ranked, 1)]
     return d

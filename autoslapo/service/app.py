@@ -21,7 +21,6 @@ from urllib.parse import parse_qs
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
@@ -39,7 +38,6 @@ from prometheus_client import (
     generate_latest,
 )
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from autoslapo import api
 from autoslapo.cluster import ClusterSpec
@@ -47,16 +45,17 @@ from autoslapo.errors import AutoslapoError, StorageError, UsageError
 from autoslapo.models.modcache import max_age_days
 from autoslapo.models.modcache import prune as prune_model_cache
 from autoslapo.redact import redact
-from autoslapo.service import pages
+from autoslapo.service import apidocs, handlers, pages
 from autoslapo.service.answers import FRESH_S, STALE_S, AnswerCache
 from autoslapo.service.auth import CACHE_S, Caller, TokenCheck
 from autoslapo.service.bodies import ApiError, known_query, one_line, read_json
 from autoslapo.service.estimate import estimate_router
 from autoslapo.service.events import study_events
-from autoslapo.service.jobs import StudyRequest, check_name
+from autoslapo.service.jobs import StudyRequest, check_name, study_body
 from autoslapo.service.join import JoinPlan, JoinRefused, plan_join
 from autoslapo.service.looplag import loop_lag_histogram, loop_lag_lifespan
 from autoslapo.service.measure import Measure
+from autoslapo.service.messages import best_missing
 from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff, trace_memory_bytes
 from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
 from store import RANK_METRICS, TRIAL_STATUSES, JobLimitError, Store
@@ -110,7 +109,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     registry = CollectorRegistry()
     app = FastAPI(title="autoslapo", description="Automatic schedule tuner: studies, trials, best schedules.",
                   version="1", lifespan=loop_lag_lifespan(loop_lag_histogram(registry)),
-                  dependencies=[Depends(known_query)])
+                  dependencies=[Depends(known_query)], docs_url=None, redoc_url=None)  # /docs: apidocs's page
     requests = Counter("autoslapo_http_requests", "HTTP requests", ["route", "method", "code"], registry=registry)
     latency = Histogram("autoslapo_http_request_seconds", "request latency", ["route"], registry=registry,
                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
@@ -154,31 +153,12 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
 
     app.add_middleware(Measure, latency=latency, requests=requests)
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, err: ApiError) -> JSONResponse:
-        return JSONResponse({"error": err.message}, status_code=err.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
-        # a query parameter missing or of the wrong type: bad input like any other (400), with its value
-        first = err.errors()[0] if err.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        given = "" if first.get("type") == "missing" else f": got {redact(repr(first.get('input')))[:200]}"
-        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid')}{given}; see /docs for the parameters"},
-                            status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(err.detail)}, status_code=err.status_code)
-
-    @app.exception_handler(AutoslapoError)
-    async def domain_error(_: Request, err: AutoslapoError) -> JSONResponse:
-        status = 403 if isinstance(err, ModuleFilesOff) else 400 if isinstance(err, UsageError) else 503
-        return JSONResponse({"error": one_line(err)}, status_code=status)
+    handlers.install(app)
+    apidocs.install(app)  # /docs needs nothing from a CDN (Swagger UI's did)
 
     # -- studies -----------------------------------------------------------------------------
 
-    @app.post("/v1/studies", status_code=202)
+    @app.post("/v1/studies", status_code=202, openapi_extra=study_body())
     async def submit(request: Request) -> JSONResponse:
         """Queue a study. Body: ``model``, ``gpus`` and optionally ``gpu_type``, ``gpus_per_node``,
         ``backend``, ``trials``, ``sampler``, ``seed``, ``global_batch``, ``timeout_s``, ``patience``,
@@ -331,8 +311,9 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                                    measured_only=measured_only, links={k: v for k, v in links.items() if v is not None},
                                    gpus_per_node=gpus_per_node)
             except UsageError as err:
-                nothing = "no recorded schedule" in str(err) or "a model a stored study tuned" in str(err)
-                raise ApiError(404 if nothing else 400, one_line(err)) from None
+                if "no recorded schedule" in str(err) or "a model a stored study tuned" in str(err):
+                    raise ApiError(404, best_missing(one_line(err), server)) from None
+                raise ApiError(400, one_line(err)) from None
             study = store.get_study(t.study)
             return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
                                 "model_spec": study.model,  # what apply_best builds for a model named by signature

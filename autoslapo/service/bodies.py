@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import HTMLResponse
 
 from autoslapo.redact import redact
 
@@ -77,11 +78,13 @@ def _query_names(dependant: Any) -> set[str]:
 
 
 def known_query(request: Request) -> None:
-    """Refuse a query parameter the API endpoint does not take (a mistyped filter would otherwise be
-    ignored, and its answer taken for the filtered one). HTML pages are left alone."""
+    """Refuse a query parameter the API endpoint or HTML page does not take (a mistyped filter would
+    otherwise be ignored, and its answer taken for the filtered one)."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
-    if dependant is None or not request.url.path.startswith("/v1/"):
+    response_class = getattr(route, "response_class", None)
+    page = isinstance(response_class, type) and issubclass(response_class, HTMLResponse)
+    if dependant is None or not (request.url.path.startswith("/v1/") or page):
         return
     unknown = sorted(set(request.query_params) - _query_names(dependant))
     if unknown:

@@ -33,6 +33,7 @@ from autoslapo.service.bodies import read_json
 from autoslapo.service.jobs import json_repr
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
 from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
+from autoslapo.service.schemas import body_schema, request_body
 from autoslapo.storage import StudyCluster, study_cluster
 from store import Store
 
@@ -42,6 +43,7 @@ ESTIMATE_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, dict), "gpus": (i
                                                 "knobs": (dict,), "shape": (dict,), "cluster_from": (str,),
                                                 "allow_cross_node_tp": (bool,), "top": (int,),
                                                 "intra_node_gbps": (int, float), "inter_node_gbps": (int, float)}
+ESTIMATE_REQUIRED = ("model",)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class EstimateRequest:
         unknown = sorted(set(doc) - set(ESTIMATE_FIELDS))
         if unknown:
             raise UsageError(f"unknown field {unknown[0]!r}: the fields are {', '.join(ESTIMATE_FIELDS)}")
-        if doc.get("model") is None:
+        if any(doc.get(key) is None for key in ESTIMATE_REQUIRED):
             raise UsageError("field 'model' is required: e.g. {\"model\": \"bert\", \"gpus\": 8}")
         if doc.get("gpus") is None and doc.get("cluster_from") is None:
             raise UsageError("field 'gpus' is required (or 'cluster_from', a study whose cluster to use): e.g. "
@@ -157,6 +159,14 @@ def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | N
             "gpu_type": cluster.gpu_type}
 
 
+def estimate_body() -> dict[str, Any]:
+    """``openapi_extra`` of ``POST /v1/estimate``: its body's schema, from ``ESTIMATE_FIELDS`` (a null
+    field is left out, as if not sent; ``gpus`` is needed unless ``cluster_from`` is given)."""
+    schema = body_schema(ESTIMATE_FIELDS, EstimateRequest, ESTIMATE_REQUIRED, "EstimateRequest",
+                         nullable=set(ESTIMATE_FIELDS) - set(ESTIMATE_REQUIRED))
+    return request_body(schema, {"model": "bert", "gpus": 8, "knobs": {"tp": 2}})
+
+
 def spec_by_name(store: Store, model: str) -> ModelSpec:
     """A preset, else the spec of a stored study whose model signature is ``model``.
 
@@ -190,7 +200,7 @@ def estimate_router(store: Store, caller: Callable[[Request, str], Any], *, allo
                                 intra_node_gbps=intra_node_gbps, inter_node_gbps=inter_node_gbps)
         return estimate_answer(spec_by_name(store, model), asked.cluster_spec(), global_batch, top=top)
 
-    @router.post("/v1/estimate")
+    @router.post("/v1/estimate", openapi_extra=estimate_body())
     async def estimate_of(request: Request) -> dict[str, Any]:
         """Body ``{model, gpus, gpu_type, gpus_per_node, global_batch, knobs, shape, cluster_from,
         allow_cross_node_tp, top, intra_node_gbps, inter_node_gbps}``; ``model`` as in ``POST /v1/studies``."""

@@ -20,6 +20,7 @@ from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
 from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
+from autoslapo.service.schemas import body_schema, request_body
 from autoslapo.storage import BASELINES_SUFFIX, check_study_name
 from search_spaces import SearchSpace, space_for, space_from_dict
 from tuner import TuneOptions, default_study_name
@@ -29,6 +30,17 @@ SPACE_SOURCE = "the request's space"
 
 
 check_name = check_study_name  # a study name as the service accepts it (the CLI's rule for new studies)
+
+#: The JSON types each field of ``POST /v1/studies``'s body takes (``StudyRequest.from_json`` checks them).
+STUDY_FIELDS: dict[str, tuple[type, ...]] = {
+    "model": (str, dict), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
+    "gpus": (int,), "gpus_per_node": (int,), "intra_node_gbps": (int, float), "inter_node_gbps": (int, float),
+    "trials": (int,), "seed": (int,), "global_batch": (int,),
+    "patience": (int,), "timeout_s": (int, float), "baselines": (bool,), "space": (dict, str),
+    "resume": (bool,), "join": (bool,),
+}
+#: The fields a body must give.
+STUDY_REQUIRED = ("model", "gpus")
 
 
 @dataclass(frozen=True)
@@ -66,16 +78,10 @@ class StudyRequest:
         unknown = sorted(set(doc) - set(known))
         if unknown:
             raise UsageError(f"unknown field {unknown[0]!r}: the fields are {', '.join(known)}")
-        for key in ("model", "gpus"):
+        for key in STUDY_REQUIRED:
             if key not in doc:
                 raise UsageError(f"field {key!r} is required: e.g. {{\"model\": \"bert\", \"gpus\": 8}}")
-        kinds: dict[str, tuple[type, ...]] = {
-            "model": (str, dict), "gpu_type": (str,), "backend": (str,), "sampler": (str,), "name": (str,),
-            "gpus": (int,), "gpus_per_node": (int,), "intra_node_gbps": (int, float), "inter_node_gbps": (int, float),
-            "trials": (int,), "seed": (int,), "global_batch": (int,),
-            "patience": (int,), "timeout_s": (int, float), "baselines": (bool,), "space": (dict, str),
-            "resume": (bool,), "join": (bool,),
-        }
+        kinds = STUDY_FIELDS
         for key, value in doc.items():
             want = " or ".join(k.__name__ for k in kinds[key])
             if value is None and key in ("model", "gpus"):
@@ -155,6 +161,12 @@ class StudyRequest:
     def to_dict(self) -> dict[str, Any]:
         """The request as JSON-safe data (what the job row keeps)."""
         return asdict(self)
+
+
+def study_body() -> dict[str, Any]:
+    """``openapi_extra`` of ``POST /v1/studies``: its body's schema, from ``STUDY_FIELDS``."""
+    schema = body_schema(STUDY_FIELDS, StudyRequest, STUDY_REQUIRED, "StudyRequest")
+    return request_body(schema, {"model": "bert", "gpus": 8, "trials": 20, "name": "bert-8"})
 
 
 def check_not_baselines(name: str) -> None:

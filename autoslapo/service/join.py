@@ -84,7 +84,7 @@ def plan_join(store: Store, name: str, request: StudyRequest, who: Caller) -> Jo
                                "with --join, or resume it here once it ended")
     ended = job.status if job is not None else rec.status if rec is not None else "complete"
     if launched >= request.trials:
-        budget = int(job.request.get("trials") or launched) if job is not None else launched
+        budget = max(int(job.request.get("trials") or 0), launched) if job is not None else launched
         return JoinPlan("follow", ended, budget, launched)
     if job is not None and job.owner != who.name and not who.may("admin"):
         raise JoinRefused(403, f"token {who.name!r} may continue only its own studies: {name!r} is {job.owner!r}'s "

@@ -19,7 +19,7 @@ from typing import Any
 from autoslapo.cluster import DEVICES, links_text
 from autoslapo.models.spec import list_presets
 from autoslapo.service.auth import Caller
-from autoslapo.service.views import LAUNCHED
+from autoslapo.service.views import IN_FLIGHT, LAUNCHED
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
@@ -38,6 +38,9 @@ form#submit label { margin-right: .8rem; } form#submit input[type=number] { widt
 def _page(title: str, body: str, script: str = "") -> str:
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>{body}{script}</body></html>")
+
+
+html_page = _page  # the page frame, for the service's other pages (``autoslapo.service.apidocs``)
 
 
 def _bar(done: int, budget: int | None) -> str:
@@ -150,7 +153,8 @@ def study_page(doc: dict[str, Any], trials: list[dict[str, Any]]) -> str:
             "aria-label='samples/s of each trial and the best so far'></svg>"
             f"<h2>Trials</h2><table id=trials><thead><tr><th>#</th><th>status</th><th>samples/s</th><th>schedule</th>"
             f"</tr></thead><tbody>{rows}</tbody></table>{report}")
-    data = json.dumps({"name": doc["name"], "live": live, "points": points}).replace("</", "<\\/")
+    running = [t["number"] for t in trials if t["status"] == IN_FLIGHT]  # counted in launched already
+    data = json.dumps({"name": doc["name"], "live": live, "points": points, "running": running}).replace("</", "<\\/")
     script = f"<script type=application/json id=study-data>{data}</script>{STUDY_SCRIPT}"
     return _page(f"autoslapo: {doc['name']}", body, script)
 
@@ -167,6 +171,8 @@ STUDY_SCRIPT = """<script>
   var data = JSON.parse(document.getElementById('study-data').textContent);
   var seen = {}, points = data.points, svg = document.getElementById('chart');
   points.forEach(function (p) { seen[p.n] = true; });
+  var inflight = {};  // running when the page was made: already in its launched count
+  (data.running || []).forEach(function (n) { inflight[n] = true; });
   function el(tag, attrs, text) {
     var e = document.createElementNS('http://www.w3.org/2000/svg', tag);
     for (var k in attrs) { e.setAttribute(k, attrs[k]); }
@@ -223,7 +229,8 @@ STUDY_SCRIPT = """<script>
     [t.number, t.status, t.samples_per_s === null ? '' : t.samples_per_s.toFixed(1), t.schedule].forEach(
       function (v) { var td = document.createElement('td'); td.textContent = v; row.appendChild(td); });
     document.querySelector('#trials tbody').appendChild(row);
-    var done = parseInt(progress.dataset.launched, 10) + 1, budget = parseInt(progress.dataset.budget, 10);
+    var done = parseInt(progress.dataset.launched, 10) + (inflight[t.number] ? 0 : 1);
+    var given = parseInt(progress.dataset.budget, 10), budget = given ? Math.max(given, done) : 0;
     progress.dataset.launched = done;
     progress.querySelector('.bar > span').style.width = Math.min(100, Math.floor(100 * done / (budget || 1))) + '%';
     progress.lastChild.textContent = ' ' + done + '/' + (budget || '?');
@@ -249,7 +256,8 @@ def login_page(problem: str = "") -> str:
     return _page("autoslapo: sign in", body)
 
 
-def missing_page(message: str) -> str:
-    """A page asked for what is not there (a study name mistyped): the error, and the way back."""
-    return _page("autoslapo: not found", f"<h1>autoslapo</h1><p role=alert>{escape(message)}</p>"
-                                         "<p><a href='/'>all studies</a></p>")
+def missing_page(message: str, title: str = "not found") -> str:
+    """A page asked for what is not there (a study name mistyped), or asked wrongly (a query parameter
+    the page does not take): the error, and the way back."""
+    return _page(f"autoslapo: {title}", f"<h1>autoslapo</h1><p role=alert>{escape(message)}</p>"
+                                        "<p><a href='/'>all studies</a></p>")

@@ -13,7 +13,8 @@ from autoslapo.service.payload import model_label
 from autoslapo.storage import baseline_study, is_baseline_study, silent_for
 from store import JobRecord, Store, StudyRecord, TrialRecord
 
-LAUNCHED = ("complete", "oom", "failed", "timeout")
+LAUNCHED = ("complete", "oom", "failed", "timeout")  # trials that ran and ended (a chart's points)
+IN_FLIGHT = "running"  # a trial claimed and running now: launched too (``pruned`` ones are not)
 
 
 def _time(value: Any) -> str | None:
@@ -101,8 +102,8 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
         "links": ClusterSpec.from_dict(study.cluster).link_values() if study is not None else
         {k: request[k] for k in LINKS if request.get(k) is not None},
         "backend": study.backend if study is not None else request.get("backend"),
-        "budget": request.get("trials"),
-        "launched": sum(counts.get(s, 0) for s in LAUNCHED),
+        "budget": study_budget(request.get("trials"), counts),
+        "launched": launched(counts),
         "counts": counts,
         "best": None if best is None else trial_view(best),
         "owner": job.owner if job is not None else None,
@@ -120,6 +121,20 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
     if best is not None and study is not None:
         doc["apply_best"] = apply_snippet(study, server)
     return doc
+
+
+def launched(counts: dict[str, int]) -> int:
+    """The trials a study launched (what its budget counts): ended ones and those in flight."""
+    return sum(counts.get(s, 0) for s in (*LAUNCHED, IN_FLIGHT))
+
+
+def study_budget(submitted: Any, counts: dict[str, int]) -> int | None:
+    """A study's budget: the one submitted (or raised by a join), or more when the store holds more
+    launched trials (a local ``autoslapo tune --resume --trials N`` raised it: the store keeps no
+    budget of its own, only the trials each tuner launched within its budget)."""
+    if submitted is None:
+        return None
+    return max(int(submitted), launched(counts))
 
 
 def all_studies(store: Store, *, server: str | None = None, include_baselines: bool = False) -> list[dict[str, Any]]:

@@ -31,6 +31,17 @@ from tuner import tune
 
 LEASE_S = 30.0
 POLL_S = 1.0
+#: The shortest lease: the heartbeat renews the claim every third of it, and each renewal is a write to
+#: the store that must land well inside the lease (a busy database takes tens to hundreds of ms).
+MIN_LEASE_S = 1.0
+
+
+def check_lease(lease_s: float) -> None:
+    """Refuse a lease the heartbeat cannot keep (one-line UsageError with the rule, the value, the fix)."""
+    if lease_s < MIN_LEASE_S:
+        raise UsageError(f"--lease must be at least {MIN_LEASE_S:g} s (the heartbeat renews the claim every third "
+                         f"of it, a write to the store each time): got {lease_s:g}; leave it out for "
+                         f"{LEASE_S:g}, or give {MIN_LEASE_S:g} or more")
 
 
 class Cancelled(Exception):
@@ -50,6 +61,7 @@ class Worker:
                  module_timeout_s: float = TRACE_TIMEOUT_S, log: Callable[[str], None] | None = None) -> None:
         if lease_s <= 0 or poll_s <= 0:
             raise UsageError(f"--lease and --poll must be positive seconds: got {lease_s}, {poll_s}")
+        check_lease(lease_s)
         if max_running is not None and max_running < 1:
             raise UsageError(f"--max-running must be at least 1: got {max_running}; leave it out for no limit")
         if allow_module_files:

@@ -143,4 +143,4 @@ def test_best_answer_follows_a_new_better_trial(service_store: Store, tokens: di
             listed = {s["name"]: s for s in client.get("/v1/studies", headers=auth).json()["studies"]}
         assert listed["two"]["best"]["samples_per_s"] == 250.0 and listed["two"]["counts"] == {"complete": 1}
         missing = client.get("/v1/best", params={**params, "gpus": 16}, headers=auth)
-        assert missing.status_code == 404 and "no recorded schedule" in missing.json()["error"]
+        assert missing.status_code == 404 and "no study on this server has a recorded schedule" in missing.json()["error"]

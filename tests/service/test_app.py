@@ -311,7 +311,7 @@ def test_estimate_and_anonymous_read(service_store: Store, tokens: dict[str, str
         assert trials.status_code == 400 and "got 'state'" in trials.json()["error"]
         assert anon.get("/v1/studies", params={"x": 1}).json()["error"].startswith(
             "/v1/studies takes only the query parameters all: got 'x'")
-        assert anon.get("/", params={"utm": 1}).status_code == 200  # HTML pages: left alone
+        assert anon.get("/", params={"utm": 1}).status_code == 400  # the HTML pages refuse them too
         assert anon.post("/v1/studies", json=BODY).status_code == 401
         assert anon.get("/").status_code == 200
 

@@ -47,7 +47,7 @@ def test_a_queued_study_page_follows_the_events_and_has_no_report_yet(client: Te
                     headers=bearer(tokens["submit"]))
     assert r.status_code == 202, r.text
     page = client.get("/studies/q", headers=bearer(tokens["read"])).text
-    assert _study_data(page) == {"name": "q", "live": True, "points": []}
+    assert _study_data(page) == {"name": "q", "live": True, "points": [], "running": []}
     assert "new EventSource('/v1/studies/'" in page and "<svg id=chart" in page
     assert "<iframe id=report" not in page and "id=snippet" not in page
 
@@ -67,3 +67,15 @@ def test_a_finished_study_page_charts_every_launched_trial_and_frames_the_report
     assert "<button id=copy" in page and "autoslapo.apply_best(" in page
     report = client.get("/v1/studies/done/report", headers=bearer(tokens["read"]))
     assert report.status_code == 200 and "<img" in report.text
+
+
+def test_pages_refuse_query_parameters_they_do_not_take(client: TestClient, tokens: dict[str, str]) -> None:
+    auth = bearer(tokens["read"])
+    r = client.get("/", params={"al": "true"}, headers=auth)  # a mistyped all=true showed the plain list
+    assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
+    assert "/ takes only the query parameters all: got &#x27;al&#x27;" in r.text and "role=alert" in r.text
+    study = client.get("/studies/x", params={"tab": "trials"}, headers=auth)
+    assert study.status_code == 400 and "/studies/x takes no query parameters: got &#x27;tab&#x27;" in study.text
+    assert client.get("/", params={"all": "true"}, headers=auth).status_code == 200
+    assert client.get("/v1/studies", params={"al": "true"}, headers=auth).json()["error"].startswith(
+        "/v1/studies takes only the query parameters all: got 'al'")  # the API's answer, as before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,17 @@ def test_a_sweep_whose_budget_was_raised_stores_the_best_of_the_new_budget(servi
     passes = _run_with_a_join_after_the_first_pass(service_store, monkeypatch, "sweep", body, 6)
     assert passes == [(3, False, "swept"), (6, True, "swept")]
     assert len([t for t in service_store.trials("sweep") if t.status == "complete"]) >= 6
+
+
+def test_a_lease_shorter_than_the_heartbeat_needs_is_refused(service_store: Store, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from autoslapo.cli import main
+
+    db = tmp_path / "never.db"
+    assert main(["worker", "--once", "--lease", "0.001", "--storage", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err
+    assert "--lease must be at least 1 s (the heartbeat renews the claim every third of it" in err
+    assert "got 0.001; leave it out for 30, or give 1 or more" in err and not db.exists()
+    with pytest.raises(UsageError, match="--lease must be at least 1 s"):
+        Worker(service_store, lease_s=0.5, poll_s=0.1)
+    assert Worker(service_store, lease_s=1, poll_s=0.1).run(once=True) == 0  # the shortest lease it keeps
