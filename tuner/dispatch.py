@@ -268,6 +268,9 @@ def run_with_ray(runner: DispatchedStudy, started: float) -> str:
             cpus = max(2, int(o.max_concurrent * need))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                      logging_level=_ray_logging_level())
+    from autoslapo.runtime.launcher import sweep_stale_trial_dirs, trial_dirs
+
+    before = trial_dirs()  # the scratch folders of launches this study did not start
     storage = tempfile.mkdtemp(prefix="autoslapo-ray-")
     try:
         searcher = _searcher(runner, started)
@@ -290,6 +293,4 @@ def run_with_ray(runner: DispatchedStudy, started: float) -> str:
         if owned:
             ray.shutdown()
             if o.ray_address is None:  # the trials ran here: what an actor killed mid-trial left behind
-                from autoslapo.runtime.launcher import sweep_stale_trial_dirs
-
-                sweep_stale_trial_dirs(wait_s=5.0)
+                sweep_stale_trial_dirs(wait_s=5.0, wait_for=trial_dirs() - before)

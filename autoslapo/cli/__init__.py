@@ -79,10 +79,16 @@ def _unknown_flags(parser: argparse.ArgumentParser, command: str | None, extra: 
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
     target = sub.choices.get(command) if sub is not None and command else parser
     known = sorted(s for s in (target or parser)._option_string_actions if s.startswith("--"))
+    actions = (target or parser)._option_string_actions
     hints = []
-    for word in extra:
+    for i, word in enumerate(extra):
         flag = word.split("=", 1)[0]
-        if flag == "--" or flag in (target or parser)._option_string_actions or not _is_flag(flag):
+        if flag == "--" or flag in actions or not _is_flag(flag):
+            continue
+        if not flag.startswith("--") and flag[:2] in actions:  # a short option with its value: -o/tmp/x
+            continue
+        before = actions.get(extra[i - 1]) if i else None
+        if before is not None and before.nargs != 0:  # the value of the option before it (--study -x): argparse says
             continue
         # "-gpus" (one dash), "--TRIALS" (case): what was meant, spelled as the command takes it
         spelled = "--" + flag.lstrip("-").lower()
@@ -128,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"autoslapo: error: no command {redact(command)!r}{hint} (see autoslapo --help)\n")
         return 2
     parser = build_parser(only=command if command in SUBCOMMANDS else "")
-    flags = [a for a in args_list[:args_list.index("--") if "--" in args_list else None] if _is_flag(a)]
+    flags = args_list[:args_list.index("--") if "--" in args_list else None]  # words: a flag's neighbours matter
     hint = _unknown_flags(parser, command, flags)
     if hint:  # before argparse, whose "--gpus is required" would hide that "--gpu" was meant for it
         prog = f"autoslapo {command}" if command else "autoslapo"

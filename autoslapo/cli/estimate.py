@@ -185,8 +185,12 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
             if calibration else "none stored yet (the uncalibrated model)") + (
             "; autoslapo's runtime, which its trials ran" if d.get("runtime") == AUTOSLAPO_GPU else ""))
     if d.get("runtime") == "megatron":  # what the GPU presets describe, not the runtime `run` and real trials use
-        print("  stack: the published runs' Megatron-LM / DeepSpeed (16-bit weights and gradients); autoslapo's own "
-              "trials keep fp32 ones and need more memory: --cluster-from STUDY of a measured study prices those")
+        if is_convolutional(d["model"]["family"]):
+            print("  stack: the published runs' (NVIDIA's DeepLearningExamples, PyTorch); --cluster-from STUDY "
+                  "of a measured study prices autoslapo's own trials")
+        else:
+            print("  stack: the published runs' Megatron-LM / DeepSpeed (16-bit weights and gradients); autoslapo's "
+                  "own trials keep fp32 ones and need more memory: --cluster-from STUDY of a measured study prices those")
     spec = ModelSpec.from_dict(model)
     # the family cannot use them, or a model file never varies them: not shown
     na = {*inapplicable_knobs(spec, KNOBS), *user_unvaried_knobs(spec, KNOBS)}

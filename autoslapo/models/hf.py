@@ -161,8 +161,10 @@ def register_hf_model_type(entry: HFModelType) -> HFModelType:
 def _int(config: Mapping[str, Any], key: str, model_type: str) -> int:
     v = config.get(key)
     if not isinstance(v, int) or isinstance(v, bool):
-        fix = "add it to the config" if key not in config else f"write it as a whole number (it is a {type(v).__name__})"
-        raise ConfigError(f"a {model_type} config.json needs an integer {key!r}: got {v!r}; {fix}")
+        got = "null" if v is None else repr(v)  # as the JSON reads
+        fix = ("add it to the config" if key not in config else
+               "write a whole number" if v is None else f"write it as a whole number (it is a {type(v).__name__})")
+        raise ConfigError(f"a {model_type} config.json needs an integer {key!r}: got {got}; {fix}")
     return v
 
 

@@ -213,19 +213,28 @@ def _kill_strays(launch_id: str) -> set[int]:
 TRIAL_DIR_PREFIX = "autoslapo-trial-"
 
 
-def sweep_stale_trial_dirs(root: str | Path | None = None, wait_s: float = 0.0) -> list[str]:
+def trial_dirs(root: str | Path | None = None) -> set[str]:
+    """The names of the launches' scratch folders under ``root`` (the temporary directory)."""
+    try:
+        return {n for n in os.listdir(Path(root if root is not None else tempfile.gettempdir()))
+                if n.startswith(TRIAL_DIR_PREFIX)}
+    except OSError:
+        return set()
+
+
+def sweep_stale_trial_dirs(root: str | Path | None = None, wait_s: float = 0.0,
+                           wait_for: set[str] | None = None) -> list[str]:
     """Remove the scratch folders of launches whose launcher died without its clean-up (a Ray
     trial's actor killed by a Ctrl-C of its study, a ``kill -9``), with any process still
     carrying their launch id; returns the folders removed. A folder whose launcher is alive is
-    kept (waiting up to ``wait_s`` seconds for it to end). Folders not named by a pid are left."""
+    kept (waiting up to ``wait_s`` seconds for the launchers of ``wait_for``'s folders, all when None,
+    to end: a study's own, not other studies' live launches). Folders not named by a pid are left."""
     base = Path(root if root is not None else tempfile.gettempdir())
-    try:
-        names = [n for n in os.listdir(base) if n.startswith(TRIAL_DIR_PREFIX)]
-    except OSError:
-        return []
+    names = trial_dirs(base)
     owners = {n: int(head) for n in names if (head := n[len(TRIAL_DIR_PREFIX):].split("-", 1)[0]).isdigit()}
+    awaited = [p for n, p in owners.items() if wait_for is None or n in wait_for]
     deadline = time.monotonic() + wait_s
-    while any(_alive(p) for p in owners.values()) and time.monotonic() < deadline:
+    while any(_alive(p) for p in awaited) and time.monotonic() < deadline:
         time.sleep(0.1)
     removed = []
     for name, pid in owners.items():

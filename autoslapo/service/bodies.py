@@ -77,6 +77,10 @@ def _query_names(dependant: Any) -> set[str]:
     return names
 
 
+#: Parameters that mail and chat clients and ad networks add to shared links (with ``utm_*``).
+TRACKING_PARAMS = frozenset({"fbclid", "gclid", "mc_cid", "mc_eid", "ref"})
+
+
 def known_query(request: Request) -> None:
     """Refuse a query parameter the API endpoint or HTML page does not take (a mistyped filter would
     otherwise be ignored, and its answer taken for the filtered one)."""
@@ -86,7 +90,10 @@ def known_query(request: Request) -> None:
     page = isinstance(response_class, type) and issubclass(response_class, HTMLResponse)
     if dependant is None or not (request.url.path.startswith("/v1/") or page):
         return
-    unknown = sorted(set(request.query_params) - _query_names(dependant))
+    given = set(request.query_params)
+    if page:  # a link shared by chat or e-mail gains tracking parameters: a page ignores those
+        given = {q for q in given if not (q.startswith("utm_") or q in TRACKING_PARAMS)}
+    unknown = sorted(given - _query_names(dependant))
     if unknown:
         names = ", ".join(sorted(_query_names(dependant)))
         takes = f"takes only the query parameters {names}" if names else "takes no query parameters"

@@ -32,7 +32,7 @@ def error_answer(request: Request, status: int, message: str) -> Response:
     """The answer of an error: its line in the request's field names, as JSON (a page for a page)."""
     line = body_fields(message, request.url.path) if 400 <= status < 500 else message
     if is_page(request):
-        return HTMLResponse(pages.missing_page(line, title="bad request" if status == 400 else "not found"),
+        return HTMLResponse(pages.missing_page(line, title={400: "bad request", 403: "forbidden", 404: "not found", 409: "conflict"}.get(status, "unavailable")),
                             status_code=status)
     return JSONResponse({"error": line}, status_code=status)
 

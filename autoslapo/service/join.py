@@ -81,7 +81,7 @@ def plan_join(store: Store, name: str, request: StudyRequest, who: Caller) -> Jo
         return JoinPlan("raise", job.status, request.trials, launched)
     if job is None and rec is not None and rec.status == "running":
         raise JoinRefused(409, f"study {name!r} is being tuned outside the service (autoslapo tune): join it there "
-                               "with --join, or resume it here once it ended")
+                               f"(`autoslapo tune ... --study {name} --join`), or resume it here once it ended")
     ended = job.status if job is not None else rec.status if rec is not None else "complete"
     if launched >= request.trials:
         budget = max(int(job.request.get("trials") or 0), launched) if job is not None else launched

@@ -60,6 +60,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._timeout_s = 10.0
 
     @property
     def processes(self) -> list[subprocess.Popen[bytes]]:
@@ -76,8 +77,14 @@ class Supervisor:
             self._thread.start()
 
     def _watch(self) -> None:
-        while not self._stopped.wait(self.check_s):
-            self.check()
+        try:
+            while not self._stopped.wait(self.check_s):
+                self.check()
+        finally:
+            # From this thread, which forked the restarted processes: Linux sends a child's parent-death
+            # signal (``serve``'s PR_SET_PDEATHSIG, SIGKILL) when the thread that forked it ends, so
+            # they are stopped (SIGTERM, their graceful stop) before it does.
+            self._terminate_all()
 
     def check(self) -> None:
         """One look: note the processes that died (and when to restart each), restart those due."""
@@ -89,7 +96,14 @@ class Supervisor:
                 if slot.proc is not None and slot.proc.poll() is not None:
                     self._died(number, slot, slot.proc, now)
                 if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
-                    slot.proc, slot.started_at, slot.restart_at = self._start(), now, None
+                    try:
+                        proc = self._start()
+                    except Exception as exc:  # fork or exec failed (EAGAIN, EMFILE): try again later
+                        slot.started_at = now
+                        self._back_off(number, slot, now, f"worker {number} could not be started again "
+                                                          f"({type(exc).__name__}: {exc})")
+                        continue
+                    slot.proc, slot.started_at, slot.restart_at = proc, now, None
                     self.log(f"worker {number} restarted as pid {slot.proc.pid}")
 
     def _died(self, number: int, slot: _Slot, proc: subprocess.Popen[bytes], now: float) -> None:
@@ -99,8 +113,11 @@ class Supervisor:
             self.log(f"worker {number} (pid {proc.pid}) stopped when asked ({exit_text(int(proc.returncode))}): "
                      "not restarted; restart the server for it")
             return
+        self._back_off(number, slot, now, f"worker {number} (pid {proc.pid}) died with {exit_text(int(proc.returncode))}")
+
+    def _back_off(self, number: int, slot: _Slot, now: float, what: str) -> None:
+        """Schedule ``slot``'s restart after a back-off (or give it up after too many quick deaths)."""
         slot.quick_deaths = slot.quick_deaths + 1 if now - slot.started_at < self.healthy_s else 1
-        what = f"worker {number} (pid {proc.pid}) died with {exit_text(int(proc.returncode))}"
         if slot.quick_deaths > self.max_quick_deaths:
             slot.given_up = True
             self.log(f"{what}, its {slot.quick_deaths}th death within {self.healthy_s:g} s of its start in a row: "
@@ -113,17 +130,21 @@ class Supervisor:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop watching (nothing is restarted after this), then terminate the processes (killed after
-        ``timeout_s``) and wait for them."""
+        ``timeout_s``) and wait for them: the watching thread does, for those it started."""
+        self._timeout_s = timeout_s
         self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=3 * timeout_s)
+        self._terminate_all()  # no thread, or one that did not finish in time
+
+    def _terminate_all(self) -> None:
         with self._lock:
-            procs = [s.proc for s in self._slots if s.proc is not None]
+            procs = [s.proc for s in self._slots if s.proc is not None and s.proc.poll() is None]
         for p in procs:
             p.terminate()
         for p in procs:
             try:
-                p.wait(timeout=timeout_s)
+                p.wait(timeout=self._timeout_s)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait(timeout=timeout_s)
+                p.wait(timeout=self._timeout_s)

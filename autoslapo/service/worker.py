@@ -38,7 +38,7 @@ MIN_LEASE_S = 1.0
 
 def check_lease(lease_s: float) -> None:
     """Refuse a lease the heartbeat cannot keep (one-line UsageError with the rule, the value, the fix)."""
-    if lease_s < MIN_LEASE_S:
+    if not lease_s >= MIN_LEASE_S:  # nan too
         raise UsageError(f"--lease must be at least {MIN_LEASE_S:g} s (the heartbeat renews the claim every third "
                          f"of it, a write to the store each time): got {lease_s:g}; leave it out for "
                          f"{LEASE_S:g}, or give {MIN_LEASE_S:g} or more")
@@ -59,7 +59,7 @@ class Worker:
     def __init__(self, store: Store, *, lease_s: float = LEASE_S, poll_s: float = POLL_S,
                  name: str | None = None, max_running: int | None = None, allow_module_files: bool = False,
                  module_timeout_s: float = TRACE_TIMEOUT_S, log: Callable[[str], None] | None = None) -> None:
-        if lease_s <= 0 or poll_s <= 0:
+        if not (lease_s > 0 and poll_s > 0):  # nan too
             raise UsageError(f"--lease and --poll must be positive seconds: got {lease_s}, {poll_s}")
         check_lease(lease_s)
         if max_running is not None and max_running < 1:

@@ -317,5 +317,6 @@ def test_the_summary_names_the_stack_priced_a_tight_fit_and_no_tokens_for_images
     assert main(["estimate", "resnet-50", "--gpus", "8", "--global-batch", "2048"]) == 0
     out = capsys.readouterr().out
     assert "samples/s, step" in out and "tokens/s" not in out and "fragmentation" not in out
+    assert "DeepLearningExamples" in out and "Megatron" not in out  # a ResNet's published stack
     assert main(["estimate", "bert-tiny", "--gpus", "2", "--gpu-type", "cpu"]) == 0
     assert "stack:" not in capsys.readouterr().out  # a CPU estimate prices autoslapo's own runtime

@@ -86,3 +86,11 @@ def test_flags_are_named_in_any_spelling_and_a_negative_value_is_no_flag(capsys:
     assert main(["tune", "bert-tiny", "--gpus", "2", "--seed", "-1", "--backend", "sim"]) == 2
     err = capsys.readouterr().err
     assert "seed" in err and "unrecognized" not in err, err
+    assert main(["tune", "bert-tiny", "--gpus", "2", "--seed", "-1", "-tp", "2"]) == 2  # the value between: no matter
+    assert "-tp: did you mean --tp?" in capsys.readouterr().err
+    # a short option with its value attached, and a value that starts with a dash, are argparse's to read
+    assert main(["report", "s", "-o/tmp/x", "--storage", "sqlite:////nonexistent/x.db"]) == 2
+    assert "unrecognized" not in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse's own error (exit 2)
+        main(["tune", "bert-tiny", "--gpus", "2", "--study", "-x"])
+    assert e.value.code == 2 and "argument --study: expected one argument" in capsys.readouterr().err

@@ -305,5 +305,8 @@ def test_a_killed_launchers_folder_and_processes_are_swept_a_live_ones_kept(tmp_
     finally:
         if rank.poll() is None:
             rank.kill()
+    # a study's end waits for its own launches only, not another study's live one
+    t0 = time.monotonic()
+    assert sweep_stale_trial_dirs(tmp_path, wait_s=5.0, wait_for=set()) == [] and time.monotonic() - t0 < 2.0
     out = launch(f"{HERE}:sum_ranks", 1, timeout_s=120)  # its folder names its launcher
     assert out.status == "complete" and out.launch_id.startswith(f"{TRIAL_DIR_PREFIX}{os.getpid()}-")

@@ -376,6 +376,7 @@ def test_a_t5_config_reads_both_stacks_and_counts_what_the_model_holds() -> None
     ({"num_key_value_heads": 3}, "use a divisor of 4 for num_key_value_heads"),
     ({"max_position_embeddings": -1}, "give a positive max_position_embeddings"),
     ({"num_attention_heads": "4"}, "got '4'; write it as a whole number (it is a str)"),
+    ({"hidden_size": None}, "got null; write a whole number"),  # JSON's null, not Python's None
 ])
 def test_a_config_shape_error_names_the_config_key_not_a_flag(change: dict[str, Any], said: str) -> None:
     """The shape rules named the CLI's flags (--heads, --kv-heads, --seq-len) that the user never passed,

@@ -312,6 +312,9 @@ def test_estimate_and_anonymous_read(service_store: Store, tokens: dict[str, str
         assert anon.get("/v1/studies", params={"x": 1}).json()["error"].startswith(
             "/v1/studies takes only the query parameters all: got 'x'")
         assert anon.get("/", params={"utm": 1}).status_code == 400  # the HTML pages refuse them too
+        # but not the tracking parameters a link shared by chat or e-mail gains
+        assert anon.get("/", params={"utm_source": "slack", "fbclid": "x"}).status_code == 200
+        assert anon.get("/v1/studies", params={"utm_source": "slack"}).status_code == 400  # the API does
         assert anon.post("/v1/studies", json=BODY).status_code == 401
         assert anon.get("/").status_code == 200
 

@@ -69,6 +69,42 @@ def test_a_process_that_keeps_dying_backs_off_then_is_given_up() -> None:
     assert sup.processes == []
 
 
+def test_a_restarted_worker_gets_its_graceful_stop_and_a_failed_start_is_retried(tmp_path: Path) -> None:
+    """serve's workers die with their parent's forking thread (PR_SET_PDEATHSIG is per thread): those the
+    watching thread restarted got SIGKILL, not SIGTERM, when it ended before stop() terminated them;
+    and a start that raised (fork's EAGAIN) ended the thread, so nothing was restarted again."""
+    from autoslapo.cli.serve import _die_with, _prctl
+
+    parent, prctl = os.getpid(), _prctl()
+    trap = ("import signal, sys, time\n"
+            "def bye(*_): open(sys.argv[1], 'w').write('term'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\ntime.sleep(120)\n")
+    calls = {"n": 0}
+
+    def start() -> subprocess.Popen[bytes]:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(11, "Resource temporarily unavailable")
+        return subprocess.Popen([sys.executable, "-c", trap, str(tmp_path / f"w{calls['n']}")],
+                                preexec_fn=lambda: _die_with(parent, prctl))
+
+    said: list[str] = []
+    sup = Supervisor(1, start, log=said.append, check_s=0.05, first_backoff_s=0.1)
+    sup.start()
+    try:
+        (first,) = sup.processes
+        time.sleep(0.5)  # its trap is set
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for(lambda: calls["n"] >= 3 and len(sup.processes) == 1)
+        assert any("could not be started again (BlockingIOError: [Errno 11] Resource temporarily unavailable); "
+                   "restarting it in" in line for line in said), said
+        (again,) = sup.processes
+        time.sleep(0.5)
+    finally:
+        sup.stop()
+    assert again.returncode == 0 and (tmp_path / "w3").read_text() == "term"  # SIGTERM, trapped: not -9
+
+
 def test_exit_text() -> None:
     assert (exit_text(3), exit_text(-15), exit_text(-200)) == ("exit code 3", "exit code -15 (SIGTERM)",
                                                                "exit code -200")

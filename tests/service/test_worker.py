@@ -124,4 +124,6 @@ def test_a_lease_shorter_than_the_heartbeat_needs_is_refused(service_store: Stor
     assert "got 0.001; leave it out for 30, or give 1 or more" in err and not db.exists()
     with pytest.raises(UsageError, match="--lease must be at least 1 s"):
         Worker(service_store, lease_s=0.5, poll_s=0.1)
+    with pytest.raises(UsageError, match="--lease"):  # nan passed both checks from Python
+        Worker(service_store, lease_s=float("nan"), poll_s=0.1)
     assert Worker(service_store, lease_s=1, poll_s=0.1).run(once=True) == 0  # the shortest lease it keeps
