@@ -19,6 +19,9 @@ from autoslapo.service.bodies import ApiError, one_line
 from autoslapo.service.messages import body_fields
 from autoslapo.service.modfile import ModuleFilesOff
 
+#: An error page's title by its status (503, the store's failure: "unavailable").
+PAGE_TITLES = {400: "bad request", 403: "forbidden", 404: "not found", 409: "conflict"}
+
 
 def is_page(request: Request) -> bool:
     """Whether ``request`` asked for one of the HTML pages (not the JSON API, not a report under ``/v1/``)."""
@@ -32,8 +35,7 @@ def error_answer(request: Request, status: int, message: str) -> Response:
     """The answer of an error: its line in the request's field names, as JSON (a page for a page)."""
     line = body_fields(message, request.url.path) if 400 <= status < 500 else message
     if is_page(request):
-        return HTMLResponse(pages.missing_page(line, title={400: "bad request", 403: "forbidden", 404: "not found", 409: "conflict"}.get(status, "unavailable")),
-                            status_code=status)
+        return HTMLResponse(pages.missing_page(line, title=PAGE_TITLES.get(status, "unavailable")), status_code=status)
     return JSONResponse({"error": line}, status_code=status)
 
 

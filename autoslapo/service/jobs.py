@@ -81,9 +81,8 @@ class StudyRequest:
         for key in STUDY_REQUIRED:
             if key not in doc:
                 raise UsageError(f"field {key!r} is required: e.g. {{\"model\": \"bert\", \"gpus\": 8}}")
-        kinds = STUDY_FIELDS
         for key, value in doc.items():
-            want = " or ".join(k.__name__ for k in kinds[key])
+            want = " or ".join(k.__name__ for k in STUDY_FIELDS[key])
             if value is None and key in ("model", "gpus"):
                 raise UsageError(f"field {key!r} must be {want}, not null: got null; it is required, e.g. "
                                  "{\"model\": \"bert\", \"gpus\": 8}")
@@ -93,7 +92,7 @@ class StudyRequest:
                 nullable = ", ".join(f.name for f in fields(cls) if f.default is None)
                 raise UsageError(f"field {key!r} must be {want}, not null: got null; leave it out for its default "
                                  f"({json.dumps(known[key].default)}) (null means the default only in {nullable})")
-            ok = isinstance(value, kinds[key]) and (kinds[key] == (bool,) or not isinstance(value, bool))
+            ok = isinstance(value, STUDY_FIELDS[key]) and (STUDY_FIELDS[key] == (bool,) or not isinstance(value, bool))
             if not ok:
                 raise UsageError(f"field {key!r} must be {want}: got {json_repr(value)}")
         check_model_field(doc["model"], allow_module_files=allow_module_files)
