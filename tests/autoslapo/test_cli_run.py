@@ -97,7 +97,7 @@ def test_run_with_repeats_reports_the_median_and_spread_over_runs() -> None:
     samples = result.extra["repeats_samples_per_s"]
     assert result.status == "complete" and len(samples) == 3 and result.extra["repeats"] == 3
     assert result.samples_per_s == sorted(samples)[1] and result.extra["samples_per_s_spread"] >= 0
-    text = _table(result, "gpt2-tiny", ScheduleConfig(precision="fp32"))
+    text = _table(result, "gpt2-tiny", ScheduleConfig(precision="fp32"), "gpt2")
     assert "over repeats     median of 3 runs, IQR" in text
 
 
