@@ -133,12 +133,16 @@ def megatron_config(ctx: BaselineContext) -> ScheduleConfig | None:
 _PER_RUN_KEYS = ("baseline", "tuned_samples_per_s", "speedup", "speedup_ci95")  # written with each pick
 
 
-def stored_picks(store: Store, study: str) -> dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any]]]:
+Span = tuple[datetime, datetime]  # when a baseline was measured: its row's start and end
+
+
+def stored_picks(store: Store, study: str) -> dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any],
+                                                               Span | None]]:
     """The baselines an earlier run of ``study`` picked and measured, by kind (``deepspeed``, ``megatron``):
-    each one's configuration (None when none fitted), its result without the per-run keys, and the
-    extra it was stored with (speed-up and its interval)."""
+    each one's configuration (None when none fitted), its result without the per-run keys, the
+    extra it was stored with (speed-up and its interval), and when it was measured."""
     name = baseline_study(study)
-    out: dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any]]] = {}
+    out: dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any], Span | None]] = {}
     if not store.has_study(name):
         return out
     for t in store.trials(name):
@@ -148,7 +152,7 @@ def stored_picks(store: Store, study: str) -> dict[str, tuple[ScheduleConfig | N
             continue
         config = ScheduleConfig.from_dict(t.config) if "tp" in t.config else None
         result = TrialResult.from_dict({**t.result, "extra": {k: v for k, v in extra.items() if k not in _PER_RUN_KEYS}})
-        out[str(kind)] = (config, result, extra)
+        out[str(kind)] = (config, result, extra, (t.started_at, t.ended_at) if t.started_at and t.ended_at else None)
     return out
 
 
@@ -182,7 +186,7 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
     ctx = runner.baseline_context()
     picked: list[tuple[str, ScheduleConfig | None, TrialResult]] = []
     # when each pick was measured (its row's duration): kept from the earlier run, or the study's row
-    spans = _stored_spans(store, runner.name)
+    spans = {k: v[3] for k, v in stored.items()}
     for kind, pick in (("deepspeed", deepspeed_candidates), ("megatron", megatron_candidates)):
         if kind in stored:
             picked.append((kind, stored[kind][0], stored[kind][1]))
@@ -196,7 +200,7 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
                 runner.note(f"scoring the {kind}-style baseline: candidate {i} of {CANDIDATES}")
                 start = utcnow()
                 r = ctx.evaluate(cand)
-                span: tuple[datetime, datetime] | None = (start, utcnow())
+                span: Span | None = (start, utcnow())
                 if not runner.evaluator.instant:  # the prior's prediction beside the measurement, as a trial's
                     r = with_prediction(r, ctx.predict(cand))
             else:
@@ -232,17 +236,8 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _stored_spans(store: Store, study: str) -> dict[str, tuple[datetime, datetime] | None]:
-    """When each baseline an earlier run of ``study`` picked was measured, by kind (its row's start and end)."""
-    name = baseline_study(study)
-    if not store.has_study(name):
-        return {}
-    return {str(t.result["extra"]["baseline"]): (t.started_at, t.ended_at) for t in store.trials(name)
-            if t.started_at and t.ended_at and (t.result.get("extra") or {}).get("baseline")}
-
-
 def _store_companion(runner: StudyRunner, rows: list[tuple[int, dict[str, Any], dict[str, Any]]],
-                     spans: list[tuple[datetime, datetime] | None]) -> None:
+                     spans: list[Span | None]) -> None:
     """(Re)write the study's companion ``<study>.baselines`` with ``rows`` (joined tuners add to it);
     ``spans``: when each was measured, by position (None: now)."""
     o, store, name = runner.options, runner.store, baseline_study(runner.name)
