@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from autoslapo.cost.comm import collective_s as _ring
+from autoslapo.cost.comm import group_bandwidth, group_nodes
 from autoslapo.cost.device import DevicePerf, is_autoslapo_runtime
 from autoslapo.cost.epilogue import accumulation_s, loss_scaler_s, optimizer_s
 from autoslapo.cost.head import element_bytes
@@ -33,7 +35,7 @@ from autoslapo.cost.memory import (
     state_bytes_per_param,
     zero_buffer_bytes,
 )
-from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, bubble_slots, group_bandwidth
+from autoslapo.cost.time import TimeBreakdown, _Rates, bubble_slots
 from autoslapo.layout import chunk_bounds, rank_layers
 from autoslapo.models.wrn_shape import (
     Conv,
@@ -246,7 +248,7 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     # a conv's weight and its BatchNorm's weight and bias on the busiest rank; the stem's and head's
     tensors = 3 * max(sum(len(blocks[i]) for i in mine) for mine in ranks) + 5
     accum = accumulation_s(r.mem, n, grad_e, m) + loss_scaler_s(r.mem, config, perf.runtime, n, tensors)
-    dp_comm = _ring("allreduce", n * grad_e, dp, group_bandwidth(cluster, t, dp), perf)
+    dp_comm = _ring("allreduce", n * grad_e, dp, group_bandwidth(cluster, t, dp), perf, group_nodes(cluster, t, dp))
     if config.zero_stage == 3:  # weights gathered before forward and backward: 1.5x the volume a micro-batch
         dp_comm *= 1.5 * m
     optimizer = optimizer_s(r.mem, config, n / (dp if config.zero_stage >= 1 else 1))

@@ -12,7 +12,8 @@ costs two GEMMs per forward GEMM and about twice the elementwise traffic.
 
 Collectives use the ring cost (Patarasuk and Yuan, 2009; Thakur et al., 2005): an allreduce of
 ``n`` bytes over ``p`` ranks moves ``2 (p-1)/p n`` per rank, a reduce-scatter or all-gather
-``(p-1)/p n``, with ``2 (p-1)`` (or ``p-1``) latency hops. Megatron's TP layer does two
+``(p-1)/p n``, with ``2 (p-1)`` (or ``p-1``) latency hops; an allreduce across nodes takes NCCL's
+tree where its cost model finds that faster (``autoslapo.cost.comm``). Megatron's TP layer does two
 allreduces of the layer's activations in forward and two in backward (Shoeybi et al., 2019);
 sequence parallelism swaps each for a reduce-scatter + all-gather of the same volume (Korthikanti
 et al., 2022). The 1F1B and GPipe pipelines idle ``(p-1)`` micro-batch slots, the interleaved one
@@ -30,6 +31,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost import epilogue
+from autoslapo.cost.comm import collective_s as _ring
+from autoslapo.cost.comm import group_bandwidth, group_nodes
 from autoslapo.cost.encdec import block_linears, busiest_rank, checkpointed_blocks, stage_blocks
 from autoslapo.cost.head import element_bytes
 from autoslapo.cost.kernels import (
@@ -162,30 +165,6 @@ def fused_attention_s(r: _Rates, s: float, d: float, problems: float, causal: bo
         return r.flash(s, d, problems, frac, eff), r.flash(s, d, problems, frac, eff, backward=True)
     fwd = r.gemm(s * frac, s, d, problems, eff=eff) + r.gemm(s * frac, d, s, problems, eff=eff)
     return fwd, 2.5 * fwd / FLASH_BWD_REL
-
-
-def _ring(kind: str, nbytes: float, ranks: int, gbps: float, perf: DevicePerf) -> float:
-    """Seconds of a ring collective of ``nbytes`` over ``ranks`` ranks at ``gbps`` per link."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    frac = (ranks - 1) / ranks
-    steps = ranks - 1
-    if kind == "allreduce":
-        frac, steps = 2 * frac, 2 * steps
-    return frac * nbytes / (gbps * 1e9 * perf.comm_eff) + steps * perf.coll_latency_s
-
-
-def group_bandwidth(cluster: ClusterSpec, stride: int, size: int) -> float:
-    """Per-rank ring bandwidth (GB/s) of a group of ``size`` ranks spaced ``stride`` apart.
-
-    Within a node: NVLink. Across nodes the ring's node-crossing hops bound it; with several group
-    members in a node, NCCL runs one ring a NIC, so the bound is their share of the node's network.
-    """
-    per_node = cluster.gpus_per_node
-    if stride * size <= per_node:
-        return cluster.intra_node_gbps
-    members = max(1, per_node // stride)
-    return min(cluster.intra_node_gbps, members * cluster.inter_node_gbps)
 
 
 # ZeRO-3's prefetch hides at most this fraction of a gather behind compute (DeepSpeed fetches a
@@ -442,7 +421,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
         # group once a step, after the schedule (``PipelineRuntime.sync_tied_grads``)
         shared_bytes = model.stored_layers * model.layer_params() / t * grad_e
-        pp_comm += _ring("allreduce", shared_bytes, pp, pp_bw, perf)
+        pp_comm += _ring("allreduce", shared_bytes, pp, pp_bw, perf, group_nodes(cluster, t * dp, pp))
 
     # data parallel: gradients of this device's parameters over the dp group
     dp_bw = group_bandwidth(cluster, t, dp)
@@ -453,7 +432,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     if z <= 1:
         # one allreduce (ZeRO-1: reduce-scatter + all-gather of the same volume) after the last
         # backward; DeepSpeed and Megatron's DDP of that time run it after backward, not during
-        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
+        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf, group_nodes(cluster, t, dp))
     elif z == 2:
         # DeepSpeed reduces each bucket every micro-batch; one bucket's latency a layer
         rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + per_stage * (dp - 1) * perf.coll_latency_s

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoslapo.cost.comm import collective_s as _ring
+from autoslapo.cost.comm import group_bandwidth, group_nodes
 from autoslapo.cost.epilogue import accumulation_s, loss_scaler_s, optimizer_s
 from autoslapo.cost.memory import checkpointed_layer_ids, state_bytes_per_param
 from autoslapo.cost.p2p import pipeline_transfers
-from autoslapo.cost.time import TimeBreakdown, _Rates, _ring, bubble_slots, group_bandwidth
+from autoslapo.cost.time import TimeBreakdown, _Rates, bubble_slots
 from autoslapo.layout import rank_layers
 
 if TYPE_CHECKING:
@@ -61,7 +63,7 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     dp_bw, pp_bw = group_bandwidth(cluster, t, dp), group_bandwidth(cluster, t * dp, pp)
     g_bytes, w_bytes = n_params * grad_e, n_params * weight_e
     if z <= 1:
-        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf)
+        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf, group_nodes(cluster, t, dp))
     elif z == 2:
         dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
     else:
@@ -73,7 +75,8 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
     slots = bubble_slots(config, blocks, per_stage)
     transfer = hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s if pp > 1 else 0.0
-    tied = _ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf) if pp > 1 else 0.0
+    tied = (_ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf, group_nodes(cluster, t * dp, pp))
+            if pp > 1 else 0.0)
     opt_params = n_params / (dp if z >= 1 else 1)
     return TimeBreakdown(
         compute=m * (fwd_mb + bwd_mb),

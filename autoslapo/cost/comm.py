@@ -1,0 +1,70 @@
+"""Collectives' seconds: NCCL's ring and, for an allreduce across nodes, its tree. Pure.
+
+Ring cost (Patarasuk and Yuan, 2009; Thakur et al., 2005): an allreduce of ``n`` bytes over ``p``
+ranks moves ``2 (p-1)/p n`` per rank, a reduce-scatter or all-gather ``(p-1)/p n``, with ``2 (p-1)``
+(or ``p-1``) latency hops. Across nodes NCCL also runs allreduces as a double binary tree, chosen a
+call by its own cost model (``collective_s``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autoslapo.cluster import ClusterSpec
+    from autoslapo.cost.device import DevicePerf
+
+
+def collective_s(kind: str, nbytes: float, ranks: int, gbps: float, perf: DevicePerf, nodes: int = 1) -> float:
+    """Seconds of a collective of ``nbytes`` over ``ranks`` ranks at ``gbps`` per link, the ranks on
+    ``nodes`` nodes: a ring, or for an allreduce across nodes NCCL's tree where that is faster.
+
+    NCCL chooses its algorithm a call by its own cost model (``ncclTopoTuneModel`` in NCCL's
+    ``src/graph/tuning.cc``): a ring allreduce pays ``2 (p-1)`` hops; a double binary tree pays
+    ``2 ((p/nodes - 1) + log2(nodes))`` (a chain within each node, a tree across nodes; Sanders et
+    al. 2009) but reaches at most 0.9 of the ring's bus bandwidth (NCCL caps it at 80 GB/s beyond 2
+    nodes) and moves the whole message twice (algorithm bandwidth half the bus bandwidth). So small
+    allreduces over many nodes take the tree's few hops, large ones the ring's bandwidth.
+    Reduce-scatter and all-gather run as rings only (NCCL has no tree for them).
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    frac = (ranks - 1) / ranks
+    steps = ranks - 1
+    if kind == "allreduce":
+        frac, steps = 2 * frac, 2 * steps
+    ring = frac * nbytes / (gbps * 1e9 * perf.comm_eff) + steps * perf.coll_latency_s
+    if kind != "allreduce" or nodes <= 1:
+        return ring
+    tree_gbps = min(TREE_BW_FRAC * gbps, TREE_MAX_GBPS if nodes > 2 else math.inf)
+    hops = 2 * (max(ranks // nodes - 1, 0) + math.ceil(math.log2(nodes)))
+    tree = 2 * nbytes / (tree_gbps * 1e9 * perf.comm_eff) + hops * perf.coll_latency_s
+    return min(ring, tree)
+
+
+# NCCL's tree allreduce: at most 0.9 of the ring's bus bandwidth, and 80 GB/s over more than two
+# nodes (``ncclTopoTuneModel``, NCCL src/graph/tuning.cc).
+TREE_BW_FRAC = 0.9
+TREE_MAX_GBPS = 80.0
+
+
+def group_nodes(cluster: ClusterSpec, stride: int, size: int) -> int:
+    """Nodes a group of ``size`` ranks spaced ``stride`` apart spans (ranks fill a node first)."""
+    per_node = cluster.gpus_per_node
+    if stride * size <= per_node:
+        return 1
+    return math.ceil(size / max(1, per_node // stride))
+
+
+def group_bandwidth(cluster: ClusterSpec, stride: int, size: int) -> float:
+    """Per-rank ring bandwidth (GB/s) of a group of ``size`` ranks spaced ``stride`` apart.
+
+    Within a node: NVLink. Across nodes the ring's node-crossing hops bound it; with several group
+    members in a node, NCCL runs one ring a NIC, so the bound is their share of the node's network.
+    """
+    per_node = cluster.gpus_per_node
+    if stride * size <= per_node:
+        return cluster.intra_node_gbps
+    members = max(1, per_node // stride)
+    return min(cluster.intra_node_gbps, members * cluster.inter_node_gbps)

@@ -1,0 +1,67 @@
+"""Tests of the collectives' cost (``autoslapo.cost.comm``): NCCL's ring, and its tree for an
+allreduce across nodes where NCCL's own cost model finds that faster."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoslapo.cluster import ClusterSpec
+from autoslapo.cost.comm import TREE_BW_FRAC, TREE_MAX_GBPS, collective_s, group_bandwidth, group_nodes
+from autoslapo.cost.device import device_perf
+from autoslapo.cost.search import best_config
+from autoslapo.models.spec import ModelSpec
+
+CLUSTER = ClusterSpec(gpus=64, gpu_type="a100-80gb", gpus_per_node=8)
+PERF = device_perf(CLUSTER)
+
+
+def _ring(kind: str, nbytes: float, ranks: int, gbps: float) -> float:
+    steps = 2 * (ranks - 1) if kind == "allreduce" else ranks - 1
+    return steps / ranks * nbytes / (gbps * 1e9 * PERF.comm_eff) + steps * PERF.coll_latency_s
+
+
+def test_group_nodes_counts_the_nodes_a_group_spans() -> None:
+    assert group_nodes(CLUSTER, 1, 8) == 1  # a node's tensor-parallel group
+    assert group_nodes(CLUSTER, 1, 64) == 8  # data parallel over every device
+    assert group_nodes(CLUSTER, 8, 8) == 8  # one rank a node (stride of a node)
+    assert group_nodes(CLUSTER, 2, 32) == 8  # four members a node
+
+
+def test_within_a_node_an_allreduce_is_a_ring() -> None:
+    gbps = group_bandwidth(CLUSTER, 1, 8)
+    for nbytes in (1e3, 1e6, 1e9):
+        assert collective_s("allreduce", nbytes, 8, gbps, PERF, nodes=1) == pytest.approx(
+            _ring("allreduce", nbytes, 8, gbps))
+
+
+def test_a_small_allreduce_across_nodes_pays_the_trees_few_hops() -> None:
+    gbps = group_bandwidth(CLUSTER, 1, 64)
+    small = 64 * 1024
+    tree_hops = 2 * ((8 - 1) + math.ceil(math.log2(8)))  # a chain in each node, a tree across 8
+    tree_gbps = min(TREE_BW_FRAC * gbps, TREE_MAX_GBPS)  # NCCL's cap beyond two nodes
+    want = 2 * small / (tree_gbps * 1e9 * PERF.comm_eff) + tree_hops * PERF.coll_latency_s
+    got = collective_s("allreduce", small, 64, gbps, PERF, nodes=8)
+    assert got == pytest.approx(want)
+    assert got < 0.3 * _ring("allreduce", small, 64, gbps)  # 20 hops, not 126
+
+
+def test_a_large_allreduce_across_nodes_keeps_the_rings_bandwidth() -> None:
+    gbps = group_bandwidth(CLUSTER, 1, 64)
+    big = 2e9
+    assert collective_s("allreduce", big, 64, gbps, PERF, nodes=8) == pytest.approx(
+        _ring("allreduce", big, 64, gbps))
+
+
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
+def test_reduce_scatter_and_all_gather_stay_rings(kind: str) -> None:
+    gbps = group_bandwidth(CLUSTER, 1, 64)
+    assert collective_s(kind, 64 * 1024, 64, gbps, PERF, nodes=8) == pytest.approx(_ring(kind, 64 * 1024, 64, gbps))
+
+
+def test_a_small_model_on_many_nodes_needs_no_pipeline_for_its_gradients() -> None:
+    # bert-tiny's gradients are 18 MB: over 64 ranks a ring pays 126 hops a step, so the search
+    # used to buy fewer data-parallel ranks with tp 2 pp 2; NCCL's tree makes plain data parallelism fastest
+    best = best_config(ModelSpec.from_name("bert-tiny"), CLUSTER, global_batch=256)
+    assert (best.config.tp, best.config.pp, best.config.dp) == (1, 1, 64)
