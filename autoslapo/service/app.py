@@ -57,7 +57,7 @@ from autoslapo.service.looplag import loop_lag_histogram, loop_lag_lifespan
 from autoslapo.service.measure import Measure
 from autoslapo.service.messages import best_missing
 from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff, trace_memory_bytes
-from autoslapo.service.views import all_studies, apply_snippet, study_view, trial_view
+from autoslapo.service.views import all_studies, apply_snippet, study_family, study_view, trial_view
 from store import RANK_METRICS, TRIAL_STATUSES, JobLimitError, Store
 
 MAX_BODY_BYTES = 64 * 1024
@@ -240,8 +240,9 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             raise ApiError(400, f"status must be one of {', '.join(TRIAL_STATUSES)}: got {status[:40]!r}")
         rows = [t for t in store.trials(name) if status is None or t.status == status]
         rows.sort(key=keys[sort])
+        family = study_family(store.get_study(name))
         return {"name": name, "total": len(rows), "offset": offset,
-                "trials": [trial_view(t) for t in rows[offset:offset + limit]]}
+                "trials": [trial_view(t, family) for t in rows[offset:offset + limit]]}
 
     @app.get("/v1/studies/{name}/events")
     def events(name: str, request: Request) -> StreamingResponse:
@@ -317,7 +318,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             study = store.get_study(t.study)
             return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
                                 "model_spec": study.model,  # what apply_best builds for a model named by signature
-                                "study": t.study, "trial": t.number, "backend": study.backend, **trial_view(t),
+                                "study": t.study, "trial": t.number, "backend": study.backend,
+                                **trial_view(t, study_family(study)),
                                 "apply_best": apply_snippet(study, server)})
 
         body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only, intra_node_gbps,
@@ -364,7 +366,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             doc = _find(name, request)
         except ApiError as err:  # a page, not the API's JSON, for a browser's mistyped study
             return HTMLResponse(pages.missing_page(err.message), status_code=err.status)
-        trials = [trial_view(t) for t in store.trials(name)] if store.has_study(name) else []
+        study = store.get_study(name) if store.has_study(name) else None
+        trials = [trial_view(t, study_family(study)) for t in store.trials(name)] if study is not None else []
         return HTMLResponse(pages.study_page(doc, trials))
 
     @app.post("/login")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from autoslapo.service.views import LAUNCHED, study_view, trial_view
+from autoslapo.service.views import LAUNCHED, study_family, study_view, trial_view
 from store import Store
 
 __all__ = ["EVENTS_AUTH_S", "EVENTS_PING_S", "sse", "study_events"]
@@ -49,7 +49,7 @@ def study_events(store: Store, name: str, poll_s: float, *, server: str | None =
             if t.number not in sent and t.status in LAUNCHED:
                 sent.add(t.number)
                 quiet_since = time.monotonic()
-                yield sse("trial", trial_view(t))
+                yield sse("trial", trial_view(t, study_family(study)))
         if ended:
             yield sse("done", study_view(store, study, job, trials=trials, server=server))
             return

@@ -8,7 +8,7 @@ from typing import Any
 from autoslapo.cluster import LINKS, ClusterSpec
 from autoslapo.config import describe
 from autoslapo.errors import AutoslapoError
-from autoslapo.models.spec import ModelSpec
+from autoslapo.models.spec import ModelSpec, family_flags
 from autoslapo.service.payload import model_label
 from autoslapo.storage import baseline_study, is_baseline_study, silent_for
 from store import JobRecord, Store, StudyRecord, TrialRecord
@@ -21,9 +21,22 @@ def _time(value: Any) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def trial_view(t: TrialRecord) -> dict[str, Any]:
-    """One trial as JSON."""
-    return {"number": t.number, "status": t.status, "config": t.config, "schedule": describe(t.config),
+def study_family(study: StudyRecord | None) -> str | None:
+    """The model family of ``study`` for ``describe``: None without a study, or when its stored family
+    is not one this version knows (empty in an old row, or a family since removed): every knob shown."""
+    if study is None:
+        return None
+    try:
+        family_flags(study.model_family)
+    except KeyError:
+        return None
+    return study.model_family
+
+
+def trial_view(t: TrialRecord, family: str | None) -> dict[str, Any]:
+    """One trial as JSON; ``family``: its study's model family (``study_family``), whose knobs alone
+    its ``schedule`` line shows, as the CLI's tables (None: every knob)."""
+    return {"number": t.number, "status": t.status, "config": t.config, "schedule": describe(t.config, family),
             "samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s,
             "tflops_per_device": t.tflops_per_device, "peak_memory_bytes": t.peak_memory_bytes,
             "measured": t.measured, "reason": t.reason, "ended_at": _time(t.ended_at)}
@@ -53,9 +66,10 @@ def _is_preset_of(study: StudyRecord) -> bool:
         return False
 
 
-def baselines_view(store: Store, study: str) -> list[dict[str, Any]]:
+def baselines_view(store: Store, study: str, family: str | None) -> list[dict[str, Any]]:
     """The out-of-the-box baselines the tuner scored for ``study`` (its ``<study>.baselines`` companion),
-    each with the tuned best's speed-up over it and, with repeats, that speed-up's 95% interval."""
+    each with the tuned best's speed-up over it and, with repeats, that speed-up's 95% interval;
+    ``family``: the study's model family (``study_family``), whose knobs alone a schedule shows."""
     companion = baseline_study(study)
     if not store.has_study(companion):
         return []
@@ -68,7 +82,7 @@ def baselines_view(store: Store, study: str) -> list[dict[str, Any]]:
                     "tuned_samples_per_s": extra.get("tuned_samples_per_s"), "speedup": extra.get("speedup"),
                     "speedup_ci95": (extra.get("speedup_ci95") or {}).get(kind),
                     "config": None if "baseline" in t.config else t.config,
-                    "schedule": None if "baseline" in t.config else describe(t.config),
+                    "schedule": None if "baseline" in t.config else describe(t.config, family),
                     "measured": t.measured, "reason": t.reason})
     return out
 
@@ -93,6 +107,7 @@ def study_view(store: Store, study: StudyRecord | None, job: JobRecord | None, *
 def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecord | None, counts: dict[str, int],
                best: TrialRecord | None, *, baselines: bool, server: str | None = None) -> dict[str, Any]:
     request = job.request if job is not None else {}
+    family = study_family(study)
     doc: dict[str, Any] = {
         "name": name,
         "status": job.status if job is not None else (study.status if study is not None else "queued"),
@@ -105,7 +120,7 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
         "budget": study_budget(request.get("trials"), counts),
         "launched": launched(counts),
         "counts": counts,
-        "best": None if best is None else trial_view(best),
+        "best": None if best is None else trial_view(best, family),
         "owner": job.owner if job is not None else None,
         "error": job.error if job is not None and job.error else None,
         "created_at": _time(study.created_at if study is not None else job.created_at if job else None),
@@ -115,7 +130,7 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
         if job is None:  # tuned by `autoslapo tune`: seconds since its tuner last marked it alive, when gone
             doc["silent_s"] = silent_for(study.status, study.updated_at)
     if baselines:
-        doc["baselines"] = baselines_view(store, name) if study is not None else []
+        doc["baselines"] = baselines_view(store, name, family) if study is not None else []
         if best is not None:
             doc["best"]["speedup_ci95"] = (best.result.get("extra") or {}).get("speedup_ci95")
     if best is not None and study is not None:
