@@ -172,5 +172,6 @@ def _remote(args: argparse.Namespace) -> int:
         return 0
     kind = "measured" if doc["measured"] else "estimated"
     sys.stdout.write(f"{doc['model']} on {doc['gpus']}x {doc['gpu_type']}: {_value(args.metric, doc)} "
-                     f"({kind}, study {doc['study']} trial {doc['trial']})\n  {describe(doc['config'])}\n")
+                     f"({kind}, study {doc['study']} trial {doc['trial']})\n"
+                     f"  {doc.get('schedule') or describe(doc['config'])}\n")  # the server's, for the study's family
     return 0

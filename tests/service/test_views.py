@@ -104,3 +104,22 @@ def test_a_resnet_study_tuned_by_the_service_has_no_attention_in_its_schedules(
     schedules = [doc["best"]["schedule"]] + [t["schedule"] for t in trials]
     assert all(s.startswith("tp=") and "attn=" not in s for s in schedules), schedules
     assert all(t["config"]["attn_kernel"] for t in trials)  # the knob is stored, only not shown
+
+
+def test_best_from_a_server_prints_the_schedule_for_the_studys_family(
+        service_store: Store, tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+
+    from autoslapo.cli import main
+
+    config = _stored_study(service_store, "wrn", "wideresnet-tiny")
+    with TestClient(create_app(service_store, ServiceSettings())) as client:
+        # the CLI's own client, its requests served by the app in this process
+        monkeypatch.setattr(httpx, "request", lambda method, url, **kw: client.request(
+            method, url.removeprefix("http://svc"), **{k: v for k, v in kw.items() if k != "timeout"}))
+        monkeypatch.setenv("AUTOSLAPO_TOKEN", tokens["read"])
+        assert main(["best", "wideresnet-tiny", "--gpus", "8", "--gpu-type", "a100-80gb",
+                     "--server", "http://svc"]) == 0
+    out = capsys.readouterr().out
+    assert describe(config, "wideresnet") in out and "attn=" not in out, out
