@@ -76,26 +76,40 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def _unknown_flags(parser: argparse.ArgumentParser, command: str | None, extra: Sequence[str]) -> str:
     """``": --trial: did you mean --trials?"`` for the flags in ``extra`` the command does not take
     (``""`` when it takes them all), naming the close ones it takes."""
+    hints = [f"{redact(flag)}: did you mean {' or '.join(close[:3])}?" if close else redact(flag)
+             for _, flag, close in _misspelt(_flag_actions(parser, command), extra)]
+    return ": " + "; ".join(hints) if hints else ""
+
+
+def _flag_actions(parser: argparse.ArgumentParser, command: str | None) -> dict[str, argparse.Action]:
+    """The flags ``command`` takes (the top-level parser's without one; every command's with ``"*"``)."""
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is not None and command == "*":
+        return {k: v for p in sub.choices.values() for k, v in p._option_string_actions.items()}
     target = sub.choices.get(command) if sub is not None and command else parser
-    known = sorted(s for s in (target or parser)._option_string_actions if s.startswith("--"))
-    actions = (target or parser)._option_string_actions
-    hints = []
-    for i, word in enumerate(extra):
+    return dict((target or parser)._option_string_actions)
+
+
+def _misspelt(actions: dict[str, argparse.Action], words: Sequence[str]) -> list[tuple[int, str, list[str]]]:
+    """``(index, flag, close)`` for each flag in ``words`` not among ``actions``, with the close flags taken
+    (at most 3): ``-gpus`` (one dash) and ``--TRIALS`` (case) meant ``--gpus`` and ``--trials``."""
+    known = sorted(s for s in actions if s.startswith("--"))
+    out = []
+    for i, word in enumerate(words):
         flag = word.split("=", 1)[0]
         if flag == "--" or flag in actions or not _is_flag(flag):
             continue
         if not flag.startswith("--") and flag[:2] in actions:  # a short option with its value: -o/tmp/x
             continue
-        before = actions.get(extra[i - 1]) if i else None
+        before = actions.get(words[i - 1]) if i else None
         if before is not None and before.nargs != 0:  # the value of the option before it (--study -x): argparse says
             continue
         # "-gpus" (one dash), "--TRIALS" (case): what was meant, spelled as the command takes it
         spelled = "--" + flag.lstrip("-").lower()
         close = ([spelled] if spelled in known else [k for k in known if k.startswith(spelled)]
                  or difflib.get_close_matches(spelled, known, n=3, cutoff=0.7))
-        hints.append(f"{redact(flag)}: did you mean {' or '.join(close[:3])}?" if close else redact(flag))
-    return ": " + "; ".join(hints) if hints else ""
+        out.append((i, flag, close[:3]))
+    return out
 
 
 def _is_flag(word: str) -> bool:
@@ -110,14 +124,27 @@ def _is_flag(word: str) -> bool:
 
 
 def _flags_before_command(args: Sequence[str]) -> str:
-    """The error for flags written before the command (``autoslapo --storage URL studies``), or ""."""
+    """The error for flags written before the command (``autoslapo --storage URL studies``), or "".
+
+    The command it suggests spells each flag as the command takes it (``-gpus`` -> ``--gpus``, as
+    ``_misspelt`` corrects a flag after the command); one with several close flags keeps its spelling
+    and names them."""
     at = next((i for i, a in enumerate(args) if a in SUBCOMMANDS), None)
     head = list(args[:at] if at is not None else args)
     if not head or not _is_flag(head[0]) or head[0] in ("-h", "--help"):
         return ""
-    fix = f"autoslapo {args[at]} {' '.join(head)} ..." if at is not None else (
-        f"autoslapo COMMAND {' '.join(head)}, a COMMAND of {', '.join(SUBCOMMANDS)}")
-    return f"flags go after the command: got {redact(' '.join(head))} before it; write {redact(fix)}"
+    command = args[at] if at is not None else None
+    fixed, hints = list(head), []
+    for i, flag, close in _misspelt(_flag_actions(build_parser(only=command), command or "*"), head):
+        if len(close) == 1:
+            fixed[i] = close[0] + head[i][len(flag):]  # "-gpus=8" -> "--gpus=8"
+        else:
+            hints.append(f"; {flag}: did you mean {' or '.join(close)}?" if close else
+                         f"; {'autoslapo ' + command + ' takes no' if command else 'no command takes'} {flag}")
+    fix = f"autoslapo {command} {' '.join(fixed)} ..." if command is not None else (
+        f"autoslapo COMMAND {' '.join(fixed)}, a COMMAND of {', '.join(SUBCOMMANDS)}")
+    return f"flags go after the command: got {redact(' '.join(head))} before it; write {redact(fix)}" + \
+        redact("".join(hints))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -56,6 +56,7 @@ from autoslapo.models.spec import USER_FAMILY, ModelSpec
 from autoslapo.models.user_tp import (
     CHECK_TP,
     Call,
+    attrs_value_problem,
     capture_calls,
     resolve_path,
     split_attention_problem,
@@ -78,7 +79,7 @@ __all__ = [
     "user_spec",
 ]
 
-TRACE_VERSION = 5  # bump when the trace measures differently, so old cached traces are redone
+TRACE_VERSION = 6  # bump when the trace measures differently, so old cached traces are redone
 TRACE_MICRO_BATCH = 2
 TRACE_KEYS = ("layers", "tp_unit", "seq_len", "params", "layer_params", "fwd_flops", "layer_fwd_flops", "act_bytes",
               "layer_act_bytes", "layer_input_bytes", "ops", "layer_ops", "tensors", "layer_tensors", "attn_core",
@@ -424,6 +425,9 @@ def _measure(um: UserModel, micro_batch: int) -> dict[str, Any]:
         if name.split(".", 1)[-1] in attn_paths:
             attn_flops += sum(f for op, f in by_op.items() if all(op is not k.overloadpacket for k in linear))
     per = n * micro_batch
+    if um.family is not None and um.shard_block is None and blocks and (
+            wrong := attrs_value_problem(blocks[0], um.family, calls.get("attention"), um.module)):
+        raise UsageError(wrong)  # a named integer that is no head count: divided, the ranks fail or run wrong
     split = ""  # whether tensor parallelism can split the attention and the MLP as the family describes them
     if um.family is not None and um.shard_block is None and blocks and tp_unit % CHECK_TP == 0:
         split = (split_attention_problem(blocks[0].get_submodule(um.family.attention), um.family,

@@ -80,6 +80,68 @@ def head_width_problem(attrs: tuple[str, ...], attn: object, module: str) -> str
             f"fewer of them); {fix}, or leave it out")
 
 
+def head_widths(attn: nn.Module, call: Call, widths: set[int]) -> set[int]:
+    """The widths of the heads ``attn``'s forward, called with ``call`` on the meta device, cuts its
+    projections' outputs into: the last size of each view of a tensor whose last size is in ``widths``
+    as ``[..., heads, width]`` (or ``[..., 3, heads, width]``, a fused q/k/v); empty when none is seen."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found: set[int] = set()
+    views = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
+
+    class Views(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            x = args[0] if args else None
+            if (func in views and isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor) and x.dim()
+                    and int(x.shape[-1]) in widths):
+                k = next((k for k in (2, 3) if out.dim() > k and math.prod(out.shape[-k:]) == x.shape[-1]), 0)
+                if k and min(out.shape[-2:]) > 1:
+                    found.add(int(out.shape[-1]))
+            return out
+    try:
+        with torch.no_grad(), Views():
+            attn(*call[0], **call[1])
+    except Exception:  # the trace ran it: a failure here is the split checks' to name
+        return set()
+    return found
+
+
+def attrs_value_problem(block: nn.Module, desc: FamilyDescription, call: Call | None, module: str) -> str:
+    """Why an integer ``desc.attention_attrs`` names cannot be what tp divides, as a one-line rule with its
+    fix; "". Each must be a head count (times the head width, a q/k/v projection's output width: heads or
+    key/value heads) or such a width itself (BERT's ``all_head_size``), else dividing it by tp fails inside
+    the ranks or runs wrong numbers (the number of layers, the model's width where the heads' is not).
+    The head width is the one the forward cuts the projections into (else a ``head_dim`` attribute)."""
+    attrs = tuple(desc.attention_attrs)
+    if not attrs or call is None:
+        return ""
+    attn = block.get_submodule(desc.attention)
+    outs = [int(getattr(block.get_submodule(p), "out_features", 0)) for p in desc.qkv]  # Linears (tp_unit)
+    widths = {w for o in outs for w in (o, o // desc.qkv_chunks) if w > 0}
+    ints = {k: v for k, v in vars(attn).items() if isinstance(v, int) and not isinstance(v, bool)}
+    heads = head_widths(attn, call, widths) or {v for k, v in ints.items() if HEAD_WIDTH.fullmatch(k) and v > 0}
+    counts = {w // d for w in widths for d in heads if w % d == 0}
+    for attr in attrs:
+        v = ints.get(attr)
+        if v is None:  # not an integer: tp_unit says so
+            continue
+        if v in widths or (v in counts if heads else v > 0 and any(w % v == 0 for w in widths)):
+            continue
+        per = f"the head width, {'/'.join(map(str, sorted(heads)))}," if heads else "a head's width"
+        rule = (f"family.attention_attrs names what tensor parallelism divides by tp, head counts (a count times "
+                f"{per} is a q/k/v projection's output width, {'/'.join(map(str, sorted(widths)))}) or such a width")
+        expect = (f"a head count ({', '.join(map(str, sorted(counts)))}) or a width "
+                  f"({', '.join(map(str, sorted(widths)))})" if heads else
+                  f"a divisor of {'/'.join(map(str, sorted(widths)))}")
+        better = [f"{k!r} ({ints[k]} in it)" for k in sorted(ints, key=lambda k: ("head" not in k.lower(), k))
+                  if k not in attrs and (ints[k] in counts or ints[k] in widths)][:3]
+        fix = f"name {' or '.join(better)} instead, or leave {attr!r} out" if better else f"leave {attr!r} out"
+        return f"{rule}: {attr!r} is {v} in {module}.py's {desc.attention!r}, expected {expect}; {fix}"
+    return ""
+
+
 def tp_unit(blocks: list[nn.Module], desc: FamilyDescription, module: str) -> int:
     """The largest tensor-parallel degree every size the schedule shards divides, after checking the
     paths ``desc`` names inside each block. Raises UsageError naming a path that breaks a rule."""

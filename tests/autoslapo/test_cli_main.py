@@ -94,3 +94,27 @@ def test_flags_are_named_in_any_spelling_and_a_negative_value_is_no_flag(capsys:
     with pytest.raises(SystemExit) as e:  # argparse's own error (exit 2)
         main(["tune", "bert-tiny", "--gpus", "2", "--study", "-x"])
     assert e.value.code == 2 and "argument --study: expected one argument" in capsys.readouterr().err
+
+
+def test_a_flag_before_the_command_is_suggested_spelled_as_the_command_takes_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``autoslapo -gpus 8 tune bert-tiny`` suggested ``autoslapo tune -gpus 8 ...``: refused again."""
+    assert main(["-gpus", "8", "tune", "bert-tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "got -gpus 8 before it; write autoslapo tune --gpus 8 ... (see" in err and err.count("\n") == 1, err
+    assert main(["--Storage", "sqlite:////tmp/x.db", "-JSON", "studies"]) == 2
+    assert "write autoslapo studies --storage sqlite:////tmp/x.db --json ..." in capsys.readouterr().err
+    assert main(["-TRIALS=3", "tune", "bert-tiny"]) == 2  # the value it was written with stays
+    assert "write autoslapo tune --trials=3 ..." in capsys.readouterr().err
+    assert main(["-gpus", "8"]) == 2  # no command: the flag as some command takes it
+    assert "write autoslapo COMMAND --gpus 8, a COMMAND of run, " in capsys.readouterr().err
+    # several close flags: left as written, and named; none: said so
+    assert main(["--gpu", "8", "tune", "bert-tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "write autoslapo tune --gpu 8 ...; --gpu: did you mean --gpu-type or --gpus or --gpus-per-node?" in err
+    assert main(["--frob", "8", "studies"]) == 2
+    assert "write autoslapo studies --frob 8 ...; autoslapo studies takes no --frob (see" in capsys.readouterr().err
+    # the suggestion runs as written (up to the flags it takes)
+    assert main(["-json", "--storage", "sqlite:////nonexistent-dir/x.db", "studies"]) == 2
+    fixed = capsys.readouterr().err.split("write ", 1)[1].split(" ...")[0].split()[1:]
+    assert fixed == ["studies", "--json", "--storage", "sqlite:////nonexistent-dir/x.db"]

@@ -87,6 +87,63 @@ def test_a_gate_left_out_of_mlp_in_is_named(tmp_path: Path) -> None:
     assert "set mlp_in=('mlp.fc1', 'mlp.gate'), mlp_out='mlp.fc2'" in problem, problem
 
 
+HEADS_ONLY = '    attention_attrs=("num_heads",),'
+HEAD_DIM = "        self.head_dim = hidden // heads\n"
+# local attention: a window the mask reads, named among the head counts (divided, it runs with another mask)
+WINDOW = [(HEAD_DIM, HEAD_DIM + "        self.window = 8\n"),
+          ('        mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)  # causal, additive\n',
+           "        i = torch.arange(s, device=x.device)\n"
+           "        far = (i[None, :] > i[:, None]) | (i[:, None] - i[None, :] >= self.window)\n"
+           '        mask = torch.zeros(s, s, device=x.device).masked_fill(far, float("-inf"))\n'),
+          (HEADS_ONLY, '    attention_attrs=("num_heads", "window"),')]
+# grouped-query attention: 4 heads, 2 key/value heads of width 16
+GQA = [("        self.k = nn.Linear(hidden, hidden)\n        self.v = nn.Linear(hidden, hidden)\n",
+        "        self.num_kv_heads = heads // 2\n"
+        "        self.k = nn.Linear(hidden, hidden // 2)\n        self.v = nn.Linear(hidden, hidden // 2)\n"),
+       ("        q, k, v = (p(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2) for p in (self.q, self.k, "
+        "self.v))\n",
+        "        q = self.q(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)\n"
+        "        k, v = (p(x).view(b, s, self.num_kv_heads, -1).transpose(1, 2).repeat_interleave(\n"
+        "            self.num_heads // self.num_kv_heads, 1) for p in (self.k, self.v))\n")]
+
+
+def test_an_integer_named_in_attention_attrs_that_is_no_head_count_is_refused_with_the_fix(
+        tmp_path: Path, cache: Path) -> None:
+    """A window size listed with the head counts passed the split check (halved, the mask is another, the
+    shapes the same) and `verify --tp 2` failed in the ranks: "output differs from the reference"."""
+    path = write_model_file(tmp_path, _example(WINDOW), "window.py")
+    with pytest.raises(UsageError) as e:
+        user_spec(path)
+    assert str(e.value) == (
+        "family.attention_attrs names what tensor parallelism divides by tp, head counts (a count times the head "
+        "width, 16, is a q/k/v projection's output width, 64) or such a width: 'window' is 8 in window.py's 'attn', "
+        "expected a head count (4) or a width (64); leave 'window' out")
+    proc = _cli(cache, "verify", str(path), "--tp", "2")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "'window' is 8 in window.py's 'attn'" in proc.stderr and not proc.stdout
+    # the number of layers (even: every size still divided tp 2), the MLP's width, a count of nothing
+    for attr, value, fix in (("n_layers", 6, "leave 'n_layers' out"), ("ffn", 256, "leave 'ffn' out"),
+                             ("groups", 2, "name 'num_heads' (4 in it) instead, or leave 'groups' out")):
+        attrs = f'    attention_attrs=("{attr}",),' if attr == "groups" else f'    attention_attrs=("num_heads", "{attr}"),'
+        text = _example([(HEAD_DIM, HEAD_DIM + f"        self.{attr} = {value}\n"), (HEADS_ONLY, attrs)])
+        with pytest.raises(UsageError) as e:
+            user_spec(write_model_file(tmp_path, text, f"{attr}.py"))
+        assert f"{attr!r} is {value} in {attr}.py's 'attn', expected a head count (4) or a width (64); {fix}" in \
+            str(e.value) and "\n" not in str(e.value), e.value
+    # the heads' total width the forward reshapes by is divided rightly (BERT's all_head_size), as are key/value heads
+    width = _example([(HEAD_DIM, HEAD_DIM + "        self.width = hidden\n"),
+                      ("reshape(b, s, self.num_heads * self.head_dim)", "reshape(b, s, self.width)"),
+                      (HEADS_ONLY, '    attention_attrs=("num_heads", "width"),')])
+    assert user_spec(write_model_file(tmp_path, width, "width.py")).extra["tp_problem"] == ""
+    gqa = _example([*GQA, (HEADS_ONLY, '    attention_attrs=("num_heads", "num_kv_heads"),')])
+    assert user_spec(write_model_file(tmp_path, gqa, "gqa.py")).extra["tp_problem"] == ""
+    gqa = _example([*GQA, (HEAD_DIM, HEAD_DIM + "        self.n_layers = 6\n"),
+                    (HEADS_ONLY, '    attention_attrs=("num_heads", "num_kv_heads", "n_layers"),')])
+    with pytest.raises(UsageError, match=r"'n_layers' is 6 in gqa_layers.py's 'attn', expected a head count "
+                                         r"\(2, 4\) or a width \(32, 64\); leave 'n_layers' out"):
+        user_spec(write_model_file(tmp_path, gqa, "gqa_layers.py"))
+
+
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [

@@ -233,6 +233,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-capital-flag", [*T[:-3], "--no-baselines", "--gpus", "4", "--TRIALS", "3", *S], "--TRIALS: did you mean --trials?"),
     # a flag before the command: its value ("{url}") was read as the command
     ("flag-before-command", [*S, "studies"], "flags go after the command: got --storage"),
+    # ... and the command it suggested kept the flag misspelt ("write autoslapo tune -gpus 4 ...")
+    ("misspelt-flag-before-command", ["-gpus", "4", "tune", "bert-tiny", "--backend", "sim", *S],
+     "got -gpus 4 before it; write autoslapo tune --gpus 4 ..."),
     ("tune-timeout-nan", [*T, "--gpus", "4", "--timeout", "nan", *S], "--timeout must be positive, finite seconds: got nan"),
     ("tune-server-steps", ["tune", "bert-tiny", "--gpus", "4", "--trials", "3", "--steps", "3", "--server",
                            "http://127.0.0.1:9"], "--server submits a plain study: --steps cannot be sent"),
