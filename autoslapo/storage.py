@@ -17,9 +17,9 @@ from autoslapo.errors import UsageError
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
     from autoslapo.models.spec import ModelSpec
-    from store import Store, StudyRecord
+    from store import Store, StudyRecord, TrialRecord
 
-__all__ = ["BASELINES_SUFFIX", "HEARTBEAT_S", "SILENT_AFTER_S", "StudyCluster", "baseline_study",
+__all__ = ["BASELINES_SUFFIX", "HEARTBEAT_S", "SILENT_AFTER_S", "StudyCluster", "baseline_rows", "baseline_study",
            "check_study_name", "is_baseline_study", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster", "study_label"]
 
 #: The tuner scores a study's baselines in a companion study, ``<study>.baselines``: a name of its own.
@@ -29,6 +29,22 @@ BASELINES_SUFFIX = ".baselines"
 def baseline_study(study: str) -> str:
     """The companion study the tuner stores ``study``'s baselines in."""
     return f"{study}{BASELINES_SUFFIX}"
+
+
+def baseline_rows(store: Store, study: str) -> list[tuple[str, TrialRecord]]:
+    """``(baseline kind, its row)`` for each baseline the tuner scored for ``study``, in the rows'
+    order; empty when none were. A row both baselines picked (one configuration, which a study holds
+    once) names them both in ``extra["baselines"]`` and is listed once for each; a row without a
+    name is ``baseline <number>``."""
+    companion = baseline_study(study)
+    if not store.has_study(companion):
+        return []
+    out: list[tuple[str, TrialRecord]] = []
+    for t in store.trials(companion):
+        extra = t.result.get("extra") or {}
+        kinds = extra.get("baselines") or [extra.get("baseline") or f"baseline {t.number}"]
+        out.extend((str(kind), t) for kind in kinds)
+    return out
 
 
 def is_baseline_study(study: StudyRecord) -> bool:

@@ -3,7 +3,8 @@
 For each (model, cluster) setup a study runs with the ``sim`` backend (the cost model estimates
 each trial; no devices needed), and the tuner scores its two baselines on the same model and
 cluster: DeepSpeed out of the box (pure DP, ZeRO, largest micro-batch that fits) and a
-Megatron-LM-style layout (TP 8, fewest pipeline stages, full recompute). The speed-up is the tuned
+Megatron-LM-style layout (the smallest TP x PP that fits, TP first up to a node, recomputation only
+where nothing fits without it: Narayanan et al. 2021, section 3). The speed-up is the tuned
 best over each baseline. All figures are estimates; `experiments/gpu_check.py` measures on a GPU.
 
     python experiments/tuned_vs_baselines.py [--trials 100] [--quick] [--storage URL] [--out DIR]

@@ -3,10 +3,13 @@
 * ``deepspeed``: out-of-the-box DeepSpeed. Pure data parallelism; for each ZeRO stage 0-3 the
   largest micro-batch that fits; no activation checkpointing unless nothing fits without it. Like
   DeepSpeed's autotuner, the stages are then compared and the fastest kept.
-* ``megatron``: Megatron-LM style. TP 8 within a node (or the largest that divides the heads),
-  the fewest pipeline stages at which something fits, full recomputation, sequence parallelism
-  with TP, FlashAttention where the device has it; the micro-batch (and, with a pipeline, the
-  schedule) a Megatron user would settle on: the fastest of those that fit.
+* ``megatron``: Megatron-LM style, as its authors advise (Narayanan et al. 2021, "Efficient
+  Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", section 3): the smallest
+  model-parallel layout at which something fits (takeaway #2), tensor parallelism first up to a node
+  (takeaway #1), then pipeline stages; no recomputation unless nothing fits without it there
+  (section 3.5); ZeRO 0, sequence parallelism with TP, FlashAttention where the device has it; the
+  micro-batch (and, with a pipeline, the schedule) a Megatron user would settle on (takeaway #3):
+  the fastest of those that fit. See ``megatron_candidates``.
 
 "Fits" is the cost model's prediction, as it is for the autotuners those baselines stand for.
 Candidates are ranked by the cost model; the best ``CANDIDATES`` of each are scored by the
@@ -93,27 +96,74 @@ def deepspeed_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
     return []
 
 
-def megatron_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
-    """Megatron-style candidates (micro-batch x pipeline schedule), best predicted first; empty if none fits."""
+def megatron_layouts(ctx: BaselineContext) -> list[tuple[int, int]]:
+    """The (tp, pp) layouts the Megatron-style baseline tries, in order: tp ascending over 1, 2, 4, 8
+    (those that can shard the model and stay within a node) at pp 1, then, at the largest such tp, pp
+    ascending. So t x p, the model-parallel size, only grows, and pp only once tp cannot."""
     b = ctx.bound
-    tps = [t for t in layout.tp_degrees(b.model, b.cluster) if t in (1, 2, 4, 8)]
-    for tp in tps[-1:]:  # TP 8 within a node, or the largest that divides the heads
-        for pp in range(1, b.model.layers + 1):
-            found = []
-            for schedule in (("1f1b", "gpipe") if pp > 1 else ("1f1b",)):
-                for mb in _micro_batches(ctx):
-                    # sequence parallelism and flash attention where the model takes them (not ALBERT's
-                    # SP, not T5's: its cross-attention reads the whole encoder output; no flash for T5)
-                    sps = (True, False) if tp > 1 and b.model.sequence_parallel_ok else (False,)
-                    attns = ("flash", "sdpa") if b.cluster.device.flash_attention and layout.user_knob_ok(
-                        "attn_kernel", "flash", b.model) else ("sdpa",)
-                    c = next((c for sp, attn in itertools.product(sps, attns) if (c := _valid(
-                        ctx, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=1.0, zero_stage=0, sequence_parallel=sp,
-                        attn_kernel=attn, norm_kernel="fused",  # Megatron's fused RMSNorm (Apex / TE)
-                        pipeline_schedule=schedule)) is not None), None)
-                    if c is not None and ctx.predict(c).fits:
-                        found.append(c)
-            if found:  # the fewest pipeline stages at which something fits
+    node = b.cluster.devices_per_node
+    tps = [t for t in layout.tp_degrees(b.model, b.cluster) if t in (1, 2, 4, 8) and t <= node]
+    if not tps:
+        return []
+    top = tps[-1]
+    pps = [p for p in range(2, layout.max_chunks(b.model) + 1) if b.cluster.gpus % (top * p) == 0]
+    return [(t, 1) for t in tps] + [(top, p) for p in pps]
+
+
+def _megatron_fitting(ctx: BaselineContext, tp: int, pp: int, ckpt_ratio: float) -> list[ScheduleConfig]:
+    """Every Megatron-style configuration at (tp, pp) with ``ckpt_ratio`` that is predicted to fit:
+    one per micro-batch and pipeline schedule (1F1B and GPipe with stages), each with sequence
+    parallelism and flash attention where the model takes them (the first of those that is valid)."""
+    b = ctx.bound
+    # sequence parallelism and flash attention where the model takes them (not ALBERT's SP, not T5's:
+    # its cross-attention reads the whole encoder output; no flash for T5)
+    sps = (True, False) if tp > 1 and b.model.sequence_parallel_ok else (False,)
+    attns = ("flash", "sdpa") if b.cluster.device.flash_attention and layout.user_knob_ok(
+        "attn_kernel", "flash", b.model) else ("sdpa",)
+    found = []
+    for schedule in (("1f1b", "gpipe") if pp > 1 else ("1f1b",)):
+        for mb in _micro_batches(ctx):
+            # Megatron fuses bias + GeLU by default (``--bias-gelu-fusion``; off only with
+            # ``--no-bias-gelu-fusion``), where the MLP has them
+            c = next((c for sp, attn, fuse in itertools.product(sps, attns, (True, False)) if (c := _valid(
+                ctx, tp=tp, pp=pp, micro_batch=mb, ckpt_ratio=ckpt_ratio, zero_stage=0, sequence_parallel=sp,
+                attn_kernel=attn, norm_kernel="fused",  # Megatron's fused RMSNorm (Apex / TE)
+                fuse_bias_gelu=fuse, pipeline_schedule=schedule)) is not None), None)
+            if c is not None and ctx.predict(c).fits:
+                found.append(c)
+    return found
+
+
+def megatron_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
+    """Megatron-style candidates (micro-batch x pipeline schedule), best predicted first; empty if none fits.
+
+    The rule is Megatron-LM's own advice (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+    Training on GPU Clusters Using Megatron-LM", SC'21, section 3):
+
+    * takeaway #1: tensor model parallelism up to degree g on g-GPU servers, then pipeline model
+      parallelism across servers: the layouts ``megatron_layouts`` lists, tp 1, 2, 4, 8 (at most a
+      node, dividing the heads) at pp 1, then the largest of them with pp 2, 3, 4, ...;
+    * takeaway #2: the total model-parallel size M = t x p just large enough that the model's
+      parameters and intermediate metadata fit in GPU memory, data parallelism scaling out: the
+      first layout at which any configuration is predicted to fit wins, with dp = gpus / M;
+    * section 3.5: activation recomputation (Megatron's ``--checkpoint-activations``, now
+      ``--recompute-granularity full``) is optional, trading extra compute for memory: at that layout,
+      every configuration without it (``ckpt_ratio`` 0) that fits is a candidate; only when none fits
+      there are the candidates those with every layer recomputed (``ckpt_ratio`` 1.0). A layout where
+      nothing fits either way is passed over for the next one, so recomputation never stands in for a
+      smaller model-parallel size, nor a larger one for recomputation;
+    * takeaway #3: the micro-batch depends on the model, p, d and the batch: every one that fits
+      (and, with stages, 1F1B or GPipe), ranked by predicted throughput (``_ranked``).
+
+    As Megatron runs: ZeRO 0, its fused norm and bias + GeLU, sequence parallelism with TP where the model takes it,
+    flash attention where the device and model have it (else sdpa). Cost: at most 13 micro-batches x
+    2 schedules x 2 recomputation settings predictions a layout, over at most 4 + (divisors of the
+    GPUs) layouts, and the search stops at the first that fits (a model that fits one GPU: 13).
+    """
+    for tp, pp in megatron_layouts(ctx):
+        for ratio in (0.0, 1.0):  # recompute only where nothing fits without it
+            found = _megatron_fitting(ctx, tp, pp, ratio)
+            if found:
                 return _ranked(ctx, found)
     return []
 
@@ -130,7 +180,7 @@ def megatron_config(ctx: BaselineContext) -> ScheduleConfig | None:
     return found[0] if found else None
 
 
-_PER_RUN_KEYS = ("baseline", "tuned_samples_per_s", "speedup", "speedup_ci95")  # written with each pick
+_PER_RUN_KEYS = ("baseline", "baselines", "tuned_samples_per_s", "speedup", "speedup_ci95")  # written with each pick
 
 
 Span = tuple[datetime, datetime]  # when a baseline was measured: its row's start and end
@@ -152,7 +202,8 @@ def stored_picks(store: Store, study: str) -> dict[str, tuple[ScheduleConfig | N
             continue
         config = ScheduleConfig.from_dict(t.config) if "tp" in t.config else None
         result = TrialResult.from_dict({**t.result, "extra": {k: v for k, v in extra.items() if k not in _PER_RUN_KEYS}})
-        out[str(kind)] = (config, result, extra, (t.started_at, t.ended_at) if t.started_at and t.ended_at else None)
+        for k in extra.get("baselines") or [kind]:  # a row both baselines picked names them both
+            out[str(k)] = (config, result, extra, (t.started_at, t.ended_at) if t.started_at and t.ended_at else None)
     return out
 
 
@@ -247,13 +298,22 @@ def _store_companion(runner: StudyRunner, rows: list[tuple[int, dict[str, Any], 
                        space_version="1", objective="samples_per_s", backend=o.backend,
                        model_signature=o.model.signature(), cluster_fingerprint=o.cluster.fingerprint(),
                        exist_ok=o.join)
-    # Two identical baseline configs (tiny clusters) would share a hash: store distinct ones only.
-    seen: set[str] = set()
+    # Both baselines may pick one configuration (a model that fits one device, without flash attention:
+    # data parallelism, ZeRO 0, no recomputation), which a study holds once: its row names every kind
+    # that picked it (``extra["baselines"]``, read back by ``stored_picks``) and each one's interval.
+    seen: dict[str, dict[str, Any]] = {}
     uniq = []
-    for row, span in zip(rows, spans, strict=True):
-        key = str(sorted(row[1].items()))
-        if key not in seen:
-            seen.add(key)
-            uniq.append((row, span))
+    for (i, cfg, res), span in zip(rows, spans, strict=True):
+        key = str(sorted(cfg.items()))
+        extra = res.get("extra") or {}
+        if key in seen:
+            kept = seen[key]
+            kept["baselines"] = [*kept.get("baselines", [kept["baseline"]]), extra.get("baseline")]
+            if ci := {**(kept.get("speedup_ci95") or {}), **(extra.get("speedup_ci95") or {})}:
+                kept["speedup_ci95"] = ci
+            continue
+        res = {**res, "extra": dict(extra)}
+        seen[key] = res["extra"]
+        uniq.append(((i, cfg, res), span))
     store.add_new_trials(name, [(cfg, res) for (_, cfg, res), _ in uniq], times=[span for _, span in uniq])  # skips stored ones
     store.set_study_status(name, "complete")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
 from autoslapo.report.plots import KNOB_PREFIX, Baseline, GiB
-from autoslapo.storage import baseline_study, study_label
+from autoslapo.storage import baseline_rows, study_label
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -203,16 +203,20 @@ def write_report(store: Store, study: str, out_dir: str | Path, *,
 # How the tuner names its baselines (tuner/baselines.py) -> how the report labels them.
 BASELINE_LABELS = {
     "deepspeed": "DeepSpeed out of the box (ZeRO, pure DP)",
-    "megatron": "Megatron-LM style (TP {tp}, full recompute)",  # TP 8 in a node, or the largest that fits
+    # the smallest model-parallel layout that fits, recomputing only where it must (Narayanan et al. 2021)
+    "megatron": "Megatron-LM style (TP {tp}, PP {pp}, {recompute})",
 }
 
 
 def baseline_label(kind: str, config: dict[str, Any] | None) -> str:
-    """How the report names a baseline, with the TP degree it ran (8 on 8-GPU nodes, fewer on a small cluster)."""
+    """How the report names a baseline, with the layout it ran (Megatron-style: TP, PP, recomputation)."""
     label = BASELINE_LABELS.get(kind, kind)
     if "{tp}" in label and not (config or {}).get("tp"):  # none of its configurations fitted
         return label.split(" (")[0] + " (none fits)"
-    return label.format(tp=config["tp"]) if "{tp}" in label and config else label
+    if "{tp}" not in label or not config:
+        return label
+    recompute = "full recompute" if float(config.get("ckpt_ratio") or 0) >= 1 else "no recompute"
+    return label.format(tp=config["tp"], pp=config.get("pp", 1), recompute=recompute)
 
 
 def load_baselines(store: Store, study: str) -> list[Baseline]:
@@ -221,13 +225,9 @@ def load_baselines(store: Store, study: str) -> list[Baseline]:
     They live in the companion study ``<study>.baselines``, one trial each, named by the
     ``baseline`` key of the stored result's ``extra``.
     """
-    companion = baseline_study(study)
-    if not store.has_study(companion):
-        return []
     out = []
-    for trial in store.trials(companion):
+    for name, trial in baseline_rows(store, study):
         extra = trial.result.get("extra") or {}
-        name = str(extra.get("baseline") or f"baseline {trial.number}")
         out.append(Baseline(
             name=baseline_label(name, None if "baseline" in trial.config else dict(trial.config)),
             status=trial.status,

@@ -10,7 +10,7 @@ from autoslapo.config import describe
 from autoslapo.errors import AutoslapoError
 from autoslapo.models.spec import ModelSpec, family_flags
 from autoslapo.service.payload import model_label
-from autoslapo.storage import baseline_study, is_baseline_study, silent_for
+from autoslapo.storage import baseline_rows, is_baseline_study, silent_for
 from store import JobRecord, Store, StudyRecord, TrialRecord
 
 LAUNCHED = ("complete", "oom", "failed", "timeout")  # trials that ran and ended (a chart's points)
@@ -70,13 +70,9 @@ def baselines_view(store: Store, study: str, family: str | None) -> list[dict[st
     """The out-of-the-box baselines the tuner scored for ``study`` (its ``<study>.baselines`` companion),
     each with the tuned best's speed-up over it and, with repeats, that speed-up's 95% interval;
     ``family``: the study's model family (``study_family``), whose knobs alone a schedule shows."""
-    companion = baseline_study(study)
-    if not store.has_study(companion):
-        return []
     out = []
-    for t in store.trials(companion):
+    for kind, t in baseline_rows(store, study):
         extra = t.result.get("extra") or {}
-        kind = str(extra.get("baseline") or f"baseline {t.number}")
         out.append({"baseline": kind, "status": t.status,
                     "samples_per_s": t.samples_per_s if t.status == "complete" else None,
                     "tuned_samples_per_s": extra.get("tuned_samples_per_s"), "speedup": extra.get("speedup"),

@@ -153,8 +153,11 @@ def test_a_baseline_with_repeats_shows_its_speedup_interval() -> None:
     assert rows[2]["tuned speed-up"] == "1.19x"
 
 
-def test_a_baseline_is_named_with_the_tp_degree_it_ran() -> None:
-    assert baseline_label("megatron", {"tp": 2, "pp": 1}) == "Megatron-LM style (TP 2, full recompute)"
+def test_a_baseline_is_named_with_the_layout_it_ran() -> None:
+    assert baseline_label("megatron", {"tp": 2, "pp": 1, "ckpt_ratio": 1.0}) == (
+        "Megatron-LM style (TP 2, PP 1, full recompute)")
+    assert baseline_label("megatron", {"tp": 1, "pp": 1, "ckpt_ratio": 0.0}) == (
+        "Megatron-LM style (TP 1, PP 1, no recompute)")  # it said "full recompute" whatever it ran
     assert baseline_label("megatron", None) == "Megatron-LM style (none fits)"  # it said TP 8 on 2 ranks
     assert baseline_label("deepspeed", {"tp": 1}) == "DeepSpeed out of the box (ZeRO, pure DP)"
     assert baseline_label("other", None) == "other"

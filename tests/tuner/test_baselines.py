@@ -1,0 +1,170 @@
+"""The Megatron-style baseline follows Megatron-LM's own advice (Narayanan et al. 2021, section 3):
+the smallest model-parallel layout that fits, tensor parallelism first up to a node, then pipeline
+stages; recomputation only where nothing fits without it. Before, it always took TP 8 (or the largest
+TP the heads allow) and full recomputation, even for a model that fits one GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import autoslapo.layout as layout
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.errors import ConfigError
+from autoslapo.models.spec import ModelSpec
+from store import Store, open_store
+from tuner import StudyRunner, TuneOptions
+from tuner.baselines import BaselineContext, megatron_candidates, megatron_config
+from tuner.proposer import Prediction
+
+
+@pytest.fixture
+def mem_store() -> Iterator[Store]:
+    s = open_store("sqlite://")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _runner(store: Store, name: str, gpus: int, gpu_type: str, model: ModelSpec | None = None,
+            **cluster: int) -> StudyRunner:
+    return StudyRunner(TuneOptions(model=model or ModelSpec.from_name(name),
+                                   cluster=ClusterSpec(gpus=gpus, gpu_type=gpu_type, **cluster),
+                                   trials=1, prior_seeds=0, warm_start=False), store)
+
+
+def _counting(ctx: BaselineContext) -> tuple[BaselineContext, Callable[[], int]]:
+    """``ctx`` whose predictions are counted (distinct configurations, as the proposer caches them)."""
+    seen: set[ScheduleConfig] = set()
+
+    def predict(c: ScheduleConfig) -> Prediction:
+        seen.add(c)
+        return ctx.predict(c)
+    return BaselineContext(ctx.bound, predict, ctx.evaluate, ctx.measured), lambda: len(seen)
+
+
+def _fits(r: StudyRunner, mg: ScheduleConfig, *, tp: int | None = None, pp: int | None = None, micro_batch: int = 1,
+          ckpt_ratio: float | None = None, sequence_parallel: bool | None = None,
+          pipeline_schedule: str | None = None) -> bool:
+    """Whether ``mg`` with these knobs changed (dp and accumulation following) is valid and predicted to fit."""
+    tp, pp = tp or mg.tp, pp or mg.pp
+    try:
+        dp = layout.data_parallel(r.options.cluster.gpus, tp, pp)
+        c = mg.with_(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
+                     grad_accum=layout.grad_accum_for(r.bound.global_batch, micro_batch, dp),
+                     ckpt_ratio=mg.ckpt_ratio if ckpt_ratio is None else ckpt_ratio,
+                     sequence_parallel=mg.sequence_parallel if sequence_parallel is None else sequence_parallel,
+                     pipeline_schedule=pipeline_schedule or mg.pipeline_schedule)
+        c = c.validate(r.options.model, r.options.cluster)
+    except ConfigError:
+        return False
+    return r.proposer.predict(c).fits
+
+
+@pytest.mark.parametrize("name", ["bert-base", "bert-large"])
+def test_megatron_baseline_of_a_model_that_fits_one_gpu_is_data_parallel_without_recomputation(
+        mem_store: Store, name: str) -> None:
+    """A model that fits one A100 needs no model parallelism (takeaway #2) and no recomputation (3.5):
+    before, TP 8 (TP 4 for bert-base's 12 heads) with every layer recomputed, a strawman."""
+    r = _runner(mem_store, name, 8, "a100-80gb")
+    ctx, predictions = _counting(r.baseline_context())
+    cands = megatron_candidates(ctx)
+    assert cands and all((c.tp, c.pp, c.dp, c.ckpt_ratio) == (1, 1, 8, 0.0) for c in cands)
+    mg = cands[0]
+    # otherwise as Megatron runs: ZeRO 0, flash attention, its fused norm; the fastest micro-batch that fits
+    assert mg.zero_stage == 0 and mg.attn_kernel == "flash" and not mg.sequence_parallel
+    assert mg.fuse_bias_gelu  # Megatron's --bias-gelu-fusion, on by default
+    assert r.proposer.predict(mg).fits
+    assert all(r.proposer.predict(mg).samples_per_s >= r.proposer.predict(c).samples_per_s for c in cands)
+    assert predictions() <= 13  # one layout, no recomputation: a prediction a micro-batch at most
+
+
+@pytest.mark.parametrize(("name", "gpus", "gpu_type", "tp"), [
+    ("llama-7b", 64, "a100-80gb", 2), ("llama-13b", 8, "a100-80gb", 4), ("opt-13b", 64, "h100-80gb", 4),
+    ("t5-3b", 8, "v100-16gb", 4)])
+def test_megatron_baseline_takes_the_smallest_tensor_parallel_degree_that_fits(
+        mem_store: Store, name: str, gpus: int, gpu_type: str, tp: int) -> None:
+    """Models too big for one GPU get just enough TP (takeaway #2), not always TP 8; smaller TP does
+    not fit, even with every layer recomputed, at any micro-batch."""
+    r = _runner(mem_store, name, gpus, gpu_type)
+    mg = megatron_config(r.baseline_context())
+    assert mg is not None and (mg.tp, mg.pp, mg.ckpt_ratio) == (tp, 1, 0.0)
+    assert mg.dp == gpus // tp and r.proposer.predict(mg).fits
+    assert _fits(r, mg, micro_batch=mg.micro_batch)  # the helper below sees what fits
+    for smaller in (t for t in (1, 2, 4) if t < tp):
+        assert not any(_fits(r, mg, tp=smaller, micro_batch=1, ckpt_ratio=ratio, sequence_parallel=sp)
+                       for ratio in (0.0, 1.0) for sp in ((False, True) if smaller > 1 else (False,)))
+
+
+def test_megatron_baseline_does_not_recompute_where_it_fits_without(mem_store: Store) -> None:
+    """LLaMA-13B on 40 GB A100s needs TP 8; at TP 8 it fits without recomputation (micro-batch 2),
+    which Megatron's advice prefers over recomputing to fit a larger micro-batch (before: full)."""
+    r = _runner(mem_store, "llama-13b", 16, "a100-40gb")
+    cands = megatron_candidates(r.baseline_context())
+    assert cands and all((c.tp, c.pp, c.ckpt_ratio) == (8, 1, 0.0) and c.sequence_parallel for c in cands)
+    assert not _fits(r, cands[0], tp=4, micro_batch=1, ckpt_ratio=1.0)
+
+
+@pytest.mark.parametrize(("name", "gpus", "gpu_type", "tp", "pp"), [
+    ("llama-13b", 16, "v100-16gb", 8, 2),  # TP 8 fills the node, then two stages, and still must recompute
+    ("gpt2-xl", 8, "v100-16gb", 1, 2),  # 25 heads: no TP in (2, 4, 8) divides them, so stages at TP 1
+    ("llama-70b", 64, "a100-40gb", 8, 4)])
+def test_megatron_baseline_recomputes_only_where_nothing_fits_without_it(
+        mem_store: Store, name: str, gpus: int, gpu_type: str, tp: int, pp: int) -> None:
+    r = _runner(mem_store, name, gpus, gpu_type)
+    cands = megatron_candidates(r.baseline_context())
+    assert cands and all((c.tp, c.pp, c.ckpt_ratio) == (tp, pp, 1.0) for c in cands)
+    mg = cands[0]
+    assert r.proposer.predict(mg).fits and _fits(r, mg, micro_batch=mg.micro_batch)
+    # at this layout nothing fits without recomputation, at any micro-batch, either schedule
+    assert not any(_fits(r, mg, micro_batch=mb, ckpt_ratio=0.0, pipeline_schedule=s)
+                   for mb in (1, 2, 4) for s in ("1f1b", "gpipe"))
+    # and at a smaller model-parallel size nothing fits even recomputing every layer
+    assert not _fits(r, mg, pp=pp // 2, micro_batch=1)
+
+
+def test_megatron_layouts_fill_tensor_parallelism_within_a_node_before_pipeline_stages(mem_store: Store) -> None:
+    """Takeaway #1's order: t x p ascending, pp only once tp is a node's (or the heads' largest divisor)."""
+    from tuner.baselines import megatron_layouts
+
+    r = _runner(mem_store, "bert", 64, "a100-80gb")
+    assert megatron_layouts(r.baseline_context()) == [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4), (8, 8)]
+    r = _runner(mem_store, "bert", 16, "a100-80gb", gpus_per_node=4)  # TP stays within a node of four
+    assert megatron_layouts(r.baseline_context()) == [(1, 1), (2, 1), (4, 1), (4, 2), (4, 4)]
+    r = _runner(mem_store, "gpt2-xl", 8, "v100-16gb")  # 25 heads: TP 1 only
+    assert megatron_layouts(r.baseline_context()) == [(1, 1), (1, 2), (1, 4), (1, 8)]
+
+
+def test_megatron_baseline_makes_a_bounded_number_of_predictions(mem_store: Store) -> None:
+    """The baselines run on every tune: LLaMA-70B on 256 A100s walks five layouts (TP 1, 2, 4, 8,
+    then TP 8 x PP 2, which fits); at most 13 micro-batches x 2 schedules x 2 recomputation settings a layout."""
+    r = _runner(mem_store, "llama-70b", 256, "a100-80gb")
+    ctx, predictions = _counting(r.baseline_context())
+    mg = megatron_config(ctx)
+    assert mg is not None and (mg.tp, mg.pp) == (8, 2) and r.proposer.predict(mg).fits
+    assert predictions() <= 4 * 13 * 2 + 13 * 2 * 2
+
+
+def test_a_configuration_both_baselines_picked_is_stored_once_and_read_back_for_both(mem_store: Store) -> None:
+    """With Megatron's advice a model that fits one device gets data parallelism at ZeRO 0 from both
+    baselines where there is no flash attention; a study holds a configuration once, and the companion
+    dropped the second kind (a resumed study then re-measured it, the report missed it)."""
+    from autoslapo.result import TrialResult
+    from tuner.baselines import _store_companion, stored_picks
+
+    r = _runner(mem_store, "bert-tiny", 2, "cpu", gpus_per_node=2)
+    mg = megatron_config(r.baseline_context())
+    assert mg is not None and (mg.tp, mg.zero_stage, mg.ckpt_ratio) == (1, 0, 0.0)
+    result = TrialResult(status="complete", samples_per_s=10.0)
+    rows = [(i, mg.to_dict(), {**result.to_dict(), "extra": {"baseline": kind, "speedup": 1.5,
+                                                              "speedup_ci95": {kind: {"speedup": 1.5}}}})
+            for i, kind in enumerate(("deepspeed", "megatron"))]
+    _store_companion(r, rows, [None, None])
+    assert len(mem_store.trials(f"{r.name}.baselines")) == 1
+    picks = stored_picks(mem_store, r.name)
+    assert set(picks) == {"deepspeed", "megatron"} and all(p[0] == mg for p in picks.values())
+    assert picks["megatron"][1].samples_per_s == 10.0 and "baselines" not in picks["megatron"][1].extra
+    assert picks["megatron"][2]["speedup_ci95"] == {"deepspeed": {"speedup": 1.5}, "megatron": {"speedup": 1.5}}
