@@ -214,7 +214,9 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     print(f"  {d['samples_per_s']:,.1f} samples/s{tokens}, step {d['step_time_s']:.3f} s")
     if args.global_batch is None and "grad_accum" not in d["pinned"]:  # tune fixes it (its space's global batch)
         print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}: not fixed, so the largest micro-batch "
-              "that fits is fastest; --global-batch fixes it, as tune does")
+              "that fits is fastest; --global-batch fixes it, as tune does"
+              + ("; unfixed, a pipeline accumulates 4 x pp micro-batches a step and a layout without one 1, "
+                 "so they were compared at different batches: pass yours" if c["pp"] > 1 else ""))
     print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")
     used, capacity = d["memory_per_device_bytes"], d["memory_capacity_bytes"]
     tight = d["fits"] and capacity - used < TIGHT_FRACTION * capacity

@@ -22,11 +22,13 @@ def collective_s(kind: str, nbytes: float, ranks: int, gbps: float, perf: Device
 
     NCCL chooses its algorithm a call by its own cost model (``ncclTopoTuneModel`` in NCCL's
     ``src/graph/tuning.cc``): a ring allreduce pays ``2 (p-1)`` hops; a double binary tree pays
-    ``2 ((p/nodes - 1) + log2(nodes))`` (a chain within each node, a tree across nodes; Sanders et
-    al. 2009) but reaches at most 0.9 of the ring's bus bandwidth (NCCL caps it at 80 GB/s beyond 2
-    nodes) and moves the whole message twice (algorithm bandwidth half the bus bandwidth). So small
-    allreduces over many nodes take the tree's few hops, large ones the ring's bandwidth.
-    Reduce-scatter and all-gather run as rings only (NCCL has no tree for them).
+    ``2 ((p/nodes - 1) + floor(log2(nodes)))`` (a chain within each node, a tree across nodes, whose
+    depth is floor(log2 nodes); Sanders et al. 2009) and reaches 0.92 of the ring's bus bandwidth
+    while moving the whole message twice (algorithm bandwidth half the bus bandwidth). So small
+    allreduces over many nodes take the tree's few hops, large ones the ring's bandwidth. (NCCL's
+    per-channel tree caps, 17.8 GB/s on Ampere and 36 on Hopper a channel beyond two nodes, do not
+    bind with a DGX's 8 or more channels.) Reduce-scatter and all-gather run as rings only (NCCL
+    has no tree for them).
     """
     if ranks <= 1 or nbytes <= 0:
         return 0.0
@@ -37,16 +39,14 @@ def collective_s(kind: str, nbytes: float, ranks: int, gbps: float, perf: Device
     ring = frac * nbytes / (gbps * 1e9 * perf.comm_eff) + steps * perf.coll_latency_s
     if kind != "allreduce" or nodes <= 1:
         return ring
-    tree_gbps = min(TREE_BW_FRAC * gbps, TREE_MAX_GBPS if nodes > 2 else math.inf)
-    hops = 2 * (max(ranks // nodes - 1, 0) + math.ceil(math.log2(nodes)))
-    tree = 2 * nbytes / (tree_gbps * 1e9 * perf.comm_eff) + hops * perf.coll_latency_s
+    hops = 2 * (max(ranks // nodes - 1, 0) + int(math.log2(nodes)))
+    tree = 2 * nbytes / (TREE_BW_FRAC * gbps * 1e9 * perf.comm_eff) + hops * perf.coll_latency_s
     return min(ring, tree)
 
 
-# NCCL's tree allreduce: at most 0.9 of the ring's bus bandwidth, and 80 GB/s over more than two
-# nodes (``ncclTopoTuneModel``, NCCL src/graph/tuning.cc).
-TREE_BW_FRAC = 0.9
-TREE_MAX_GBPS = 80.0
+# NCCL's tree allreduce reaches this fraction of the ring's bus bandwidth (``busBw * .92`` in
+# ``ncclTopoTuneModel``, NCCL 2.8 on, src/graph/tuning.cc; 0.9 with an 80 GB/s cap before 2.8).
+TREE_BW_FRAC = 0.92
 
 
 def group_nodes(cluster: ClusterSpec, stride: int, size: int) -> int:

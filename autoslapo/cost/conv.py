@@ -248,7 +248,9 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     # a conv's weight and its BatchNorm's weight and bias on the busiest rank; the stem's and head's
     tensors = 3 * max(sum(len(blocks[i]) for i in mine) for mine in ranks) + 5
     accum = accumulation_s(r.mem, n, grad_e, m) + loss_scaler_s(r.mem, config, perf.runtime, n, tensors)
-    dp_comm = _ring("allreduce", n * grad_e, dp, group_bandwidth(cluster, t, dp), perf, group_nodes(cluster, t, dp))
+    # an allreduce (ZeRO 0) may run as NCCL's tree across nodes; ZeRO's reduce-scatter + all-gather as rings
+    dp_comm = _ring("allreduce", n * grad_e, dp, group_bandwidth(cluster, t, dp), perf,
+                    group_nodes(cluster, t, dp) if config.zero_stage == 0 else 1)
     if config.zero_stage == 3:  # weights gathered before forward and backward: 1.5x the volume a micro-batch
         dp_comm *= 1.5 * m
     optimizer = optimizer_s(r.mem, config, n / (dp if config.zero_stage >= 1 else 1))

@@ -44,6 +44,7 @@ from autoslapo.cost.kernels import (
     layer_norms_and_rotary,
 )
 from autoslapo.cost.memory import (
+    REDUCE_BUCKET_ELEMENTS,
     TANH_GELU_FAMILIES,
     checkpointed_layer_ids,
     has_dropout,
@@ -432,10 +433,13 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     if z <= 1:
         # one allreduce (ZeRO-1: reduce-scatter + all-gather of the same volume) after the last
         # backward; DeepSpeed and Megatron's DDP of that time run it after backward, not during
-        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf, group_nodes(cluster, t, dp))
+        # (ZeRO-1's reduce-scatter + all-gather run as rings: NCCL has no tree for them)
+        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf, group_nodes(cluster, t, dp) if z == 0 else 1)
     elif z == 2:
-        # DeepSpeed reduces each bucket every micro-batch; one bucket's latency a layer
-        rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + per_stage * (dp - 1) * perf.coll_latency_s
+        # DeepSpeed reduces a bucket of ``reduce_bucket_size`` gradients whenever one fills, every
+        # micro-batch: each bucket a reduce-scatter with its own latency hops
+        buckets = math.ceil(n_params / REDUCE_BUCKET_ELEMENTS)
+        rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + (buckets - 1) * (dp - 1) * perf.coll_latency_s
         hidden_part = perf.overlap * bwd_compute
         dp_comm = m * max(rs - hidden_part, 0.1 * rs) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
     else:

@@ -63,7 +63,7 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     dp_bw, pp_bw = group_bandwidth(cluster, t, dp), group_bandwidth(cluster, t * dp, pp)
     g_bytes, w_bytes = n_params * grad_e, n_params * weight_e
     if z <= 1:
-        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf, group_nodes(cluster, t, dp))
+        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf, group_nodes(cluster, t, dp) if z == 0 else 1)
     elif z == 2:
         dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
     else:

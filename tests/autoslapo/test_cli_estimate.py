@@ -320,3 +320,18 @@ def test_the_summary_names_the_stack_priced_a_tight_fit_and_no_tokens_for_images
     assert "DeepLearningExamples" in out and "Megatron" not in out  # a ResNet's published stack
     assert main(["estimate", "bert-tiny", "--gpus", "2", "--gpu-type", "cpu"]) == 0
     assert "stack:" not in capsys.readouterr().out  # a CPU estimate prices autoslapo's own runtime
+
+
+def test_an_unfixed_batch_says_a_pipeline_was_compared_at_another_batch(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # without --global-batch a pipeline accumulates 4 x pp micro-batches and a layout without one 1,
+    # so the pick can be a pipeline only because its batch is larger (llama-7b on 64 V100: 20.1
+    # samples/s at pp 2, while at that batch of 256 tp 2 without stages runs 21.9): the summary says so
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["estimate", "llama-7b", "--gpus", "64", "--gpu-type", "v100-32gb", "--pp", "2"]) == 0
+    assert "compared at different batches: pass yours" in capsys.readouterr().out
+    assert main(["estimate", "llama-7b", "--gpus", "64", "--gpu-type", "v100-32gb", "--pp", "1"]) == 0
+    assert "compared at different batches" not in capsys.readouterr().out
+    assert main(["estimate", "llama-7b", "--gpus", "64", "--gpu-type", "v100-32gb", "--pp", "2",
+                 "--global-batch", "256"]) == 0
+    assert "compared at different batches" not in capsys.readouterr().out
