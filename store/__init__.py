@@ -26,6 +26,7 @@ from store._records import (
     canonical_json,
     config_hash,
 )
+from store._schema import utcnow
 from store._service_schema import JOB_FINISHED, JOB_STATUSES, TOKEN_ROLES
 from store._store import Store, open_store
 from store._tokens import TokenRecord, TokenTable
@@ -59,4 +60,5 @@ __all__ = [
     "parse_url",
     "resolve_url",
     "sqlite_path",
+    "utcnow",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import autoslapo.layout as layout
@@ -222,6 +222,7 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
     are first re-measured in interleaved rounds (``tuner.repeats.remeasure``) and each speedup
     gets its 95% interval (``speedup_ci95``, in the summary, the baseline's and the best's ``extra``).
     """
+    from store import utcnow  # the store (SQLAlchemy) is imported when used, not with the tuner
     from tuner.repeats import record_speedups, remeasure, speedup_interval
 
     out: dict[str, Any] = {}
@@ -281,10 +282,6 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
     record_speedups(runner, outcome, intervals)
     _store_companion(runner, rows, [spans.get(k) for k, _, _ in picked])
     return out
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def _store_companion(runner: StudyRunner, rows: list[tuple[int, dict[str, Any], dict[str, Any]]],
