@@ -68,3 +68,12 @@ def group_bandwidth(cluster: ClusterSpec, stride: int, size: int) -> float:
         return cluster.intra_node_gbps
     members = max(1, per_node // stride)
     return min(cluster.intra_node_gbps, members * cluster.inter_node_gbps)
+
+
+def gradient_sync_s(nbytes: float, cluster: ClusterSpec, stride: int, ranks: int, perf: DevicePerf,
+                    zero_stage: int) -> float:
+    """Seconds to sum ``nbytes`` of gradients once over a data-parallel group of ``ranks`` ranks spaced
+    ``stride`` apart: an allreduce without ZeRO (NCCL's ring, or its tree across nodes), ZeRO's
+    reduce-scatter + all-gather of the same volume with it (rings: NCCL has no tree for them)."""
+    nodes = group_nodes(cluster, stride, ranks) if zero_stage == 0 else 1
+    return collective_s("allreduce", nbytes, ranks, group_bandwidth(cluster, stride, ranks), perf, nodes)

@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from autoslapo.cost.comm import collective_s as _ring
-from autoslapo.cost.comm import group_bandwidth, group_nodes
+from autoslapo.cost.comm import collective_s, gradient_sync_s, group_bandwidth
 from autoslapo.cost.device import DevicePerf, is_autoslapo_runtime
 from autoslapo.cost.epilogue import accumulation_s, loss_scaler_s, optimizer_s
 from autoslapo.cost.head import element_bytes
@@ -227,7 +226,7 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
             ew += r.mem(_transpose_bytes(convs, b, t, e), 2 * len(convs))
         fwd_blocks.append(gemm + ew)
         c2 = convs[1]
-        tp_blocks.append(2 * _ring("allreduce", b * c2.cout * c2.out_side**2 * e, t, tp_bw, perf))
+        tp_blocks.append(2 * collective_s("allreduce", b * c2.cout * c2.out_side**2 * e, t, tp_bw, perf))
     head = r.gemm(b, model.vocab, _classes_in(model))
     stem_s = _conv_seconds(rc, stem, b, 1) + r.mem(6 * e * b * stem.cout * stem.out_side**2, 4)
     if transposed:  # the images and the 7x7 convolution's output
@@ -248,9 +247,7 @@ def estimate_conv_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     # a conv's weight and its BatchNorm's weight and bias on the busiest rank; the stem's and head's
     tensors = 3 * max(sum(len(blocks[i]) for i in mine) for mine in ranks) + 5
     accum = accumulation_s(r.mem, n, grad_e, m) + loss_scaler_s(r.mem, config, perf.runtime, n, tensors)
-    # an allreduce (ZeRO 0) may run as NCCL's tree across nodes; ZeRO's reduce-scatter + all-gather as rings
-    dp_comm = _ring("allreduce", n * grad_e, dp, group_bandwidth(cluster, t, dp), perf,
-                    group_nodes(cluster, t, dp) if config.zero_stage == 0 else 1)
+    dp_comm = gradient_sync_s(n * grad_e, cluster, t, dp, perf, config.zero_stage)
     if config.zero_stage == 3:  # weights gathered before forward and backward: 1.5x the volume a micro-batch
         dp_comm *= 1.5 * m
     optimizer = optimizer_s(r.mem, config, n / (dp if config.zero_stage >= 1 else 1))

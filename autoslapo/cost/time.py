@@ -31,8 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost import epilogue
-from autoslapo.cost.comm import collective_s as _ring
-from autoslapo.cost.comm import group_bandwidth, group_nodes
+from autoslapo.cost.comm import collective_s, gradient_sync_s, group_bandwidth, group_nodes
 from autoslapo.cost.encdec import block_linears, busiest_rank, checkpointed_blocks, stage_blocks
 from autoslapo.cost.head import element_bytes
 from autoslapo.cost.kernels import (
@@ -302,8 +301,8 @@ def _encdec_microbatch_times(model: ModelSpec, config: ScheduleConfig, r: _Rates
     proj = r.gemm(Tu, inner / t, h) + r.gemm(Ts, 2 * inner / t, h) + r.gemm(Tu, h, inner / t)
     core = r.gemm(u, s, d, b * heads) + r.gemm(u, d, s, b * heads) + r.mem(b * heads * u * s * e * 6, 3)
     df, db, dc = df + wide(Tu) + proj + core, db + 2 * wide(Tu) + 2 * proj + 2 * core, dc + core
-    tp_s = _ring("allreduce", Ts * h * e, t, tp_bw, r.perf)
-    tp_u = _ring("allreduce", Tu * h * e, t, tp_bw, r.perf)
+    tp_s = collective_s("allreduce", Ts * h * e, t, tp_bw, r.perf)
+    tp_u = collective_s("allreduce", Tu * h * e, t, tp_bw, r.perf)
     head_f = r.gemm(Tu, model.vocab / t, h) + r.mem(Tu * model.vocab / t * (e + 3 * 4), 3)
     head_b = 2 * head_f + (r.gemm(Tu, model.vocab / t, h) if config.loss_kernel == "chunked" else 0.0)
     emb = r.mem((Ts + Tu) * h * (2 * e + 1), 3)
@@ -359,7 +358,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
 
     # tensor-parallel collectives per layer: 2 in forward, 2 in backward (same volume with SP)
     tp_bw = group_bandwidth(cluster, 1, t)
-    tp_one = _ring("allreduce", T * h * e, t, tp_bw, perf)
+    tp_one = collective_s("allreduce", T * h * e, t, tp_bw, perf)
     # head: vocab-parallel logits, cross-entropy in fp32, plus the embedding lookup and its grad
     # (ALBERT's factorized head: hidden -> E transform, then E -> vocab; E = hidden elsewhere)
     width = model.embedding_size
@@ -422,7 +421,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
         # group once a step, after the schedule (``PipelineRuntime.sync_tied_grads``)
         shared_bytes = model.stored_layers * model.layer_params() / t * grad_e
-        pp_comm += _ring("allreduce", shared_bytes, pp, pp_bw, perf, group_nodes(cluster, t * dp, pp))
+        pp_comm += collective_s("allreduce", shared_bytes, pp, pp_bw, perf, group_nodes(cluster, t * dp, pp))
 
     # data parallel: gradients of this device's parameters over the dp group
     dp_bw = group_bandwidth(cluster, t, dp)
@@ -433,15 +432,14 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     if z <= 1:
         # one allreduce (ZeRO-1: reduce-scatter + all-gather of the same volume) after the last
         # backward; DeepSpeed and Megatron's DDP of that time run it after backward, not during
-        # (ZeRO-1's reduce-scatter + all-gather run as rings: NCCL has no tree for them)
-        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf, group_nodes(cluster, t, dp) if z == 0 else 1)
+        dp_comm = gradient_sync_s(g_bytes, cluster, t, dp, perf, z)
     elif z == 2:
         # DeepSpeed reduces a bucket of ``reduce_bucket_size`` gradients whenever one fills, every
         # micro-batch: each bucket a reduce-scatter with its own latency hops
         buckets = math.ceil(n_params / REDUCE_BUCKET_ELEMENTS)
-        rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + (buckets - 1) * (dp - 1) * perf.coll_latency_s
+        rs = collective_s("reduce_scatter", g_bytes, dp, dp_bw, perf) + (buckets - 1) * (dp - 1) * perf.coll_latency_s
         hidden_part = perf.overlap * bwd_compute
-        dp_comm = m * max(rs - hidden_part, 0.1 * rs) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
+        dp_comm = m * max(rs - hidden_part, 0.1 * rs) + collective_s("all_gather", w_bytes, dp, dp_bw, perf)
     else:
         # DeepSpeed ZeRO-3 (Rajbhandari et al. 2020, section 7; stage3.py / partitioned_param_coordinator):
         # every module's weights are all-gathered before its forward and again before its
@@ -451,8 +449,8 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         # the compute it shares the memory system and SMs with. Each submodule also runs four
         # Python hooks a micro-batch (pre/post forward and backward) that wait on their gathers.
         mods = epilogue.weight_modules(model)
-        ag = _ring("all_gather", w_bytes, dp, dp_bw, perf) + per_stage * mods * (dp - 1) * perf.coll_latency_s
-        rs = _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + per_stage * (dp - 1) * perf.coll_latency_s
+        ag = collective_s("all_gather", w_bytes, dp, dp_bw, perf) + per_stage * mods * (dp - 1) * perf.coll_latency_s
+        rs = collective_s("reduce_scatter", g_bytes, dp, dp_bw, perf) + per_stage * (dp - 1) * perf.coll_latency_s
         fwd_compute = fwd_layers
         hooks = per_stage * _submodules(model) * 4 * ZERO3_HOOK_S
         dp_comm = m * (_partly_hidden(ag, fwd_compute * perf.overlap)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autoslapo.cost.comm import collective_s as _ring
-from autoslapo.cost.comm import group_bandwidth, group_nodes
+from autoslapo.cost.comm import collective_s, gradient_sync_s, group_bandwidth, group_nodes
 from autoslapo.cost.epilogue import accumulation_s, loss_scaler_s, optimizer_s
 from autoslapo.cost.memory import checkpointed_layer_ids, state_bytes_per_param
 from autoslapo.cost.p2p import pipeline_transfers
@@ -47,7 +46,7 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     rest_ops = int(x["ops"]) - blocks * int(x["layer_ops"])
     rest_f = rest_flops * b / r.flops_s + r.mem(float(x["act_bytes"]) * scale * b, max(rest_ops, 1))
     hidden_bytes = float(x["layer_input_bytes"]) * scale * b
-    tp_one = _ring("allreduce", hidden_bytes, t, group_bandwidth(cluster, 1, t), perf)
+    tp_one = collective_s("allreduce", hidden_bytes, t, group_bandwidth(cluster, 1, t), perf)
     # the slot is the busiest rank's: the last runs all outside the blocks
     slot = max(range(pp), key=lambda i: len(ranks[i]) * layer_f + (rest_f if i == pp - 1 else 0.0))
     per_stage, n_ckpt = len(ranks[slot]), sum(1 for i in ranks[slot] if i in ckpt)
@@ -63,11 +62,11 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     dp_bw, pp_bw = group_bandwidth(cluster, t, dp), group_bandwidth(cluster, t * dp, pp)
     g_bytes, w_bytes = n_params * grad_e, n_params * weight_e
     if z <= 1:
-        dp_comm = _ring("allreduce", g_bytes, dp, dp_bw, perf, group_nodes(cluster, t, dp) if z == 0 else 1)
+        dp_comm = gradient_sync_s(g_bytes, cluster, t, dp, perf, z)
     elif z == 2:
-        dp_comm = m * _ring("reduce_scatter", g_bytes, dp, dp_bw, perf) + _ring("all_gather", w_bytes, dp, dp_bw, perf)
+        dp_comm = m * collective_s("reduce_scatter", g_bytes, dp, dp_bw, perf) + collective_s("all_gather", w_bytes, dp, dp_bw, perf)
     else:
-        dp_comm = m * (2 * _ring("all_gather", w_bytes, dp, dp_bw, perf) + _ring("reduce_scatter", g_bytes, dp, dp_bw, perf))
+        dp_comm = m * (2 * collective_s("all_gather", w_bytes, dp, dp_bw, perf) + collective_s("reduce_scatter", g_bytes, dp, dp_bw, perf))
     # recomputed: a block and its collectives, or (selective) its attention core's traced ops and FLOPs
     core = max(float(x["attn_act_bytes"]) - float(x["attn_kept_bytes"]), 0.0) * scale * b / t
     again = (r.mem(core, int(x["attn_core_ops"])) + float(x["attn_core_flops"]) * b / t / r.flops_s
@@ -75,7 +74,7 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
     rec_mb, tp_mb = n_ckpt * again, per_stage * 4 * tp_one
     slots = bubble_slots(config, blocks, per_stage)
     transfer = hidden_bytes / (pp_bw * 1e9 * perf.comm_eff) + perf.coll_latency_s if pp > 1 else 0.0
-    tied = (_ring("allreduce", model.embedding_params() * 4, pp, pp_bw, perf, group_nodes(cluster, t * dp, pp))
+    tied = (collective_s("allreduce", model.embedding_params() * 4, pp, pp_bw, perf, group_nodes(cluster, t * dp, pp))
             if pp > 1 else 0.0)
     opt_params = n_params / (dp if z >= 1 else 1)
     return TimeBreakdown(
