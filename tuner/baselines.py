@@ -29,7 +29,7 @@ import autoslapo.layout as layout
 from autoslapo.config import KNOBS, ScheduleConfig
 from autoslapo.errors import ConfigError
 from autoslapo.result import TrialResult
-from autoslapo.storage import baseline_study
+from autoslapo.storage import baseline_rows, baseline_study
 from search_spaces import BoundSpace
 from tuner.learning import with_prediction
 from tuner.proposer import Prediction
@@ -191,19 +191,14 @@ def stored_picks(store: Store, study: str) -> dict[str, tuple[ScheduleConfig | N
     """The baselines an earlier run of ``study`` picked and measured, by kind (``deepspeed``, ``megatron``):
     each one's configuration (None when none fitted), its result without the per-run keys, the
     extra it was stored with (speed-up and its interval), and when it was measured."""
-    name = baseline_study(study)
     out: dict[str, tuple[ScheduleConfig | None, TrialResult, dict[str, Any], Span | None]] = {}
-    if not store.has_study(name):
-        return out
-    for t in store.trials(name):
+    for kind, t in baseline_rows(store, study):  # a row both baselines picked is listed for each
         extra = t.result.get("extra") or {}
-        kind = extra.get("baseline")
-        if t.status == "running" or not kind:
+        if t.status == "running" or not extra.get("baseline"):
             continue
         config = ScheduleConfig.from_dict(t.config) if "tp" in t.config else None
         result = TrialResult.from_dict({**t.result, "extra": {k: v for k, v in extra.items() if k not in _PER_RUN_KEYS}})
-        for k in extra.get("baselines") or [kind]:  # a row both baselines picked names them both
-            out[str(k)] = (config, result, extra, (t.started_at, t.ended_at) if t.started_at and t.ended_at else None)
+        out[kind] = (config, result, extra, (t.started_at, t.ended_at) if t.started_at and t.ended_at else None)
     return out
 
 
@@ -239,6 +234,9 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
     picked: list[tuple[str, ScheduleConfig | None, TrialResult]] = []
     # when each pick was measured (its row's duration): kept from the earlier run, or the study's row
     spans = {k: v[3] for k, v in stored.items()}
+    # what this call measured: a candidate both baselines rank (a ResNet on one device) is measured once
+    # and both share that measurement, as they share its stored row
+    here: dict[ScheduleConfig, tuple[TrialResult, Span | None]] = {}
     for kind, pick in (("deepspeed", deepspeed_candidates), ("megatron", megatron_candidates)):
         if kind in stored:
             picked.append((kind, stored[kind][0], stored[kind][1]))
@@ -248,13 +246,16 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
                                      oom_evidence="cost-model prediction")
         for i, cand in enumerate(pick(ctx)[:CANDIDATES], 1):
             r = ctx.measured.get(cand)
-            if r is None:
+            if r is None and cand in here:
+                r, span = here[cand]
+            elif r is None:
                 runner.note(f"scoring the {kind}-style baseline: candidate {i} of {CANDIDATES}")
                 start = utcnow()
                 r = ctx.evaluate(cand)
-                span: Span | None = (start, utcnow())
+                span = (start, utcnow())
                 if not runner.evaluator.instant:  # the prior's prediction beside the measurement, as a trial's
                     r = with_prediction(r, ctx.predict(cand))
+                here[cand] = (r, span)
             else:
                 row = store.find_trial(runner.name, cand.to_dict())
                 span = (row.started_at, row.ended_at) if row is not None and row.started_at and row.ended_at else None
