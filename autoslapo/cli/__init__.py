@@ -126,9 +126,9 @@ def _is_flag(word: str) -> bool:
 def _flags_before_command(args: Sequence[str]) -> str:
     """The error for flags written before the command (``autoslapo --storage URL studies``), or "".
 
-    The command it suggests spells each flag as the command takes it (``-gpus`` -> ``--gpus``, as
-    ``_misspelt`` corrects a flag after the command); one with several close flags keeps its spelling
-    and names them."""
+    The command it suggests spells each flag as the command takes it where only its dashes or case
+    differ (``-gpus`` -> ``--gpus``, as ``_misspelt`` corrects a flag after the command); any other
+    keeps its spelling, and the close flags are named (or that none is)."""
     at = next((i for i, a in enumerate(args) if a in SUBCOMMANDS), None)
     head = list(args[:at] if at is not None else args)
     if not head or not _is_flag(head[0]) or head[0] in ("-h", "--help"):
@@ -136,9 +136,9 @@ def _flags_before_command(args: Sequence[str]) -> str:
     command = args[at] if at is not None else None
     fixed, hints = list(head), []
     for i, flag, close in _misspelt(_flag_actions(build_parser(only=command), command or "*"), head):
-        if len(close) == 1:
-            fixed[i] = close[0] + head[i][len(flag):]  # "-gpus=8" -> "--gpus=8"
-        else:
+        if close == ["--" + flag.lstrip("-").lower()]:  # only its dashes or case: "-gpus=8" -> "--gpus=8"
+            fixed[i] = close[0] + head[i][len(flag):]
+        else:  # another flag is a guess (--bogus is not --gpus): named, not written in
             hints.append(f"; {flag}: did you mean {' or '.join(close)}?" if close else
                          f"; {'autoslapo ' + command + ' takes no' if command else 'no command takes'} {flag}")
     fix = f"autoslapo {command} {' '.join(fixed)} ..." if command is not None else (

@@ -114,6 +114,10 @@ def test_a_flag_before_the_command_is_suggested_spelled_as_the_command_takes_it(
     assert "write autoslapo tune --gpu 8 ...; --gpu: did you mean --gpu-type or --gpus or --gpus-per-node?" in err
     assert main(["--frob", "8", "studies"]) == 2
     assert "write autoslapo studies --frob 8 ...; autoslapo studies takes no --frob (see" in capsys.readouterr().err
+    # one close flag that differs in more than dashes or case is a guess: named, not written in
+    # (``--bogus`` became ``--gpus`` in the command to write, silently)
+    assert main(["--bogus", "8", "tune", "bert-tiny"]) == 2
+    assert "write autoslapo tune --bogus 8 ...; --bogus: did you mean --gpus? (see" in capsys.readouterr().err
     # the suggestion runs as written (up to the flags it takes)
     assert main(["-json", "--storage", "sqlite:////nonexistent-dir/x.db", "studies"]) == 2
     fixed = capsys.readouterr().err.split("write ", 1)[1].split(" ...")[0].split()[1:]
