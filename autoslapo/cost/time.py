@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cost import epilogue
 from autoslapo.cost.comm import collective_s, gradient_sync_s, group_bandwidth, group_nodes
+from autoslapo.cost.device import is_autoslapo_runtime
 from autoslapo.cost.encdec import block_linears, busiest_rank, checkpointed_blocks, stage_blocks
 from autoslapo.cost.head import element_bytes
 from autoslapo.cost.kernels import (
@@ -435,8 +436,11 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
         dp_comm = gradient_sync_s(g_bytes, cluster, t, dp, perf, z)
     elif z == 2:
         # DeepSpeed reduces a bucket of ``reduce_bucket_size`` gradients whenever one fills, every
-        # micro-batch: each bucket a reduce-scatter with its own latency hops
-        buckets = math.ceil(n_params / REDUCE_BUCKET_ELEMENTS)
+        # micro-batch: each bucket a reduce-scatter with its own latency hops. Over pipeline stages
+        # autoslapo's runtime (DeepSpeed's engine refuses ZeRO-2 there) reduces each parameter's
+        # gradient to its owner on its own, a collective a tensor
+        per_tensor = pp > 1 and is_autoslapo_runtime(perf.runtime)
+        buckets = tensors if per_tensor else math.ceil(n_params / REDUCE_BUCKET_ELEMENTS)
         rs = collective_s("reduce_scatter", g_bytes, dp, dp_bw, perf) + (buckets - 1) * (dp - 1) * perf.coll_latency_s
         hidden_part = perf.overlap * bwd_compute
         dp_comm = m * max(rs - hidden_part, 0.1 * rs) + collective_s("all_gather", w_bytes, dp, dp_bw, perf)
