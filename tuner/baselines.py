@@ -98,11 +98,11 @@ def deepspeed_candidates(ctx: BaselineContext) -> list[ScheduleConfig]:
 
 def megatron_layouts(ctx: BaselineContext) -> list[tuple[int, int]]:
     """The (tp, pp) layouts the Megatron-style baseline tries, in order: tp ascending over 1, 2, 4, 8
-    (those that can shard the model and stay within a node) at pp 1, then, at the largest such tp, pp
-    ascending. So t x p, the model-parallel size, only grows, and pp only once tp cannot."""
+    (those that can shard the model and divide a node, so no group straddles two) at pp 1, then, at
+    the largest such tp, pp ascending. So t x p, the model-parallel size, only grows, and pp only once tp cannot."""
     b = ctx.bound
     node = b.cluster.devices_per_node
-    tps = [t for t in layout.tp_degrees(b.model, b.cluster) if t in (1, 2, 4, 8) and t <= node]
+    tps = [t for t in layout.tp_degrees(b.model, b.cluster) if t in (1, 2, 4, 8) and node % t == 0]
     if not tps:
         return []
     top = tps[-1]
@@ -296,8 +296,8 @@ def _store_companion(runner: StudyRunner, rows: list[tuple[int, dict[str, Any], 
                        space_version="1", objective="samples_per_s", backend=o.backend,
                        model_signature=o.model.signature(), cluster_fingerprint=o.cluster.fingerprint(),
                        exist_ok=o.join)
-    # Both baselines may pick one configuration (a model that fits one device, without flash attention:
-    # data parallelism, ZeRO 0, no recomputation), which a study holds once: its row names every kind
+    # Both baselines may pick one configuration (a ResNet on one device: no model parallelism, no ZeRO
+    # without data parallelism, no recomputation), which a study holds once: its row names every kind
     # that picked it (``extra["baselines"]``, read back by ``stored_picks``) and each one's interval.
     seen: dict[str, dict[str, Any]] = {}
     uniq = []

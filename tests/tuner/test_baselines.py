@@ -17,7 +17,7 @@ from autoslapo.errors import ConfigError
 from autoslapo.models.spec import ModelSpec
 from store import Store, open_store
 from tuner import StudyRunner, TuneOptions
-from tuner.baselines import BaselineContext, megatron_candidates, megatron_config
+from tuner.baselines import BaselineContext, megatron_candidates, megatron_config, megatron_layouts
 from tuner.proposer import Prediction
 
 
@@ -191,3 +191,10 @@ def test_a_configuration_both_baselines_pick_is_measured_once_stored_once_and_re
         assert set(picks) == {"deepspeed", "megatron"} and picks["deepspeed"][0] == picks["megatron"][0]
         again = tune(dataclasses.replace(opts, resume=True), store, evaluator=Drifting()).baselines
         assert {k: v["samples_per_s"] for k, v in again.items()} == {k: v["samples_per_s"] for k, v in first.items()}
+
+
+def test_megatron_layouts_take_only_tensor_parallel_degrees_that_divide_a_node(mem_store: Store) -> None:
+    # on 6-GPU nodes a TP 4 group (ranks 4-7) straddles two nodes, priced at NVLink's rate: refused
+    r = _runner(mem_store, "llama-13b", 24, "a100-40gb", gpus_per_node=6)
+    tps = {tp for tp, _ in megatron_layouts(r.baseline_context())}
+    assert tps and all(6 % tp == 0 for tp in tps), tps
