@@ -137,6 +137,7 @@ def study_record(row: StudyRow) -> StudyRecord:
         created_at=row.created_at,
         updated_at=row.updated_at,
         software=dict(row.software or {}),
+        budget=row.budget,
     )
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
+from store._budget import check_budget, lift_budget
 from store._engine import Transactions
 from store._records import clean_json
 from store._schema import StudyRow, utcnow
@@ -220,7 +221,10 @@ class JobQueue:
     def raise_budget(self, study: str, trials: int) -> JobRecord | None:
         """Raise the ``trials`` of ``study``'s queued or running job to ``trials`` (never lowered);
         None when it has no such job (it ended meanwhile: queue it again instead). The worker running
-        it sees the new budget when it would end (``finish(budget=...)``) and goes on to it."""
+        it sees the new budget when it would end (``finish(budget=...)``) and goes on to it. The
+        study's own budget (``Store.raise_budget``) is raised too, in the same transaction, once the
+        study exists (a queued job's study is created, with its budget, when a worker starts it)."""
+        check_budget(trials)
 
         def lift(session: Session) -> JobRecord | None:
             row = session.scalar(select(JobRow).where(JobRow.study == study).with_for_update())
@@ -228,6 +232,7 @@ class JobQueue:
                 return None
             if int(row.request.get("trials") or 0) < trials:
                 row.request = {**row.request, "trials": trials}
+            lift_budget(session, study, trials)
             session.flush()
             return _record(row)
 

@@ -96,6 +96,9 @@ class StudyRecord:
     created_at: datetime
     updated_at: datetime
     software: dict[str, Any] = field(default_factory=dict)
+    #: The trials the study was asked to run (``Store.raise_budget``: set by tune and the service, raised
+    #: by a resume or join with more, never lowered); None for a study stored before revision 0005.
+    budget: int | None = None
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,8 @@ class StudyRow(Base):
     software: Mapped[dict[str, Any]] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    # Revision 0005: the trials the study was asked to run (raised, never lowered); NULL: unknown (older rows).
+    budget: Mapped[int | None] = mapped_column(Integer)
 
 
 class TrialRow(Base):

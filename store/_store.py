@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
 from autoslapo.storage import BASELINES_SUFFIX
-from store import _calibrations, _engine, _migrate, _queries, _trials
+from store import _budget, _calibrations, _engine, _migrate, _queries, _trials
 from store._convert import study_record, study_row
 from store._frames import export_frame, trials_frame
 from store._jobs import JobQueue
@@ -79,7 +79,7 @@ def open_store(url: str | None = None) -> Store:
     return Store(engine, parsed)
 
 
-class Store:
+class Store(_budget.StudyBudgets):
     """Studies and their trials in one SQL database, shared with Optuna's own tables.
 
     Build it with ``open_store``; close it (or use it as a context manager) when done.

@@ -201,6 +201,7 @@ class StudyRunner:
                              f"{self.evaluator.name!r}; drop the sweep option to sample real trials")
         self.sweep: Sweep | None = None
         self.name = self._open_study(name)
+        store.raise_budget(self.name, options.trials)  # the study's own budget: raised, never lowered
         # Real trials teach the prior (the cluster's calibration, read from and saved to the store).
         learns = options.learn_prior if options.learn_prior is not None else not self.evaluator.instant
         self.learner = PriorLearner(store, options.model, options.cluster, enabled=learns,

@@ -17,7 +17,7 @@ from autoslapo.cluster import ClusterSpec
 from autoslapo.service.auth import Caller
 from autoslapo.service.jobs import StudyRequest
 from autoslapo.service.payload import model_label
-from autoslapo.service.views import LAUNCHED
+from autoslapo.service.views import LAUNCHED, study_budget
 from store import Store
 
 JOIN_ACTIONS = ("submit", "requeue", "raise", "follow")
@@ -84,7 +84,8 @@ def plan_join(store: Store, name: str, request: StudyRequest, who: Caller) -> Jo
                                f"(`autoslapo tune ... --study {name} --join`), or resume it here once it ended")
     ended = job.status if job is not None else rec.status if rec is not None else "complete"
     if launched >= request.trials:
-        budget = max(int(job.request.get("trials") or 0), launched) if job is not None else launched
+        submitted = job.request.get("trials") if job is not None else None
+        budget = study_budget(rec.budget if rec is not None else None, submitted, launched) or launched
         return JoinPlan("follow", ended, budget, launched)
     if job is not None and job.owner != who.name and not who.may("admin"):
         raise JoinRefused(403, f"token {who.name!r} may continue only its own studies: {name!r} is {job.owner!r}'s "

@@ -113,7 +113,7 @@ def _study_doc(store: Store, name: str, study: StudyRecord | None, job: JobRecor
         "links": ClusterSpec.from_dict(study.cluster).link_values() if study is not None else
         {k: request[k] for k in LINKS if request.get(k) is not None},
         "backend": study.backend if study is not None else request.get("backend"),
-        "budget": study_budget(request.get("trials"), counts),
+        "budget": study_budget(study.budget if study is not None else None, request.get("trials"), launched(counts)),
         "launched": launched(counts),
         "counts": counts,
         "best": None if best is None else trial_view(best, family),
@@ -139,13 +139,16 @@ def launched(counts: dict[str, int]) -> int:
     return sum(counts.get(s, 0) for s in (*LAUNCHED, IN_FLIGHT))
 
 
-def study_budget(submitted: Any, counts: dict[str, int]) -> int | None:
-    """A study's budget: the one submitted (or raised by a join), or more when the store holds more
-    launched trials (a local ``autoslapo tune --resume --trials N`` raised it: the store keeps no
-    budget of its own, only the trials each tuner launched within its budget)."""
-    if submitted is None:
+def study_budget(stored: int | None, submitted: Any, launched: int) -> int | None:
+    """A study's budget: the one the store keeps (``StudyRecord.budget``: set by the tuner that created
+    it, raised by a local ``autoslapo tune --resume --trials N`` or a join, never lowered), or the
+    job's when that is more (a requeue or a join not yet picked up by a worker). A study stored
+    before the store kept budgets (``stored`` None): the one submitted, or more when it ``launched``
+    more trials (a local resume raised it). None when neither is known (a study tuned
+    outside the service before then)."""
+    if stored is None and submitted is None:
         return None
-    return max(int(submitted), launched(counts))
+    return max(stored or 0, int(submitted or 0), launched)
 
 
 def all_studies(store: Store, *, server: str | None = None, include_baselines: bool = False) -> list[dict[str, Any]]:
