@@ -367,7 +367,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         except ApiError as err:  # a page, not the API's JSON, for a browser's mistyped study
             return HTMLResponse(pages.missing_page(err.message), status_code=err.status)
         study = store.get_study(name) if store.has_study(name) else None
-        trials = [trial_view(t, study_family(study)) for t in store.trials(name)] if study is not None else []
+        family = study_family(study)
+        trials = [trial_view(t, family) for t in store.trials(name)] if study is not None else []
         return HTMLResponse(pages.study_page(doc, trials))
 
     @app.post("/login")
