@@ -3,7 +3,7 @@ resume or a join with more, never lowered). Existing studies keep NULL: unknown.
 
 Revision ID: 0005
 Revises: 0004
-Create Date: 2026-12-06
+Create Date: 2026-12-05
 """
 
 from __future__ import annotations
