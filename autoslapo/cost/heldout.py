@@ -1,6 +1,6 @@
 """Check the cost model against published training runs it was never fitted to. Pure.
 
-Seven tables, eight sources (held out: no device or runtime figure was set from them):
+Nine tables, ten sources (held out: no device or runtime figure was set from them):
 
 ``data/h100_heldout_bf16.csv``, ``dubey2024_llama3_table4``: "The Llama 3 Herd of Models" (Dubey et
 al., Meta, arXiv 2407.21783, 2024), table 4: Llama 3 405B pre-training (8,192-token sequences, 16M
@@ -113,6 +113,42 @@ the only measured runs of one the project has), stack and source: pinned as micr
 recomputation, no ZeRO, and ``channels_last`` on for the AMP rows, off for the fp32 ones; the input
 pipeline (DALI) is not modelled.
 
+``data/nemo_heldout_bf16.csv``, ``nvidia_dgxc2024_nemo2411``: NVIDIA's DGX Cloud Benchmarking recipes
+(NVIDIA/dgxc-benchmarking, release v24.11.1, commit 35a9aec, ``nemo_megatron/README_175b.md``'s BF16 table, the
+NeMo 24.11 container: Megatron-core with Transformer Engine): GPT-3 175B (96 layers, hidden 12,288, 96 heads,
+sequence 2,048; the GPT-2 BPE vocabulary of 50,257 padded to 50,688, Megatron's multiple of 128 x TP) on 128
+to 2,048 H100 (8 a DGX H100 node, 400 Gb/s a GPU between nodes: the preset's), BF16, TP 4, PP 8, VP 12
+(``virtual_stages``), micro-batch 1, a batch of 2 sequences a GPU (weak scaling), the README's step time
+(8.91 to 9.09 s). The recipe's ``gpt3_175b_hydra.yaml`` at that commit gives the rest, pinned: no
+activation checkpointing, sequence parallelism, the distributed fused Adam (``zero_stage=1``), TE's fused
+attention (``flash``) and fused bias-GeLU / bias-dropout-add (``compile_layers``, as the other Megatron
+rows); the loss: Megatron's vocabulary-parallel fp32 cross-entropy (``eager``); not modelled: its
+overlaps of communication with compute (``overlap_p2p_comm``, ``overlap_grad_sync`` /
+``overlap_param_sync``, TE's ``ub_tp_comm_overlap``; the model puts every transfer on the critical path). NVIDIA's NeMo and Megatron-Bridge
+performance summaries were searched first: their dense-model rows are FP8 and their BF16 rows mixture
+of experts; no B200 BF16 run with numbers was found in either or in this repository (its Llama 3.1 BF16
+rows on H100 run context parallelism 2, left out). Later releases (v25.04) give the same workload 7 %
+faster with VP 6 in their configuration table: not taken.
+
+``data/b200_heldout_nemo_bf16.csv``, ``google_gpurecipes2025_a4_qwen25``: Google's AI-Hypercomputer/gpu-recipes,
+``training/a4/custom/qwen2-5-32b/`` and ``qwen2-5-7b/`` (their ``logs/`` and ``recipes/``), in pull requests #11
+and #13 (not merged into main): the BF16 runs' full logs on A4 VMs (a4-highgpu-8g: 8 B200 a VM, the logs'
+nvidia-smi "NVIDIA B200"; eight 400 Gb/s NICs, the preset's 50 GB/s a GPU) with NeMo 1.0 (the nemo:25.04
+container: Megatron-core, Transformer Engine), mock data, 20 steps. Qwen2.5-32B (64 layers, hidden 5,120, 40
+heads, 8 KV groups, FFN 27,648) on 16 / 32 / 64 GPUs, PP 2, DP 8 / 16 / 32, TP 1 with 32 virtual stages and
+micro-batch 1 (commit 31d2854, 12 June 2025; 24.34 / 12.36 / 6.43 s) and, in the version it replaced (commit
+779bb30), TP 2 with sequence parallelism: 32 virtual stages and micro-batch 1 on 16 GPUs, 4 and 2 on 32, 8 and
+2 on 64 (27.50 / 13.44 / 6.73 s); Qwen2.5-7B (28 layers, hidden 3,584, 28 heads, 4 KV groups, FFN 18,944) with
+data parallelism on 8 / 16 GPUs, micro-batch 4 (commit ca6f919; 11.11 / 5.62 s). All: sequence 4,096, the
+vocabulary 152,064, untied embeddings, a batch of 512, ``precision: bf16-mixed`` with ``fp8: False`` (the
+logs' parameter line), no activation checkpointing. The recipes set ``bias: False`` (Qwen's QKV bias left
+out): the llama family's shape. Value: the mean of the logged ``train_step_timing`` of steps 10-19 (NeMo's
+5-step moving mean; steps 5-19 agree within 0.3 %). Pinned as the NeMo rows: distributed fused Adam
+(``zero_stage=1``), TE's fused attention (``flash``), fused kernels (``compile_layers``), an eager fp32 loss,
+and TE's one-kernel RMSNorm (``norm_kernel`` fused); not modelled: the same overlaps
+(the logs' ``overlap_p2p_comm``, ``overlap_grad_sync``, ``overlap_param_sync``; ``ub_tp_comm_overlap`` with TP 2). Another
+device, never fitted: the first 16-bit runs ``B200_GEMM_EFF`` is checked against.
+
 Each row pins its tp, pp, dp, global batch, precision, pipeline schedule and the knobs of its
 ``pinned`` column (JSON, checked by the knob declarations); what the source does not give
 (micro-batch, virtual stages, checkpointing and kernels for Llama 3) is picked as the tuner would:
@@ -148,8 +184,11 @@ DEEPSPEED_DATA = Path(__file__).with_name("data") / "a100_heldout_deepspeed.csv"
 TORCHTITAN_DATA = Path(__file__).with_name("data") / "a100_heldout_torchtitan.csv"
 RESNET_DATA = Path(__file__).with_name("data") / "a100_v100_heldout_resnet50.csv"
 TORCHTITAN_H100_DATA = Path(__file__).with_name("data") / "h100_heldout_torchtitan.csv"
+NEMO_DATA = Path(__file__).with_name("data") / "nemo_heldout_bf16.csv"
+B200_DATA = Path(__file__).with_name("data") / "b200_heldout_nemo_bf16.csv"
 #: Every held-out table ``check_all`` reads.
-DATA_FILES = (DATA, MEGATRON_DATA, V100_DATA, DEEPSPEED_DATA, TORCHTITAN_DATA, RESNET_DATA, TORCHTITAN_H100_DATA)
+DATA_FILES = (DATA, MEGATRON_DATA, V100_DATA, DEEPSPEED_DATA, TORCHTITAN_DATA, RESNET_DATA, TORCHTITAN_H100_DATA,
+              NEMO_DATA, B200_DATA)
 METRICS = ("model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu", "samples_per_s")
 #: A published run that ran out of memory (torchtitan's performance.md, footnote 1: Llama 2 70B on 64
 #: A100 80GB at local batch 2 with selective op checkpointing), as (row of its table with the same

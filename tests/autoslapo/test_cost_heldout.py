@@ -1,6 +1,6 @@
 """Tests of the held-out checks (``autoslapo.cost.heldout``): published Llama 3 405B runs on H100,
 Megatron-LM GPT runs on A100 (Korthikanti et al. 2022) and on V100 (Megatron-LM 1.0, NVIDIA ADLR 2020),
-MT-NLG, torchtitan and NVIDIA's ResNet-50, never fitted, estimated with their pinned schedule."""
+MT-NLG, torchtitan, NVIDIA's ResNet-50, NeMo's GPT-3 175B on H100 and NeMo's Qwen2.5 on B200, never fitted, estimated with their pinned schedule."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.cost import estimate
 from autoslapo.cost.device import PERF
 from autoslapo.cost.heldout import (
+    B200_DATA,
     DEEPSPEED_DATA,
     MEGATRON_DATA,
+    NEMO_DATA,
     RESNET_DATA,
     TORCHTITAN_DATA,
     TORCHTITAN_H100_DATA,
@@ -311,3 +313,62 @@ def test_a_knob_added_later_stays_at_its_default_where_a_row_does_not_pin_it(all
         for k in later:
             if k.name not in pinned:
                 assert getattr(c.estimate.config, k.name) == k.default, (c.row["source"], c.row["model"], k.name)
+
+
+def test_nemos_rows_are_its_bf16_gpt3_175b_layout_on_dgx_h100() -> None:
+    """NeMo 24.11's GPT-3 175B (dgxc-benchmarking v24.11.1): five weak-scaling rows, 2 sequences a GPU, TP 4,
+    PP 8, 12 virtual stages pinned, BF16 without context parallelism, GPT-2's vocabulary padded to 128 x TP."""
+    rows = load_rows(NEMO_DATA)
+    assert [int(r["gpus"]) for r in rows] == [128, 256, 512, 1024, 2048]
+    for r in rows:
+        assert r["source"] == "nvidia_dgxc2024_nemo2411" and r["gpu"] == "h100-80gb" and r["precision"] == "bf16"
+        assert (r["cp"], r["tp"], r["pp"], r["pipeline_schedule"]) == ("1", "4", "8", "interleaved")
+        assert int(r["tp"]) * int(r["pp"]) * int(r["dp"]) == int(r["gpus"]) == int(r["global_batch"]) // 2
+        assert int(r["vocab"]) % (128 * int(r["tp"])) == 0 and int(r["vocab"]) - 50257 < 128 * int(r["tp"])
+        m = row_model(r)
+        assert (m.family, m.hidden, m.layers, m.heads, m.ffn, m.seq_len) == ("gpt2", 12288, 96, 96, 49152, 2048)
+
+
+def test_nemos_rows_fit_as_its_recipe_ran_them_and_land_within_fifteen_percent(all_checks: list[HeldOutCheck]) -> None:
+    """Every row estimated (none refused) with the recipe's knobs: no recomputation, sequence parallelism,
+    the distributed optimizer, fused attention, 12 chunks a rank; each within 15 % (reported, not fitted),
+    and flat over the scales within 5 % as the published step times are (8.91-9.09 s)."""
+    mine = [c for c in all_checks if c.row["source"] == "nvidia_dgxc2024_nemo2411"]
+    assert len(mine) == 5
+    for c in mine:
+        cfg = c.estimate.config
+        assert not c.refused and c.estimate.fits
+        assert (cfg.virtual_stages, cfg.micro_batch, cfg.ckpt_ratio, cfg.zero_stage) == (12, 1, 0.0, 1)
+        assert cfg.sequence_parallel and cfg.attn_kernel == "flash" and cfg.compile_layers
+        assert abs(c.error) < 0.15, (c.row["gpus"], c.error)
+    per_gpu = [c.predicted / int(c.row["gpus"]) for c in mine]
+    assert max(per_gpu) / min(per_gpu) < 1.05
+
+
+def test_the_b200_rows_are_bf16_qwen25_runs_of_the_a4_recipes() -> None:
+    """gpu-recipes' A4 logs (pull requests #11 / #13): Qwen2.5-32B on 16-64 B200 with PP 2, Qwen2.5-7B on 8-16 data
+    parallel; BF16, a batch of 512, no context parallelism, each row naming the commit of its log."""
+    rows = load_rows(B200_DATA)
+    assert [(r["model"], int(r["gpus"])) for r in rows] == [("qwen2.5-32b", g) for g in (16, 32, 64, 16, 32, 64)] + [
+        ("qwen2.5-7b", 8), ("qwen2.5-7b", 16)]
+    for r in rows:
+        assert r["source"] == "google_gpurecipes2025_a4_qwen25" and r["gpu"] == "b200-180gb" and r["precision"] == "bf16"
+        assert r["cp"] == "1" and int(r["tp"]) * int(r["pp"]) * int(r["dp"]) == int(r["gpus"]) and r["global_batch"] == "512"
+        assert len(r["commit"]) == 40 and r["commit"][:7] in ("31d2854", "779bb30", "ca6f919")
+        m = row_model(r)
+        assert (m.family, m.vocab, m.seq_len, m.tied_head) == ("llama", 152064, 4096, False)
+
+
+def test_the_b200_rows_fit_as_their_logs_ran_them_and_land_within_twenty_five_percent(
+        all_checks: list[HeldOutCheck]) -> None:
+    """Every row estimated (none refused) with its log's layout, micro-batch and virtual stages, no recomputation;
+    each within 25 % (reported, not fitted: the first 16-bit check of the B200 preset)."""
+    mine = [c for c in all_checks if c.row["source"] == "google_gpurecipes2025_a4_qwen25"]
+    assert len(mine) == 8
+    for c in mine:
+        cfg, pinned = c.estimate.config, c.row["pinned"]
+        assert not c.refused and c.estimate.fits
+        assert cfg.ckpt_ratio == 0.0 and cfg.zero_stage == 1 and cfg.attn_kernel == "flash" and cfg.norm_kernel == "fused"
+        assert f'"micro_batch": {cfg.micro_batch}' in pinned
+        assert cfg.pp == 1 or f'"virtual_stages": {cfg.virtual_stages}' in pinned
+        assert abs(c.error) < 0.25, (c.row["model"], c.row["gpus"], c.error)
