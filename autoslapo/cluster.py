@@ -100,6 +100,11 @@ LINKS: dict[str, str] = {
     "intra_node_gbps": "within a node (NVLink or PCIe)",
     "inter_node_gbps": "across nodes (the node's network shared by its devices)",
 }
+# an example value a person may write for each link (named in the error for a bad one)
+LINK_EXAMPLES: dict[str, str] = {
+    "intra_node_gbps": "e.g. 32 for PCIe 4.0 x16 between the GPUs",
+    "inter_node_gbps": "e.g. 6.25 for a node's 4x 100 Gb/s NICs shared by 8 GPUs",
+}
 MAX_LINK_GBPS = 10_000.0  # beyond any link built (NVLink 5: 900 GB/s a GPU one way)
 
 
@@ -114,8 +119,8 @@ def link_overrides(given: Mapping[str, Any], name: Callable[[str], str]) -> dict
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or not 0 < value <= MAX_LINK_GBPS:
             raise UsageError(f"{name(key)} is GB/s a device, one direction, {LINKS[key]}: it must be above 0 and "
-                             f"at most {MAX_LINK_GBPS:,.0f}, got {value!r}; e.g. 6.25 for a node's 4x 100 Gb/s "
-                             "NICs shared by 8 GPUs, or leave it out for the preset's")
+                             f"at most {MAX_LINK_GBPS:,.0f}, got {value!r}; {LINK_EXAMPLES[key]}, or leave it out for the "
+                             "preset's")
         out[key] = float(value)
     return out
 

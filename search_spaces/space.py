@@ -69,7 +69,9 @@ class SearchSpace:
     def __post_init__(self) -> None:
         where = f"search space {self.name!r}"
         knobs = {k: _check_domain(k, v, where) for k, v in dict(self.knobs).items()}
-        fixed = {k: _check_value(k, v, where, "fixed") for k, v in dict(self.fixed).items()}
+        # a space pinned from flags (``pinned``): the user wrote knob flags, not a space's ``fixed`` table
+        what = "the pinned knobs" if self.name.endswith("+pinned") else f"fixed of {where}"
+        fixed = {k: _check_value(k, v, where, what) for k, v in dict(self.fixed).items()}
         both = sorted(set(knobs) & set(fixed))
         if both:
             raise ConfigError(f"a knob is either searched or fixed: {both} are both in {where}; remove one")
@@ -320,7 +322,7 @@ def _check_value(knob: str, v: Any, where: str, what: str) -> Any:
             f"unknown knob {knob!r} in {where}: valid knobs are {', '.join(TUNABLE)} "
             f"({derived} are derived from --gpus and --global-batch)"
         )
-    return KNOB[knob].check(v, f"{what} of {where}")
+    return KNOB[knob].check(v, what if what.startswith(("the ", "fixed of ")) else f"{what} of {where}")
 
 
 def _check_domain(knob: str, dom: Any, where: str) -> Any:

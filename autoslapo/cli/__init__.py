@@ -59,12 +59,20 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(f"autoslapo.cli.{name.replace('-', '_')}")
 
 
+def _version() -> str:
+    from autoslapo import __version__
+
+    return __version__
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, just that subcommand's arguments are loaded (fast start-up).
 
     Every subcommand is listed in the top-level help from ``SUBCOMMANDS`` without importing it.
     """
     parser = _Parser(prog="autoslapo", description="Automatic schedule tuner for distributed PyTorch training.")
+    parser.add_argument("--version", action="version", version=f"autoslapo {_version()}",
+                        help="print autoslapo's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, help_text in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -131,7 +139,7 @@ def _flags_before_command(args: Sequence[str]) -> str:
     keeps its spelling, and the close flags are named (or that none is)."""
     at = next((i for i, a in enumerate(args) if a in SUBCOMMANDS), None)
     head = list(args[:at] if at is not None else args)
-    if not head or not _is_flag(head[0]) or head[0] in ("-h", "--help"):
+    if not head or not _is_flag(head[0]) or head[0] in ("-h", "--help", "--version"):
         return ""
     command = args[at] if at is not None else None
     fixed, hints = list(head), []
@@ -150,6 +158,9 @@ def _flags_before_command(args: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list == ["--version"]:  # argparse's action would exit the process
+        print(f"autoslapo {_version()}")
+        return 0
     early = _flags_before_command(args_list)
     if early:  # else the flag's value ("URL") was read as the command
         sys.stderr.write(f"autoslapo: error: {early} (see autoslapo --help)\n")

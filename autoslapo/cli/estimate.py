@@ -213,8 +213,9 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
     tokens = "" if is_convolutional(d["model"]["family"]) else f", {d['tokens_per_s']:,.0f} tokens/s"  # images
     print(f"  {d['samples_per_s']:,.1f} samples/s{tokens}, step {d['step_time_s']:.3f} s")
     if args.global_batch is None and "grad_accum" not in d["pinned"]:  # tune fixes it (its space's global batch)
-        print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}: not fixed, so the largest micro-batch "
-              "that fits is fastest; --global-batch fixes it, as tune does"
+        why = "" if "micro_batch" in d["pinned"] else ", so the largest micro-batch that fits is fastest"
+        print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}: not fixed{why}; --global-batch "
+              "fixes it, as tune does"
               + ("; unfixed, a pipeline accumulates 4 x pp micro-batches a step and a layout without one 1, "
                  "so they were compared at different batches: pass yours" if c["pp"] > 1 else ""))
     print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")

@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="run the trial N times in all; report the median samples/s over the runs and their IQR "
                         "(default 1)")
-    p.add_argument("--json", action="store_true", help="print the TrialResult as JSON")
+    p.add_argument("--json", action="store_true", help="print the TrialResult as JSON, the configuration run in its extra.config")
     add_shape_arguments(p)
 
 
@@ -127,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
         if done:
             result = with_repeats(done[0], [r for r in runs if r is not done[0]])
             result = replace(result, extra={**result.extra, "repeats": args.repeats})
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    if args.json:  # the configuration run rides in extra, as the table prints it
+        print(json.dumps(replace(result, extra={**result.extra, "config": config.to_dict()}).to_dict(),
+                         indent=2, sort_keys=True))
     else:
         print(_table(result, spec.preset, config, spec.family))
     return 0 if result.ok and not result.extra.get("repeat_failures") else 1

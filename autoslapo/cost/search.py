@@ -112,6 +112,12 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
                 yield group
 
 
+def _pins(fixed: dict[str, Any]) -> str:
+    """``"the pins tp=1 pp=1"`` for a person (``"no pins"`` when none is set)."""
+    given = [f"{k}={v}" for k, v in fixed.items() if v is not None]
+    return "the pins " + " ".join(given) if given else "no pins"
+
+
 def _batch_rule(global_batch: int, mb: int, dp: int) -> str:
     return (f"the global batch must split into micro-batches over the replicas: got global batch {global_batch} "
             f"for micro-batch {mb} x dp {dp}; use a global batch that is a multiple of micro-batch x dp")
@@ -212,12 +218,12 @@ def _best_configs(model: ModelSpec, cluster: ClusterSpec, n: int, global_batch: 
         ranked[0] = replace(ranked[0], breakdown={**ranked[0].breakdown, "searched": seen})
         return ranked
     if smallest is None and refused:
-        raise ConfigError(f"no schedule of {model.preset} on {cluster.gpus} x {cluster.gpu_type} with {fixed} runs "
+        raise ConfigError(f"no schedule of {model.preset} on {cluster.gpus} x {cluster.gpu_type} with {_pins(fixed)} runs "
                           f"on autoslapo's runtime: {refused}")
     if smallest is None:
         reason = no_schedule_reason(model, cluster, {k: v for k, v in fixed.items() if v is not None}, rejected)
         raise ConfigError(
-            f"no valid schedule for {model.preset} on {cluster.gpus} x {cluster.gpu_type} with {fixed}"
+            f"no valid schedule for {model.preset} on {cluster.gpus} x {cluster.gpu_type} with {_pins(fixed)}"
             f"{'' if global_batch is None else f' and global batch {global_batch}'}"
             f"{f': {reason}' if reason else '; relax the fixed knobs'}"
         )

@@ -60,6 +60,13 @@ def test_estimate_fixed_knobs_are_kept(capsys: pytest.CaptureFixture[str], monke
     (["estimate", "gpt2-xl", "--gpus", "64", "--pp", "64"], "pipeline chunks must each hold a layer, but the first"),
         (["estimate", "gpt2-xl", "--gpus", "8", "--pp", "5"], "pp must divide --gpus: got pp=5 for --gpus 8"),
     (["estimate", "bert", "--gpus", "8", "--tp", "1", "--pp", "2", "--dp", "2"], "tp*pp*dp must equal --gpus"),
+    # the pins as a person writes them, not a Python dict
+    (["estimate", "bert", "--gpus", "8", "--tp", "1", "--pp", "1", "--dp", "4"],
+     "with the pins tp=1 pp=1 dp=4: tp*pp*dp must equal --gpus"),
+    (["estimate", "bert", "--gpus", "8", "--ckpt-ratio", "1.5"], "got 1.5 in the pinned knobs"),
+    # each link's example is its own (a PCIe node's, a network's)
+    (["estimate", "bert", "--gpus", "8", "--intra-node-gbps", "-1"], "got -1.0; e.g. 32 for PCIe 4.0 x16"),
+    (["estimate", "bert", "--gpus", "8", "--inter-node-gbps", "0"], "got 0.0; e.g. 6.25 for a node's 4x 100 Gb/s"),
     (["estimate", "bert", "--gpus", "8", "--global-batch", "7", "--micro-batch", "2"],
      "got global batch 7 for micro-batch 2 x dp"),
     (["estimate", "wideresnet-50-2", "--gpus", "8", "--attn", "flash"], "attn_kernel does not apply to wideresnet"),
@@ -335,3 +342,16 @@ def test_an_unfixed_batch_says_a_pipeline_was_compared_at_another_batch(
     assert main(["estimate", "llama-7b", "--gpus", "64", "--gpu-type", "v100-32gb", "--pp", "2",
                  "--global-batch", "256"]) == 0
     assert "compared at different batches" not in capsys.readouterr().out
+
+
+def test_a_pinned_micro_batch_is_not_called_the_largest_that_fits(capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """Without --global-batch the summary explains a free micro-batch's pick; a pinned one was not picked."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["estimate", "bert", "--gpus", "8", "--micro-batch", "8"]) == 0
+    pinned = [line for line in capsys.readouterr().out.splitlines() if "global batch" in line]
+    assert pinned and "not fixed;" in pinned[0] and "largest micro-batch" not in pinned[0]
+    assert main(["estimate", "bert", "--gpus", "8"]) == 0
+    free = [line for line in capsys.readouterr().out.splitlines() if "global batch" in line]
+    assert free and "so the largest micro-batch that fits is fastest" in free[0]

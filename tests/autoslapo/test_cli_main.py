@@ -35,6 +35,14 @@ def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]
     assert "usage: autoslapo" in capsys.readouterr().out
 
 
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """``autoslapo --version`` answers (no command takes it: before, the flag-before-command rule refused it)."""
+    from autoslapo import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"autoslapo {__version__}"
+
+
 def test_unknown_command_is_one_line_exit_2() -> None:
     r = _run("frobnicate")
     assert r.returncode == 2

@@ -34,6 +34,9 @@ def test_run_prints_a_complete_trial_as_json() -> None:
     assert result.final_loss is not None and 0 < result.final_loss < 20
     assert result.extra["plan"]["tp"] == 2
     assert len(result.extra["step_times_s"]) == 2
+    # the configuration run, as the table prints it (micro-batch, accumulation, ZeRO stage ...)
+    config = ScheduleConfig.from_dict(result.extra["config"])
+    assert (config.tp, config.pp, config.dp) == (2, 1, 1) and config.micro_batch >= 1 and config.grad_accum >= 1
 
 
 def test_a_working_directory_shadowing_the_standard_library_does_not_break_a_trial(tmp_path: Path) -> None:
