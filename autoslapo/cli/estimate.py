@@ -86,6 +86,11 @@ def _study_cluster(args: argparse.Namespace) -> StudyCluster:
         return study_cluster(store, args.cluster_from, given, lambda key: "--" + key.replace("_", "-"))
 
 
+def _figure(x: float) -> str:
+    """``x`` with one decimal, or three significant digits below 0.1 (a CPU's 0.0213 samples/s is not 0.0)."""
+    return f"{x:,.1f}" if x == 0 or abs(x) >= 0.1 else f"{x:.3g}"
+
+
 def run(args: argparse.Namespace) -> int:
     """Estimate the given (or best) schedule; prints a summary or JSON. Returns 0."""
     if args.server:
@@ -211,14 +216,15 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
         print(f"  pipeline: {sum(sizes)} {unit} over {len(sizes)} ranks: "
               + ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs) + ("" if len(runs) == 1 else " (uneven)"))
     tokens = "" if is_convolutional(d["model"]["family"]) else f", {d['tokens_per_s']:,.0f} tokens/s"  # images
-    print(f"  {d['samples_per_s']:,.1f} samples/s{tokens}, step {d['step_time_s']:.3f} s")
+    print(f"  {_figure(d['samples_per_s'])} samples/s{tokens}, step {d['step_time_s']:.3f} s")
     if args.global_batch is None and "grad_accum" not in d["pinned"]:  # tune fixes it (its space's global batch)
         why = "" if "micro_batch" in d["pinned"] else ", so the largest micro-batch that fits is fastest"
         print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}: not fixed{why}; --global-batch "
               "fixes it, as tune does"
               + ("; unfixed, a pipeline accumulates 4 x pp micro-batches a step and a layout without one 1, "
                  "so they were compared at different batches: pass yours" if c["pp"] > 1 else ""))
-    print(f"  {d['tflops_per_device']:.1f} model TFLOP/s a device ({d['hw_tflops_per_device']:.1f} with recompute)")
+    print(f"  {_figure(d['tflops_per_device'])} model TFLOP/s a device ({_figure(d['hw_tflops_per_device'])} with "
+          "recompute)")
     used, capacity = d["memory_per_device_bytes"], d["memory_capacity_bytes"]
     tight = d["fits"] and capacity - used < TIGHT_FRACTION * capacity
     print(f"  memory {used / 2**30:.2f} GiB of {capacity / 2**30:.1f} GiB a device ({'fits' if d['fits'] else 'does NOT fit'}"

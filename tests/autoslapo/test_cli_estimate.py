@@ -355,3 +355,15 @@ def test_a_pinned_micro_batch_is_not_called_the_largest_that_fits(capsys: pytest
     assert main(["estimate", "bert", "--gpus", "8"]) == 0
     free = [line for line in capsys.readouterr().out.splitlines() if "global batch" in line]
     assert free and "so the largest micro-batch that fits is fastest" in free[0]
+
+
+def test_small_rates_keep_their_significant_digits(capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A CPU's fraction of a sample a second is printed as such, not as 0.0 samples/s and 0.0 TFLOP/s."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    assert main(["estimate", "llama-7b", "--gpus", "16", "--gpu-type", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rate = next(line for line in out.splitlines() if "samples/s" in line).split()[0]
+    tflops = next(line for line in out.splitlines() if "model TFLOP/s" in line).split()[0]
+    assert 0 < float(rate) < 0.1 and 0 < float(tflops) < 0.1, out
