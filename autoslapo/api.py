@@ -197,7 +197,7 @@ def _store(storage: str | Store | None) -> tuple[Store, bool]:
         return storage, False
     if storage is not None and not isinstance(storage, str | Path):
         raise UsageError(f"storage must be a URL or a Store: got {type(storage).__name__}")
-    return require_store(None if storage is None else str(storage)), True
+    return require_store(None if storage is None else str(storage), read_only=True), True
 
 
 def _trial_spec(model: str | ModelSpec, trial: TrialRecord, storage: str | Store | None) -> ModelSpec:

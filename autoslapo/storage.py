@@ -130,8 +130,10 @@ class StudyCluster(NamedTuple):
         return runtime_limits(model, self.cluster.gpu_type)
 
 
-def open_existing_store(url: str | None) -> Store | None:
-    """Open the store at ``url`` for reading; None when it is a SQLite file that does not exist yet.
+def open_existing_store(url: str | None, *, read_only: bool = False) -> Store | None:
+    """Open the store at ``url``; None when it is a SQLite file that does not exist yet. ``read_only``:
+    for a command that only reads (``open_store``'s: never writes, and reads a store in a read-only
+    directory).
 
     ``url`` None means ``$AUTOSLAPO_STORAGE``, else ``sqlite:///autoslapo.db`` here.
     Raises UsageError for in-memory SQLite, StorageError for a bad URL or a file that is not a database.
@@ -149,12 +151,12 @@ def open_existing_store(url: str | None) -> Store | None:
             )
         if not check_sqlite_file(path):
             return None
-    return open_store(resolved)
+    return open_store(resolved, read_only=read_only)
 
 
-def require_store(url: str | None) -> Store:
+def require_store(url: str | None, *, read_only: bool = False) -> Store:
     """Like ``open_existing_store`` but a missing SQLite file is an error (exit 2) saying what to do."""
-    store = open_existing_store(url)
+    store = open_existing_store(url, read_only=read_only)
     if store is None:
         from store import resolve_url
 

@@ -16,8 +16,9 @@ import functools
 import itertools
 import json
 import math
+import time
 import tomllib
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -287,18 +288,34 @@ class BoundSpace:
         """Every distinct valid configuration, in a fixed order (deduplicated by config hash)."""
         return list(self._configs)
 
-    @functools.cached_property
-    def _configs(self) -> tuple[ScheduleConfig, ...]:
-        # Computed once per bound space: the prior's ranking and the sim sweep both walk it
-        # (about a second for BERT-large on 64 GPUs).
+    def walk(self, *, deadline: float | None = None, tick: Callable[[int, int], None] | None = None,
+             every: int = 2000) -> list[ScheduleConfig] | None:
+        """``configs()``, walked with ``tick(points done, points in all)`` every ``every`` points; None
+        (nothing kept) when ``time.monotonic()`` passes ``deadline`` first. A finished walk is kept:
+        ``configs()`` answers from it afterwards."""
+        if "_configs" in vars(self):  # walked before
+            return list(self._configs)
         seen: set[ScheduleConfig] = set()  # frozen dataclass: equal iff the config hashes are equal
         out: list[ScheduleConfig] = []
-        for point in self.points():
+        total = self.size
+        for i, point in enumerate(self.points(), 1):
             cfg = self.derive(point)
             if isinstance(cfg, ScheduleConfig) and cfg not in seen:
                 seen.add(cfg)
                 out.append(cfg)
-        return tuple(out)
+            if i % every == 0:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                if tick is not None:
+                    tick(i, total)
+        vars(self)["_configs"] = tuple(out)  # the cached property's own slot
+        return out
+
+    @functools.cached_property
+    def _configs(self) -> tuple[ScheduleConfig, ...]:
+        # Computed once per bound space: the prior's ranking and the sim sweep both walk it
+        # (about a second for BERT-large on 64 GPUs; seconds for a large model on many devices).
+        return tuple(self.walk() or ())
 
 
 def canonical(knobs: Mapping[str, Any], layers: int) -> dict[str, Any]:

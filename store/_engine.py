@@ -41,28 +41,36 @@ _PG_TRANSIENT = ("40001", "40P01", "55P03", "57P01", "08")
 _SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy")
 
 
-def build_engine(url: URL) -> Engine:
-    """Create the engine for ``url`` (already checked by ``parse_url``/``check_sqlite_file``)."""
+def build_engine(url: URL, *, read_only: bool = False, immutable: bool = False) -> Engine:
+    """Create the engine for ``url`` (already checked by ``parse_url``/``check_sqlite_file``).
+
+    SQLite only: ``read_only`` leaves the journal mode as it is (no ``PRAGMA journal_mode`` write);
+    ``immutable`` opens the file ``mode=ro&immutable=1`` (no locks, no ``-wal``/``-shm`` files), for
+    a store in a directory SQLite cannot write to.
+    """
     kwargs: dict[str, Any] = {"json_serializer": canonical_json, "future": True}
     if url.get_backend_name() == "sqlite":
         connect_args: dict[str, Any] = {"timeout": BUSY_TIMEOUT_S, "check_same_thread": False}
         if url.database in (None, "", ":memory:"):
             kwargs["poolclass"] = StaticPool
+        if immutable and url.database:
+            uri = f"{Path(url.database).as_uri()}?mode=ro&immutable=1"
+            kwargs["creator"] = lambda: sqlite3.connect(uri, uri=True, **connect_args)
         engine = create_engine(url, connect_args=connect_args, **kwargs)
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, wal=not (read_only or immutable))
         return engine
     connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT_S}
     return create_engine(url, connect_args=connect_args, pool_pre_ping=True, **kwargs)
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, *, wal: bool = True) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Take transaction control from the sqlite3 module so BEGIN is ours (see "begin" below).
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        if engine.url.database not in (None, "", ":memory:"):
+        if wal and engine.url.database not in (None, "", ":memory:"):
             cursor.execute("PRAGMA journal_mode = WAL")
         # NORMAL is durable in WAL mode except for the last commits before a power cut.
         cursor.execute("PRAGMA synchronous = NORMAL")
@@ -186,8 +194,9 @@ def storage_error(err: BaseException, *, what: str, url: URL) -> StorageError:
 
 
 @contextlib.contextmanager
-def _readonly(path: Path) -> Iterator[sqlite3.Connection]:
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+def _readonly(path: Path, *, immutable: bool = False) -> Iterator[sqlite3.Connection]:
+    mode = "mode=ro&immutable=1" if immutable else "mode=ro"
+    conn = sqlite3.connect(f"{path.as_uri()}?{mode}", uri=True, timeout=BUSY_TIMEOUT_S)
     try:
         yield conn
     finally:
@@ -199,28 +208,30 @@ def sibling_files(path: Path) -> list[Path]:
     return [Path(f"{path}-wal"), Path(f"{path}-shm")]
 
 
-def probe_sqlite(path: Path, version_table: str) -> str | None:
-    """Open an existing SQLite database read-only, check it, and return its autoslapo revision.
+def probe_sqlite(path: Path, version_table: str, *, immutable: bool = False) -> tuple[str | None, frozenset[str]]:
+    """Open an existing SQLite database read-only, check it, and return its autoslapo revision and
+    the names of its tables and views (SQLite's own left out).
 
     Runs ``PRAGMA quick_check`` so a damaged file is refused before anything writes to it.
-    Returns ``None`` when autoslapo's tables were never created. Raises StorageError for a
+    The revision is ``None`` when autoslapo's tables were never created. Raises StorageError for a
     damaged file. The main file is never written (a read-only open of a WAL database may create
-    ``-wal``/``-shm`` files; ``remove_new_siblings`` takes them away again on failure).
+    ``-wal``/``-shm`` files; ``remove_new_siblings`` takes them away again on failure);
+    ``immutable`` opens it without locks or side files (a directory SQLite cannot write to).
     """
     try:
-        with _readonly(path) as conn:
+        with _readonly(path, immutable=immutable) as conn:
             rows = conn.execute("PRAGMA quick_check").fetchall()
             if rows != [("ok",)]:
                 text = " ".join(str(r[0]) for r in rows[:3]).replace("*** in database main ***", "")
                 problem = " ".join(text.split())[:160]
                 raise sqlite3.DatabaseError(f"database disk image is malformed ({problem})")
-            has_table = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (version_table,)
-            ).fetchone()
-            if not has_table:
-                return None
+            names = frozenset(str(r[0]) for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+            ))
+            if version_table not in names:
+                return None, names
             row = conn.execute(f"SELECT version_num FROM {version_table}").fetchone()
-            return None if row is None else str(row[0])
+            return (None if row is None else str(row[0])), names
     except sqlite3.Error as err:
         detail = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise StorageError(

@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from autoslapo.errors import StorageError
 from autoslapo.storage import BASELINES_SUFFIX
-from store import _budget, _calibrations, _engine, _migrate, _queries, _trials
+from store import _budget, _calibrations, _engine, _migrate, _open, _queries, _trials
 from store._convert import study_record, study_row
 from store._frames import export_frame, trials_frame
 from store._jobs import JobQueue
@@ -32,50 +31,31 @@ from store._records import (
     check_metric,
     config_hash,
 )
-from store._schema import VERSION_TABLE, StudyRow, TrialRow, utcnow
+from store._schema import StudyRow, TrialRow, utcnow
 from store._tokens import TokenTable
 from store._trials import INTERRUPTED
-from store._url import check_sqlite_file, display, parse_url, resolve_url, sqlite_path
+from store._url import display, sqlite_path
 
 if TYPE_CHECKING:
     import optuna
     import pandas as pd
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, *, read_only: bool = False) -> Store:
     """Open (creating or upgrading as needed) the store at ``url``.
 
     ``url`` None -> $AUTOSLAPO_STORAGE -> ``sqlite:///autoslapo.db`` in the working directory.
     Raises StorageError, leaving the target as it was, for a malformed URL, an unreachable
-    server, a file that is not a SQLite database, a damaged database, or a schema revision
-    written by a newer autoslapo.
+    server, a file that is not a SQLite database, a damaged database, a SQLite database that
+    holds other tables and none of autoslapo's, a SQLite file in a directory SQLite cannot write
+    to, or a schema revision written by a newer autoslapo.
+
+    ``read_only`` (for commands that only read): never creates a database or autoslapo's tables
+    (a database without them is refused), leaves a store at the head revision unwritten, and reads
+    a SQLite store in a read-only directory through an immutable open (refused when its ``-wal``
+    file holds commits).
     """
-    parsed = parse_url(resolve_url(url))
-    where = display(parsed)
-    if parsed.get_backend_name() == "sqlite":
-        path = sqlite_path(parsed)
-        if path is not None:
-            parsed = parsed.set(database=str(path))
-            if check_sqlite_file(path):
-                existed = [p.exists() for p in _engine.sibling_files(path)]
-                try:
-                    _migrate.check_revision(_engine.probe_sqlite(path, VERSION_TABLE), where)
-                except StorageError:
-                    _engine.remove_new_siblings(path, existed)
-                    raise
-    engine = _engine.build_engine(parsed)
-    try:
-        if parsed.get_backend_name() == "postgresql":
-            # Read-only look first, so a newer schema is refused before any lock or DDL.
-            try:
-                with engine.connect() as conn:
-                    _migrate.check_revision(_migrate.current_revision(conn), where)
-            except SQLAlchemyError as err:
-                raise _engine.storage_error(err, what="open the store", url=parsed) from None
-        _engine.with_retry(lambda: _migrate.upgrade(engine, where=where), what="open the store", url=parsed)
-    except BaseException:
-        engine.dispose()
-        raise
+    engine, parsed = _open.open_engine(url, read_only=read_only)
     return Store(engine, parsed)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,23 @@ class BaselineContext:
     predict: Callable[[ScheduleConfig], Prediction]
     evaluate: Callable[[ScheduleConfig], TrialResult]
     measured: Mapping[ScheduleConfig, TrialResult]
+    #: what the recipes tried: how many were valid, and the rule broken at the smallest micro-batch
+    tried: Tried = field(default_factory=lambda: Tried())
+
+
+@dataclass
+class Tried:
+    """The configurations a recipe built (``_valid``): ``valid`` of them could run here; ``rule``:
+    the rule the one with the smallest micro-batch broke (``(micro_batch, message)``), None if none broke one."""
+
+    valid: int = 0
+    rule: tuple[int, str] | None = None
+
+    def reason(self, kind: str) -> str | None:
+        """Why no ``kind``-style configuration exists, when none was valid (a rule, not memory)."""
+        if self.valid or self.rule is None:
+            return None
+        return f"no {kind}-style configuration is valid here: {self.rule[1]}"
 
 
 def _valid(ctx: BaselineContext, **knobs: Any) -> ScheduleConfig | None:
@@ -64,9 +81,14 @@ def _valid(ctx: BaselineContext, **knobs: Any) -> ScheduleConfig | None:
         dp = layout.data_parallel(b.cluster.gpus, knobs["tp"], knobs["pp"])
         ga = layout.grad_accum_for(b.global_batch, knobs["micro_batch"], dp)
         precision = b.fixed.get("precision", layout.default_precision(b.cluster.device.bf16))
-        return ScheduleConfig(precision=precision, dp=dp, grad_accum=ga, **knobs).validate(b.model, b.cluster)
-    except ConfigError:
+        config = ScheduleConfig(precision=precision, dp=dp, grad_accum=ga, **knobs).validate(b.model, b.cluster)
+    except ConfigError as exc:
+        mb = int(knobs["micro_batch"])
+        if ctx.tried.rule is None or mb < ctx.tried.rule[0]:  # the least the recipe could ask of the batch
+            ctx.tried.rule = (mb, str(exc))
         return None
+    ctx.tried.valid += 1
+    return config
 
 
 def _ranked(ctx: BaselineContext, configs: list[ScheduleConfig]) -> list[ScheduleConfig]:
@@ -242,9 +264,13 @@ def score_baselines(runner: StudyRunner, outcome: TuneOutcome, *, measure: bool 
             picked.append((kind, stored[kind][0], stored[kind][1]))
             continue
         config: ScheduleConfig | None = None
-        result = TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False,
-                                     oom_evidence="cost-model prediction")
-        for i, cand in enumerate(pick(ctx)[:CANDIDATES], 1):
+        ctx.tried.valid, ctx.tried.rule = 0, None
+        candidates = pick(ctx)[:CANDIDATES]
+        invalid = ctx.tried.reason(kind)  # none could run here (a batch rule): not out of memory
+        result = (TrialResult.failure("failed", invalid, measured=False) if invalid is not None else
+                  TrialResult.failure("oom", f"no {kind}-style configuration fits", measured=False,
+                                      oom_evidence="cost-model prediction"))
+        for i, cand in enumerate(candidates, 1):
             r = ctx.measured.get(cand)
             if r is None and cand in here:
                 r, span = here[cand]

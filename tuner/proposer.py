@@ -22,6 +22,7 @@ TPE, GP, NSGA-II); the others see the worst value. Optuna is imported lazily (it
 from __future__ import annotations
 
 import random
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.errors import UsageError
 from autoslapo.result import TrialResult
 from search_spaces import ORDINAL, BoundSpace, Invalid
+from tuner.walk import TICK, Tick, valid_configs
 
 if TYPE_CHECKING:
     import optuna
@@ -237,12 +239,31 @@ class Proposer:
 
     def ranking(self) -> list[ScheduleConfig]:
         """Every valid configuration predicted to fit, best predicted first (computed once)."""
-        if self._ranking is None:
-            fits = [(c, self.predict(c)) for c in self.bound.configs()]
-            fits = [(c, p) for c, p in fits if p.fits]
-            fits.sort(key=lambda cp: -cp[1].samples_per_s)
-            self._ranking = [c for c, _ in fits]
+        self.rank()
+        assert self._ranking is not None
         return self._ranking
+
+    def rank(self, *, tick: Tick | None = None, deadline: float | None = None) -> bool:
+        """Compute ``ranking()`` unless it is known; ``tick(done, total, unit)`` as the space is walked
+        and predicted (``tuner/walk.py``). False (nothing kept) when ``time.monotonic()`` passes ``deadline`` first."""
+        if self._ranking is not None:
+            return True
+        configs = valid_configs(self.bound, deadline=deadline, tick=tick)
+        if configs is None:
+            return False
+        fits: list[tuple[ScheduleConfig, Prediction]] = []
+        for i, c in enumerate(configs, 1):
+            p = self.predict(c)
+            if p.fits:
+                fits.append((c, p))
+            if i % TICK == 0:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                if tick is not None:
+                    tick(i, len(configs), "configurations")
+        fits.sort(key=lambda cp: -cp[1].samples_per_s)
+        self._ranking = [c for c, _ in fits]
+        return True
 
     # --- knowledge -------------------------------------------------------------------------
     def enqueue(self, configs: Iterable[ScheduleConfig], source: str) -> int:

@@ -91,3 +91,16 @@ def submitted_space(store: Store, study: str) -> SearchSpace | None:
     if job is None or not job.request.get("space"):
         return None
     return space_from_dict(job.request["space"], source=f"the space study {study!r} was submitted with")
+
+
+def resume_target(store: Store, name: str, model_signature: str, cluster_fingerprint: str) -> str:
+    """The study ``--resume`` without ``--study`` continues: of the default name ``name`` and the
+    ``name-2``, ``name-3`` ... that later tunes took, the newest of the same model and cluster that is
+    not complete (an interrupted one), else the newest of them; ``name`` itself when none is stored."""
+    ours = [rec for rec in store.list_studies()  # oldest first
+            if (rec.name == name or (rec.name.startswith(f"{name}-") and rec.name[len(name) + 1:].isdigit()))
+            and (rec.model_signature, rec.cluster_fingerprint) == (model_signature, cluster_fingerprint)]
+    if not ours:
+        return name
+    unfinished = [rec for rec in ours if rec.status != "complete"]
+    return (unfinished or ours)[-1].name

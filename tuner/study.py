@@ -20,6 +20,9 @@ Sweep (``sweep``; auto for the plain ``SimEvaluator`` under inline dispatch): th
 evaluator, so every valid configuration is scored instead of sampled, and the best ``trials`` are
 stored (``tuner/sweep.py``); ``sweep=False`` samples as above (the sampler is for real trials and
 for the benchmarks' perturbed or replayed landscapes, which always sample unless told to sweep).
+``timeout_s`` counts from the runner's construction (walking and ranking the space are part of the
+search) and stops a sweep too, which then stores the best of what it scored; ``patience`` is refused
+by a sweep (it has no trial order to be patient over).
 
 Every finished trial is also mirrored (in batches) into an Optuna study of the same name in the
 store's database, for ``optuna-dashboard`` (``tuner/mirror.py``); the sampler's own study stays in memory.
@@ -28,7 +31,6 @@ store's database, for ``optuna-dashboard`` (``tuner/mirror.py``); the sampler's 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,16 +42,18 @@ from autoslapo.errors import StorageError, StorageLost, UsageError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
 from autoslapo.storage import BASELINES_SUFFIX
-from search_spaces import BoundSpace, SearchSpace, space_for
+from search_spaces import BoundSpace, space_for
 from tuner.baselines import BaselineContext
 from tuner.evaluators import Evaluator, SimEvaluator, make_evaluator
 from tuner.heartbeat import heartbeat
 from tuner.learning import PriorLearner, with_prediction
 from tuner.mirror import OptunaMirror
+from tuner.options import Progress, TuneOptions
 from tuner.probe import MemoryProbe
-from tuner.proposer import SAMPLERS, Prediction, Proposal, Proposer
-from tuner.resume import submitted_space
+from tuner.proposer import Prediction, Proposal, Proposer
+from tuner.resume import resume_target, submitted_space
 from tuner.sweep import Sweep, run_sweep
+from tuner.walk import Tick
 
 if TYPE_CHECKING:
     from store import Store, TrialRecord
@@ -62,91 +66,6 @@ INTERRUPTED_PREFIX = "interrupted"
 LEARNED_SHORTLIST = 2000
 #: ... and every this many trials it takes the shortlist anew from the whole corrected ranking.
 LEARNED_REFRESH = 20
-
-
-def check_timeout(timeout_s: float | None) -> None:
-    """UsageError unless ``--timeout`` is unset or positive, finite seconds (nan and inf: no limit at all)."""
-    if timeout_s is not None and not 0 < timeout_s < math.inf:
-        raise UsageError(f"--timeout must be positive, finite seconds: got {timeout_s!r}; leave it out for none")
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """Everything one ``autoslapo tune`` needs (the CLI builds it; tests build it directly)."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    backend: str = "sim"
-    trials: int = 100
-    timeout_s: float | None = None
-    patience: int | None = None
-    sampler: str = "tpe"
-    seed: int = 0
-    global_batch: int | None = None
-    space: SearchSpace | None = None
-    study: str | None = None
-    resume: bool = False
-    join: bool = False  # create the study or join it: several tuners share one study and budget
-    warm_start: bool = True
-    prior_seeds: int | None = None  # how many of the cost model's best predictions go first
-    dispatch: str = "inline"  # "inline" or "ray"
-    ray_address: str | None = None
-    max_concurrent: int = 1
-    steps: int = 4
-    trial_timeout_s: float = 300.0
-    baselines: bool = True
-    repeats: int = 0  # interleaved re-measurements of the finalists and baselines (real trials only)
-    mirror: bool = True  # also record finished trials in an Optuna study in the store's database
-    mirror_every: int = 25  # finished trials between two mirror writes
-    # refit the cluster's cost-model correction after each trial (None: only when trials are real)
-    learn_prior: bool | None = None
-    # A study that learns measures the corrected prior's best unmeasured configuration after every
-    # ``learned_every``-th trial (0: never; the sampler proposes the others).
-    learned_every: int = 2
-    sweep: bool | None = None  # score every configuration (None: when the evaluator is the plain cost model)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.trials, int) or self.trials < 1:
-            raise UsageError(f"--trials must be a positive integer: got {self.trials!r}")
-        check_timeout(self.timeout_s)
-        if self.patience is not None and self.patience < 1:
-            raise UsageError(f"--patience must be a positive number of trials: got {self.patience!r}")
-        if self.sampler not in SAMPLERS:
-            raise UsageError(f"--sampler must be one of {', '.join(SAMPLERS)}: got {self.sampler!r}")
-        if self.dispatch not in ("inline", "ray"):
-            raise UsageError(f"dispatch must be inline or ray: got {self.dispatch!r}")
-        if self.max_concurrent < 1:
-            raise UsageError(f"--max-concurrent must be a positive integer: got {self.max_concurrent!r}")
-        if self.join and self.resume:
-            raise UsageError("--join and --resume exclude each other: --join shares a study with tuners still "
-                             "running, --resume takes over a stopped one; pass one of them")
-        if self.join and not self.study:
-            raise UsageError("--join needs --study NAME: the study the tuners share")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
-            raise UsageError(f"--seed must be a whole number from 0 to 2**32 - 1 (4,294,967,295; the samplers' "
-                             f"random state): got {self.seed!r}")
-        if self.steps < 1:
-            raise UsageError(f"--steps must be a positive integer: got {self.steps!r}")
-        if not isinstance(self.learned_every, int) or self.learned_every < 0:
-            raise UsageError(f"learned_every must be 0 (never) or a positive number of trials: "
-                             f"got {self.learned_every!r}")
-        if not isinstance(self.repeats, int) or self.repeats < 0:
-            raise UsageError(f"--repeats must be a whole number of re-measurements, 0 or more: got {self.repeats!r}")
-        if self.sweep not in (None, True, False):
-            raise UsageError(f"sweep must be true, false or unset (auto): got {self.sweep!r}")
-        if not 0 < self.trial_timeout_s < math.inf:
-            raise UsageError(f"--trial-timeout must be positive, finite seconds: got {self.trial_timeout_s!r}")
-
-
-@dataclass
-class Progress:
-    """A snapshot for the live progress bar."""
-
-    launched: int
-    budget: int
-    best: float
-    counts: dict[str, int]
-    last: str = ""
 
 
 @dataclass
@@ -175,11 +94,17 @@ class StudyRunner:
     """Runs one study against a store. Use ``run()``; ``propose``/``complete`` serve the Ray searcher."""
 
     def __init__(self, options: TuneOptions, store: Store, *, evaluator: Evaluator | None = None,
-                 progress: Callable[[Progress], None] | None = None) -> None:
+                 progress: Callable[[Progress], None] | None = None,
+                 opened: Callable[[str], None] | None = None) -> None:
+        # ``--timeout`` counts from here: ranking the space is part of the search
+        self.started = time.monotonic()
+        self.deadline = None if options.timeout_s is None else self.started + options.timeout_s
         self.options = options
         self.store = store
         self.progress = progress
         name = options.study or default_study_name(options.model, options.cluster, options.backend)
+        if options.resume and options.study is None:  # the default name's newest interrupted study (-2, -3 ...)
+            name = resume_target(store, name, options.model.signature(), options.cluster.fingerprint())
         self.space = space = (options.space or (submitted_space(store, name) if options.resume else None)
                               or space_for(options.model.family))
         self.evaluator = evaluator or make_evaluator(options.backend, options.model, options.cluster,
@@ -199,8 +124,14 @@ class StudyRunner:
         if self.sweeping and not self.evaluator.instant:
             raise UsageError(f"a sweep scores every configuration: it needs an estimating backend (sim), not "
                              f"{self.evaluator.name!r}; drop the sweep option to sample real trials")
+        if self.sweeping and options.patience is not None:  # a sweep has no trial order to be patient over
+            raise UsageError(f"--patience stops a sampled search after K trials without a new best: got --patience "
+                             f"{options.patience} with --backend sim and no --sampler, which scores every "
+                             "configuration (a sweep); pass --sampler tpe to sample trials, or drop --patience")
         self.sweep: Sweep | None = None
         self.name = self._open_study(name)
+        if opened is not None:
+            opened(self.name)  # the CLI names it if the run is interrupted
         store.raise_budget(self.name, options.trials)  # the study's own budget: raised, never lowered
         # Real trials teach the prior (the cluster's calibration, read from and saved to the store).
         learns = options.learn_prior if options.learn_prior is not None else not self.evaluator.instant
@@ -295,8 +226,13 @@ class StudyRunner:
         if self.options.resume and self.mirror is not None:
             self.mirror.sync()  # catch up what a killed tuner had not mirrored yet
         k = self.options.prior_seeds if self.options.prior_seeds is not None else min(10, max(3, self.options.trials // 10))
-        if k:
+        if self.sweeping:
+            return  # a sweep ranks every configuration itself (tuner/sweep.py): nothing to seed
+        if k or self.learner.enabled:
             self.note(f"ranking the space by the cost model (up to {self.bound.size:,} points; once)")
+            if not self.proposer.rank(tick=self.tick("ranking the space by the cost model"), deadline=self.deadline):
+                return  # --timeout passed while ranking: ``run`` stops at once, by timeout
+        if k:
             self.proposer.enqueue(self.proposer.ranking()[:k], "prior")
         if self.learner.enabled and self.options.learned_every:
             self.proposer.shortlist = self.proposer.ranking()[:LEARNED_SHORTLIST]
@@ -431,9 +367,17 @@ class StudyRunner:
         if self.progress is not None:
             self.progress(Progress(self.launched, self.options.trials, self.best, dict(self.counts), text))
 
+    def tick(self, what: str) -> Tick:
+        """A ``tick(done, total, unit)`` that shows ``what: done of total unit`` on the progress line."""
+        def show(done: int, total: int, unit: str) -> None:
+            if self.progress is not None:
+                self.progress(Progress(self.launched, self.options.trials, self.best, dict(self.counts),
+                                       f"{what}: {done:,} of {total:,} {unit}", done=done, of=total))
+        return show
+
     def run(self) -> TuneOutcome:
         """Run the study to its budget (or a stop) and score the baselines; returns the outcome."""
-        started = time.monotonic()
+        started = self.started
         # a resumed study that ended complete has its baselines and repeats (one stopped may not)
         done = self.options.resume and self.store.get_study(self.name).status == "complete"
         self.store.set_study_status(self.name, "running")
@@ -483,11 +427,12 @@ class StudyRunner:
 
 
 def tune(options: TuneOptions, store: Store, *, evaluator: Evaluator | None = None,
-         progress: Callable[[Progress], None] | None = None) -> TuneOutcome:
+         progress: Callable[[Progress], None] | None = None,
+         opened: Callable[[str], None] | None = None) -> TuneOutcome:
     """Run (or resume) a study; returns its outcome. Raises UsageError/StorageError for bad input (exit
     code 2); StorageLost (exit code 1) when the store fails once the study is running (what is stored
-    stays; ``resume=True`` continues)."""
-    runner = StudyRunner(options, store, evaluator=evaluator, progress=progress)
+    stays; ``resume=True`` continues). ``opened(name)``: called once the study is created or found."""
+    runner = StudyRunner(options, store, evaluator=evaluator, progress=progress, opened=opened)
     try:
         with heartbeat(store, runner.name):  # a live tuner's study reads running; a killed one's, silent
             return runner.run()

@@ -31,6 +31,7 @@ from autoslapo.errors import UsageError
 from autoslapo.result import TrialResult
 from tuner.evaluators import SimEvaluator
 from tuner.proposer import Prior
+from tuner.walk import TICK, Tick, valid_configs
 
 if TYPE_CHECKING:
     from store import Store
@@ -46,7 +47,8 @@ class Sweep:
 
     ``scored``: distinct valid configurations; ``counts``: status -> configurations (``pruned``
     for those predicted not to fit); ``best``: the best ``keep`` complete ones, fastest first
-    (ties keep the space's order); ``exact``: only ``best`` were re-evaluated (see the module).
+    (ties keep the space's order); ``exact``: only ``best`` were re-evaluated (see the module);
+    ``total``: the space's valid configurations, more than ``scored`` when a deadline stopped it.
     """
 
     scored: int
@@ -54,21 +56,32 @@ class Sweep:
     best: tuple[tuple[ScheduleConfig, TrialResult], ...]
     elapsed_s: float
     exact: bool
+    total: int | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        """The deadline stopped the sweep before it scored every configuration."""
+        return self.total is not None and self.scored < self.total
 
     def summary(self, stored: int) -> dict[str, Any]:
-        """JSON-safe: configurations scored, counts per status, ``stored`` trials, the optimum, the time."""
+        """JSON-safe: configurations scored, counts per status, ``stored`` trials, the optimum, the time
+        (and, for a sweep the deadline stopped, ``"of"``: the space's valid configurations)."""
         top = self.best[0][1].samples_per_s if self.best else None
         return {"scored": self.scored, "counts": dict(sorted(self.counts.items())), "stored": stored,
-                "best_samples_per_s": top, "elapsed_s": round(self.elapsed_s, 3)}
+                "best_samples_per_s": top, "elapsed_s": round(self.elapsed_s, 3),
+                **({"of": self.total} if self.timed_out else {})}
 
 
 def sweep_space(configs: Iterable[ScheduleConfig], predict: Prior, evaluate: Callable[[ScheduleConfig], TrialResult],
-                *, keep: int, exact: bool = False) -> Sweep:
+                *, keep: int, exact: bool = False, deadline: float | None = None,
+                tick: Tick | None = None) -> Sweep:
     """Score every configuration of ``configs``; keep the best ``keep`` complete ones.
 
     ``predict``: the prior (fit and throughput); a configuration predicted not to fit is counted
     ``pruned``. ``evaluate``: the study's (instant) evaluator. ``exact``: the evaluator repeats the
     prior's throughput, so only the kept ones are evaluated (checked; see the module docstring).
+    ``deadline`` (``time.monotonic()``): stop predicting there and keep the best of those scored
+    (``Sweep.timed_out``); ``tick(done, total, unit)``: progress every ``TICK`` configurations.
     Returns a ``Sweep``; raises UsageError for a ``keep`` below 1.
     """
     if keep < 1:
@@ -77,6 +90,7 @@ def sweep_space(configs: Iterable[ScheduleConfig], predict: Prior, evaluate: Cal
     counts: dict[str, int] = {}
     fitting: list[tuple[ScheduleConfig, float]] = []
     scored = 0
+    configs = list(configs)
     for config in configs:
         scored += 1
         p = predict(config)
@@ -84,6 +98,12 @@ def sweep_space(configs: Iterable[ScheduleConfig], predict: Prior, evaluate: Cal
             fitting.append((config, p.samples_per_s))
         else:
             counts["pruned"] = counts.get("pruned", 0) + 1
+        if scored % TICK == 0:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            if tick is not None:
+                tick(scored, len(configs), "configurations")
+    total = len(configs)
     best: list[tuple[ScheduleConfig, TrialResult]] = []
     if exact:
         fitting.sort(key=lambda cp: -cp[1])  # stable: ties keep the space's order
@@ -96,12 +116,12 @@ def sweep_space(configs: Iterable[ScheduleConfig], predict: Prior, evaluate: Cal
         if exact:
             if fitting:
                 counts["complete"] = len(fitting)
-            return Sweep(scored, counts, tuple(best), time.monotonic() - started, True)
+            return Sweep(scored, counts, tuple(best), time.monotonic() - started, True, total)
     results = [(config, evaluate(config)) for config, _ in fitting]
     for _, r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     done = sorted((cr for cr in results if cr[1].status == "complete"), key=lambda cr: -cr[1].samples_per_s)
-    return Sweep(scored, counts, tuple(done[:keep]), time.monotonic() - started, False)
+    return Sweep(scored, counts, tuple(done[:keep]), time.monotonic() - started, False, total)
 
 
 def store_best(store: Store, study: str, sweep: Sweep, *, budget: int,
@@ -135,10 +155,16 @@ def store_best(store: Store, study: str, sweep: Sweep, *, budget: int,
 
 def run_sweep(runner: StudyRunner) -> str:
     """A study's search by sweep: score every configuration of ``runner``'s bound space, store the
-    best up to its budget, keep the exact optimum on the runner (its best); returns "swept"."""
-    sweep = sweep_space(runner.bound.configs(), runner.proposer.predict, runner.evaluator.evaluate,
+    best up to its budget, keep the exact optimum on the runner (its best); returns "swept", or
+    "timeout" when ``--timeout`` (``runner.deadline``) stopped it first: the best of those scored are stored."""
+    tick = runner.tick("scoring the space by the cost model")
+    configs = valid_configs(runner.bound, deadline=runner.deadline, tick=tick)
+    if configs is None:  # --timeout passed while the space was walked: nothing scored, nothing stored
+        runner.note("--timeout passed before any configuration was scored")
+        return "timeout"
+    sweep = sweep_space(configs, runner.proposer.predict, runner.evaluator.evaluate,
                         keep=runner.options.trials + len(runner.proposer.measured),
-                        exact=type(runner.evaluator) is SimEvaluator)
+                        exact=type(runner.evaluator) is SimEvaluator, deadline=runner.deadline, tick=tick)
     for number, config, result in store_best(runner.store, runner.name, sweep, budget=runner.options.trials,
                                              known=runner.proposer.measured):
         runner.proposer.add_known(config, result)
@@ -149,5 +175,5 @@ def run_sweep(runner: StudyRunner) -> str:
     if sweep.best:  # the model's optimum over the space, stored unless a resumed study was full
         runner.best_config, runner.best_result = sweep.best[0]
         runner.best = runner.best_result.samples_per_s
-    runner.note(f"swept {sweep.scored} configurations")
-    return "swept"
+    runner.note(f"swept {sweep.scored:,} configurations")
+    return "timeout" if sweep.timed_out else "swept"

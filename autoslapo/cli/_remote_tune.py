@@ -34,7 +34,7 @@ def _space(args: argparse.Namespace) -> SearchSpace | None:
 def run_remote(args: argparse.Namespace, bar: Any) -> int:
     """Submit, print progress until the study ends, then the table of the best trials. Returns 0 (1: none complete)."""
     from autoslapo.remote import Client, model_field
-    from tuner.study import check_timeout
+    from tuner.options import check_timeout
 
     check_timeout(args.timeout)  # before it is sent: nan and inf are not JSON
     given = [f"--{k.replace('_', '-')}" for k in _LOCAL_ONLY if getattr(args, k, None)]

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._links import flag as _flag
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import AutoslapoError, UsageError
+
+if TYPE_CHECKING:
+    from autoslapo.models.spec import ModelSpec
+    from store import Store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,9 +72,9 @@ def measurement_noise(result: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the best schedule; exit 1 when the store has none for this model and cluster."""
-    from autoslapo.cluster import MAX_GPUS, ClusterSpec
+    from autoslapo.cli.studies import require_for_reading
+    from autoslapo.cluster import MAX_GPUS
     from autoslapo.models.resolve import resolve_model
-    from store import open_store
 
     if args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
@@ -86,10 +90,19 @@ def run(args: argparse.Namespace) -> int:
     if args.server:
         return _remote(args)
     model = resolve_model(args.model, **shape_overrides(args))
-    store = open_store(args.storage)
-    headroom_bytes, headroom_fraction = parse_headroom(args.headroom)
+    headroom = parse_headroom(args.headroom)
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
+    with require_for_reading(args.storage) as store:  # a read: never creates a store or writes one
+        return _answer(args, store, model, links, headroom)
+
+
+def _answer(args: argparse.Namespace, store: Store, model: ModelSpec, links: dict[str, Any],
+            headroom: tuple[int | None, float | None]) -> int:
+    """``run``'s answer from the open ``store``."""
+    from autoslapo.cluster import ClusterSpec
+
+    headroom_bytes, headroom_fraction = headroom
     per_node = args.gpus_per_node
     found = store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric,
                        measured_only=args.measured, min_headroom_bytes=headroom_bytes,

@@ -82,7 +82,7 @@ def _study_cluster(args: argparse.Namespace) -> StudyCluster:
 
     given = {"gpus": args.gpus, "gpu_type": args.gpu_type, "gpus_per_node": args.gpus_per_node,
              "allow_cross_node_tp": args.allow_cross_node_tp or None, **link_args(args)}
-    with require_store(args.storage) as store:
+    with require_store(args.storage, read_only=True) as store:
         return study_cluster(store, args.cluster_from, given, lambda key: "--" + key.replace("_", "-"))
 
 

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoslapo.report import write_report
 
-    with require_store(args.storage) as store:
+    with require_store(args.storage, read_only=True) as store:
         report = write_report(store, args.study, args.output)
     if args.json:
         print(json.dumps({"study": args.study, "html": str(report.html),

@@ -7,10 +7,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cli.best import measurement_noise
-from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, study_row
+from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, require_for_reading, study_row
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import require_store, silent_note
+from autoslapo.storage import silent_note
 
 if TYPE_CHECKING:
     from store import TrialRecord
@@ -26,6 +26,8 @@ SORT_KEYS = {
     "status": "status",
 }
 DESCENDING_BY_DEFAULT = {"samples", "tokens", "tflops"}
+#: The columns the table shows a number in: a trial with none of them measured or estimated nothing.
+SHOWN_METRICS = ("samples_per_s", "tflops_per_device", "peak_memory_bytes")
 STATUSES = ("running", "complete", "oom", "failed", "timeout", "pruned")
 REASON_WIDTH = 70
 
@@ -69,15 +71,34 @@ def trial_dict(t: TrialRecord) -> dict[str, Any]:
     }
 
 
+def metric(t: TrialRecord, attr: str) -> Any:
+    """``t``'s ``attr``, None when the trial has none: a trial that did not complete (pruned before
+    it ran, failed, out of memory) stores 0 for what it never measured or estimated."""
+    value = getattr(t, attr)
+    if attr not in ("number", "status") and t.status != "complete" and value == 0:
+        return None
+    return value
+
+
+def kind(t: TrialRecord) -> str:
+    """The M/E column: measured, estimated by the cost model, ``-`` for a trial with no metric (an
+    interrupted or failed trial, one pruned before it ran), blank while running."""
+    if t.status == "running":
+        return ""
+    if t.measured:
+        return "M"
+    return "E" if any(metric(t, a) is not None for a in SHOWN_METRICS) else "-"
+
+
 def sort_trials(trials: list[TrialRecord], key: str, order: str | None) -> list[TrialRecord]:
-    """Trials ordered by ``key`` (a ``SORT_KEYS`` name); missing values always go last."""
+    """Trials ordered by ``key`` (a ``SORT_KEYS`` name); missing values (``metric``) always go last."""
     attr = SORT_KEYS[key]
     descending = (order == "desc") if order else key in DESCENDING_BY_DEFAULT
-    present = [t for t in trials if getattr(t, attr) is not None]
-    missing = [t for t in trials if getattr(t, attr) is None]
+    present = [t for t in trials if metric(t, attr) is not None]
+    missing = [t for t in trials if metric(t, attr) is None]
     # Ties keep trial order in both directions (sort is stable, reverse included).
     present.sort(key=lambda t: t.number)
-    present.sort(key=lambda t: getattr(t, attr), reverse=descending)
+    present.sort(key=lambda t: metric(t, attr), reverse=descending)
     return present + missing
 
 
@@ -98,7 +119,7 @@ def _short(value: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be a positive integer: got {args.limit}")
-    with require_store(args.storage) as store:
+    with require_for_reading(args.storage) as store:
         study = store.get_study(args.study)
         summary = study_row(store, study)
         trials = store.trials(args.study, status=args.status)
@@ -131,10 +152,10 @@ def run(args: argparse.Namespace) -> int:
         rows.append([
             str(t.number),
             t.status,
-            fmt(t.samples_per_s),
-            fmt(t.tflops_per_device, ".3g"),
-            fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / GiB, ".1f"),
-            ("M" if t.measured else "E") if t.status != "running" else "",
+            fmt(metric(t, "samples_per_s")),
+            fmt(metric(t, "tflops_per_device"), ".3g"),
+            fmt(None if (memory := metric(t, "peak_memory_bytes")) is None else memory / GiB, ".1f"),
+            kind(t),
             _knob_text(t.config, varying if len(trials) > 1 else keys),
             reason,
         ])

@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.storage import open_existing_store
 
     # listing and revoking create no database; creating a token makes the store if it is not there yet
-    store = open_store(args.storage) if args.action == "create" else open_existing_store(args.storage)
+    store = open_store(args.storage) if args.action == "create" else open_existing_store(
+        args.storage, read_only=args.action == "list")
     if store is None:
         from store import resolve_url
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.config import describe
 from autoslapo.errors import UsageError
+from autoslapo.redact import redact
 from autoslapo.stats import interval_samples
 from autoslapo.storage import check_study_name
 
@@ -44,12 +46,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=100,
                         help="launched trials (predicted-OOM configurations are pruned, not counted); with --backend "
                              "sim, the best configurations stored (default 100)")
-    parser.add_argument("--timeout", type=float, default=None, help="stop the search after S seconds")
-    parser.add_argument("--patience", type=int, default=None, help="stop after K trials without a new best")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="stop the search S seconds after it starts (walking and ranking the space count); a "
+                             "sim sweep stores the best configurations scored by then")
+    parser.add_argument("--patience", type=int, default=None,
+                        help="stop after K trials without a new best (a sampled search: with --backend sim, give "
+                             "--sampler)")
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
     parser.add_argument("--study", default=None, help="study name (default <model>-<gpus>x<gpu-type>-<backend>, with -2, -3 ... when "
                         "a study of that name exists: a new study each time; a name given here must be new)")
-    parser.add_argument("--resume", action="store_true", help="continue the study named by --study (or the default name)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the study named by --study (without it: the newest study of the default "
+                             "name, or its -2, -3 ..., that is not complete)")
     parser.add_argument("--join", action="store_true",
                         help="create the study named by --study, or join it: tuners started with the same "
                              "--study and --join share its budget (e.g. on one PostgreSQL store; with --server, the "
@@ -109,13 +117,15 @@ def default_gpu_type(backend: str, cuda_names: list[str]) -> str:
 
 
 class ProgressBar:
-    """One live line on a terminal (else a line every tenth of the budget)."""
+    """One live line on a terminal (else a line every tenth of the budget, and of a phase that reports
+    its configurations done: ranking or scoring the space)."""
 
     def __init__(self, stream: TextIO, budget: int) -> None:
         self.stream, self.budget = stream, budget
         self.tty = stream.isatty()
         self.step = max(1, budget // 10)
         self.t0 = time.monotonic()
+        self.tenth: tuple[str, int, int] | None = None  # the phase and tenth of it a line was last written for
 
     def __call__(self, p: Any) -> None:
         width = 24
@@ -123,9 +133,15 @@ class ProgressBar:
         counts = " ".join(f"{k} {v}" for k, v in sorted(p.counts.items()))
         line = (f"[{'#' * done}{'.' * (width - done)}] {p.launched}/{p.budget} best {p.best:,.1f} samples/s "
                 f"| {counts} | {p.last} | {time.monotonic() - self.t0:.0f}s")
+        part, of = getattr(p, "done", None), getattr(p, "of", None)
         if self.tty:
             self.stream.write("\r" + line[:160].ljust(160))
             self.stream.flush()
+        elif part is not None and of:  # a phase's progress: a line at each tenth of it
+            tenth = (p.last.split(":")[0], of, part * 10 // of)
+            if tenth != self.tenth:
+                self.tenth = tenth
+                self.stream.write(line + "\n")
         elif p.launched % self.step == 0 or p.launched == p.budget:
             self.stream.write(line + "\n")
 
@@ -210,10 +226,26 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.storage)
     bar = ProgressBar(sys.stderr, args.trials)
     t0 = time.monotonic()
+    opened: list[str] = []
+
+    def on_open(name: str) -> None:
+        opened.append(name)
+        if args.resume and args.study is None:  # the default name's newest interrupted study: say which
+            sys.stderr.write(f"autoslapo tune: resuming study {name}\n")
+
     try:
-        outcome = tune(options, store, progress=bar)
-    finally:
+        outcome = tune(options, store, progress=bar, opened=on_open)
+    except KeyboardInterrupt:
         bar.close()
+        if opened:  # the study is stopped (its trials kept): name it and how to go on
+            again = "rejoin it" if args.join else "resume it"
+            sys.stderr.write(redact(f"autoslapo tune: study {opened[-1]} stopped; {again} with: "
+                                    f"{resume_command(args, opened[-1])}") + "\n")
+        raise
+    except BaseException:
+        bar.close()
+        raise
+    bar.close()
     out = sys.stdout
     where = f"{model.preset} on {cluster.described_as()}, backend {backend}"
     if outcome.sweep is not None:
@@ -226,6 +258,11 @@ def run(args: argparse.Namespace) -> int:
                   f"predicted OOM, stopped by {outcome.stop_reason}, {time.monotonic() - t0:.1f}s ({where})\n")
     rows = sorted((t for t in store.trials(outcome.study) if t.status == "complete"),
                   key=lambda t: -(t.samples_per_s or 0.0))
+    if not rows and outcome.stop_reason == "timeout" and outcome.launched == 0:
+        out.write(f"no trial completed: --timeout {args.timeout:g} s ran out before the first trial (walking and ranking the "
+                  f"space is part of the search); give a longer --timeout, or go on with: "
+                  f"{redact(resume_command(args, outcome.study, drop=('timeout',)))}\n")
+        return 1
     if not rows:
         out.write("no trial completed: see `autoslapo show " + outcome.study + "` for the reasons\n")
         return 1
@@ -246,7 +283,9 @@ def run(args: argparse.Namespace) -> int:
     if note:
         out.write(note + "\n")
     if outcome.sweep is not None and outcome.best_config is not None and outcome.best_result is not None:
-        out.write(f"optimum of the cost model over the space: {outcome.best_result.samples_per_s:,.1f} samples/s: "
+        what = ("optimum of the cost model over the space" if "of" not in outcome.sweep else
+                f"best of the {outcome.sweep['scored']:,} configurations scored before the timeout")
+        out.write(f"{what}: {outcome.best_result.samples_per_s:,.1f} samples/s: "
                   f"{describe(outcome.best_config.to_dict(), model.family)}\n")
     for name, b in outcome.baselines.items():
         out.write(speedup_line(name, b, model.family) + "\n")
@@ -263,10 +302,32 @@ def sweep_line(study: str, summary: dict[str, Any], elapsed_s: float, where: str
     fit = counts.get("complete", 0)
     others = ", ".join(f"{n:,} {status}" for status, n in sorted(counts.items())
                        if status not in ("complete", "pruned"))
-    return (f"study {study}: scored every valid configuration, {summary['scored']:,}: "
+    scored = (f"scored every valid configuration, {summary['scored']:,}" if "of" not in summary else
+              f"stopped by timeout after scoring {summary['scored']:,} of {summary['of']:,} valid configurations")
+    return (f"study {study}: {scored}: "
             f"{fit:,} fit, {counts.get('pruned', 0):,} do not fit (pruned as predicted OOM)"
             f"{', ' + others if others else ''}; stored the best {summary['stored']}; {elapsed_s:.1f}s in all "
             f"({where})")
+
+
+def resume_command(args: argparse.Namespace, study: str, *, drop: tuple[str, ...] = ()) -> str:
+    """The command that goes on with ``study``: this one's flags (those given a value other than their
+    default, less the ``drop`` dests), with ``--resume --study STUDY`` (``--join --study STUDY`` for a joined study)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    words = ["autoslapo", "tune"]
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.dest in ("resume", "join", "study", *drop) or value is None or value == action.default:
+            continue
+        if not action.option_strings:
+            words.append(str(value))
+        elif action.nargs == 0:  # a switch (store_true)
+            words.append(action.option_strings[-1])
+        else:
+            words += [action.option_strings[-1], str(value)]
+    words += ["--join" if args.join else "--resume", "--study", study]
+    return shlex.join(words)
 
 
 def speedup_line(name: str, b: dict[str, Any], family: str | None = None) -> str:

@@ -1,0 +1,122 @@
+"""The result commands only read: they never create a store, never write to someone else's SQLite
+file, and read a store in a directory SQLite cannot write to (or say that rule, never "damaged")."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from autoslapo.cli import main
+from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
+from autoslapo.models.spec import ModelSpec
+
+STUDY = "bert-8"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _store(path: Path) -> str:
+    """A store holding one study of bert-large on 8 devices with one complete trial."""
+    from store import open_store
+
+    url = f"sqlite:///{path}"
+    spec, cluster = ModelSpec.from_name("bert"), ClusterSpec(gpus=8, gpu_type="a100-80gb")
+    with open_store(url) as db:
+        db.create_study(STUDY, model=spec.to_dict(), cluster=cluster.to_dict(), space_name=spec.family,
+                        space_version="1", objective="samples_per_s", backend="sim",
+                        model_signature=spec.signature(), cluster_fingerprint=cluster.fingerprint())
+        db.add_trial(STUDY, 0, ScheduleConfig(tp=1, pp=1, dp=8, micro_batch=4).to_dict(),
+                     {"status": "complete", "samples_per_s": 100.0, "peak_memory_bytes": 20 * 2**30,
+                      "step_time_s": 1.0})
+    return url
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _reads(url: str, tmp_path: Path) -> list[list[str]]:
+    return [["studies", "--storage", url], ["show", STUDY, "--storage", url],
+            ["export", STUDY, "--output", str(tmp_path / "out" / "t.csv"), "--storage", url],
+            ["best", "bert", "--gpus", "8", "--storage", url]]
+
+
+def test_best_on_a_missing_store_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "none123.db"
+    assert main(["best", "bert", "--gpus", "8", "--storage", f"sqlite:///{target}"]) == 2
+    line = _one_line_error(capsys)
+    assert "no store at" in line and "the file does not exist" in line and "none123.db" in line
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_read_commands_refuse_a_foreign_sqlite_file_untouched(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "foreign2.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.close()
+    before = _digest(path)
+    (tmp_path / "out").mkdir()
+    for argv in _reads(f"sqlite:///{path}", tmp_path):
+        assert main(argv) == 2, argv
+        line = _one_line_error(capsys)
+        assert "not an autoslapo store" in line and "users" in line and "point --storage" in line, line
+    assert _digest(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign2.db", "out"]
+    with sqlite3.connect(path) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["users"]
+    conn.close()
+
+
+def _read_only_directory(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Make ``directory`` look read-only (a read-only mount, or ``chmod a-w`` for a user but root)."""
+    real: Callable[..., bool] = os.access
+
+    def access(path: os.PathLike[str] | str, mode: int, *args: object, **kwargs: object) -> bool:
+        if Path(path) == directory and mode & os.W_OK:
+            return False
+        return real(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+
+
+def test_read_commands_read_a_store_in_a_read_only_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "ro2"
+    directory.mkdir()
+    (tmp_path / "out").mkdir()
+    path = directory / "autoslapo.db"
+    url = _store(path)
+    before = _digest(path)
+    _read_only_directory(monkeypatch, directory)
+    for argv in _reads(url, tmp_path):
+        assert main(argv) == 0, (argv, capsys.readouterr().err)
+    out = capsys.readouterr().out
+    assert STUDY in out and "100.0 samples/s" in out  # studies and show list it, best answers from it
+    assert _digest(path) == before and sorted(p.name for p in directory.iterdir()) == ["autoslapo.db"]
+
+
+def test_report_reads_a_store_in_a_read_only_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``report`` only reads the store: it opens it read-only there too (before: "must be intact ... restore
+    it from a backup" for a healthy file), writes its pages elsewhere, and leaves the database as it was."""
+    directory = tmp_path / "ro2"
+    directory.mkdir()
+    path = directory / "autoslapo.db"
+    url = _store(path)
+    before = _digest(path)
+    _read_only_directory(monkeypatch, directory)
+    assert main(["report", STUDY, "--output", str(tmp_path / "rep"), "--storage", url]) == 0, capsys.readouterr().err
+    assert (tmp_path / "rep").is_dir() and any((tmp_path / "rep").iterdir())
+    assert _digest(path) == before
