@@ -124,6 +124,7 @@ def test_revoked_token_is_refused(client: TestClient, service_store: Store) -> N
     (b'{"model": "bert", "gpus": 8, "seed": -1}', 400, "seed must be a whole number from 0 to 2**32 - 1"),
     (b'{"model": "bert", "gpus": 8, "seed": 99999999999999999999999}', 400, "got 99999999999999999999999"),
     (b'{"model": "bert", "gpus": 8, "gpus_per_node": 0}', 400, "gpus_per_node must be a positive integer: got 0"),
+    (b'{"model": "bert", "gpus": 8, "patience": 5}', 400, "got patience 5 with backend sim and no sampler"),
     (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"colour": [1]}}}', 400, "unknown knob 'colour'"),
     (b'{"model": "bert", "gpus": 8, "space": {"name": "x", "knobs": {"tp": [3]}}}', 400, "no value of tp"),
     (b'{"model": "bert", "gpus": 8, "space": "name = "}', 400, "TOML"),
