@@ -4,9 +4,7 @@ file, and read a store in a directory SQLite cannot write to (or say that rule, 
 from __future__ import annotations
 
 import hashlib
-import os
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from autoslapo.cli import main
 from autoslapo.cluster import ClusterSpec
 from autoslapo.config import ScheduleConfig
 from autoslapo.models.spec import ModelSpec
+from tests.readonly import read_only_directory
 
 STUDY = "bert-8"
 
@@ -79,19 +78,7 @@ def test_read_commands_refuse_a_foreign_sqlite_file_untouched(tmp_path: Path,
     conn.close()
 
 
-def _read_only_directory(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
-    """Make ``directory`` look read-only (a read-only mount, or ``chmod a-w`` for a user but root)."""
-    real: Callable[..., bool] = os.access
-
-    def access(path: os.PathLike[str] | str, mode: int, *args: object, **kwargs: object) -> bool:
-        if Path(path) == directory and mode & os.W_OK:
-            return False
-        return real(path, mode, *args, **kwargs)
-
-    monkeypatch.setattr(os, "access", access)
-
-
-def test_read_commands_read_a_store_in_a_read_only_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_read_commands_read_a_store_in_aread_only_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     directory = tmp_path / "ro2"
     directory.mkdir()
@@ -99,7 +86,7 @@ def test_read_commands_read_a_store_in_a_read_only_directory(tmp_path: Path, mon
     path = directory / "autoslapo.db"
     url = _store(path)
     before = _digest(path)
-    _read_only_directory(monkeypatch, directory)
+    read_only_directory(monkeypatch, directory)
     for argv in _reads(url, tmp_path):
         assert main(argv) == 0, (argv, capsys.readouterr().err)
     out = capsys.readouterr().out
@@ -107,7 +94,7 @@ def test_read_commands_read_a_store_in_a_read_only_directory(tmp_path: Path, mon
     assert _digest(path) == before and sorted(p.name for p in directory.iterdir()) == ["autoslapo.db"]
 
 
-def test_report_reads_a_store_in_a_read_only_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_report_reads_a_store_in_aread_only_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """``report`` only reads the store: it opens it read-only there too (before: "must be intact ... restore
     it from a backup" for a healthy file), writes its pages elsewhere, and leaves the database as it was."""
@@ -116,7 +103,7 @@ def test_report_reads_a_store_in_a_read_only_directory(tmp_path: Path, monkeypat
     path = directory / "autoslapo.db"
     url = _store(path)
     before = _digest(path)
-    _read_only_directory(monkeypatch, directory)
+    read_only_directory(monkeypatch, directory)
     assert main(["report", STUDY, "--output", str(tmp_path / "rep"), "--storage", url]) == 0, capsys.readouterr().err
     assert (tmp_path / "rep").is_dir() and any((tmp_path / "rep").iterdir())
     assert _digest(path) == before

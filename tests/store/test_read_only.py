@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from autoslapo.errors import StorageError
 from store import open_store
 from store._migrate import head_revision
+from tests.readonly import read_only_directory
 from tests.store.conftest import config, result, study_kwargs
 
 
@@ -35,19 +35,6 @@ def _foreign(path: Path) -> None:
         conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
         conn.execute("INSERT INTO users VALUES (1, 'ada')")
     conn.close()
-
-
-def _read_only_directory(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
-    """Make ``directory`` look read-only to the store (as a read-only mount or ``chmod a-w`` does;
-    root would be let through ``chmod``)."""
-    real: Callable[..., bool] = os.access
-
-    def access(path: os.PathLike[str] | str, mode: int, *args: object, **kwargs: object) -> bool:
-        if Path(path) == directory and mode & os.W_OK:
-            return False
-        return real(path, mode, *args, **kwargs)
-
-    monkeypatch.setattr(os, "access", access)
 
 
 @pytest.mark.parametrize("read_only", [False, True])
@@ -92,7 +79,7 @@ def test_a_store_in_a_read_only_directory_is_read_immutable(tmp_path: Path, monk
     path = tmp_path / "ours.db"
     url = _store_with_a_trial(path)
     before = _digest(path)
-    _read_only_directory(monkeypatch, tmp_path)
+    read_only_directory(monkeypatch, tmp_path)
     with open_store(url, read_only=True) as db:
         assert [t.number for t in db.trials("s")] == [0]
     assert _digest(path) == before
@@ -104,7 +91,7 @@ def test_writing_to_a_store_in_a_read_only_directory_names_the_rule(tmp_path: Pa
     path = tmp_path / "ours.db"
     url = _store_with_a_trial(path)
     before = _digest(path)
-    _read_only_directory(monkeypatch, tmp_path)
+    read_only_directory(monkeypatch, tmp_path)
     for target in (url, f"sqlite:///{tmp_path / 'new.db'}"):
         with pytest.raises(StorageError) as caught:
             open_store(target)
@@ -121,7 +108,7 @@ def test_a_read_only_directory_with_unfolded_commits_is_refused(tmp_path: Path,
     path = tmp_path / "ours.db"
     url = _store_with_a_trial(path)
     Path(f"{path}-wal").write_bytes(b"\0" * 64)  # commits an immutable open would not see
-    _read_only_directory(monkeypatch, tmp_path)
+    read_only_directory(monkeypatch, tmp_path)
     with pytest.raises(StorageError, match=r"must be writable .*-wal' holds commits not yet in the database.*"
                                            r"copy the database with its -wal file"):
         open_store(url, read_only=True)
