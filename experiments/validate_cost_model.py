@@ -147,16 +147,18 @@ class Row:
 
 
 def _rank_stats(rows: list[Row]) -> tuple[list[float], list[float]]:
-    """Spearman of each group with >= 3 fitting layouts, and the measured loss of each group's pick."""
+    """Spearman of each group with >= 3 fitting layouts, and the measured loss of the pick of each group
+    with >= 2 (which of two layouts it would run is a pick too)."""
     groups: dict[str, list[Row]] = {}
     for r in rows:
         if not r.refused:
             groups.setdefault(r.group, []).append(r)
     rhos, picks = [], []
     for g in groups.values():
-        if len(g) < 3:
+        if len(g) < 2:
             continue
-        rhos.append(float(spearmanr([r.predicted for r in g], [r.measured for r in g]).statistic))
+        if len(g) >= 3:
+            rhos.append(float(spearmanr([r.predicted for r in g], [r.measured for r in g]).statistic))
         pick = max(g, key=lambda r: r.predicted)
         picks.append(1.0 - pick.measured / max(r.measured for r in g))
     return rhos, picks
@@ -175,7 +177,7 @@ def source_table(lines: list[str], rows: list[Row]) -> None:
         worst = max(ok, key=lambda r: abs(r.error))
         rhos, picks = _rank_stats(rs)
         rank = (f"{len(rhos)} groups, {statistics.fmean(rhos):.2f}, {min(rhos):.2f}" if rhos
-                else "n/a (one layout a model)")
+                else "n/a (< 3 layouts a group)")
         pick = f"-{max(picks):.1%}" if picks else "n/a"
         lines.append(f"{src:26} {'FITTED' if FITTED.get(src) else 'held out':8} {len(rs):>4} "
                      f"{sum(r.refused for r in rs):>7} {statistics.fmean(abs(e) for e in errs):>6.1%} "

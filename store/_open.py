@@ -23,6 +23,14 @@ from store import _engine, _migrate
 from store._schema import VERSION_TABLE
 from store._url import check_sqlite_file, display, parse_url, resolve_url, sqlite_path
 
+#: The tables Optuna's RDB storage makes (optuna/storages/_rdb/models.py): a SQLite file holding only
+#: these is Optuna's database, which a store may share (``tune`` mirrors its trials into it).
+OPTUNA_TABLES = frozenset({
+    "studies", "study_directions", "study_user_attributes", "study_system_attributes", "trials", "trial_params",
+    "trial_values", "trial_intermediate_values", "trial_user_attributes", "trial_system_attributes",
+    "trial_heartbeats", "version_info", "alembic_version",
+})
+
 
 def not_ours(where: str, names: frozenset[str] | None) -> StorageError:
     """A database that holds no autoslapo tables: refused, with what it holds instead."""
@@ -94,7 +102,8 @@ def open_engine(url: str | None, *, read_only: bool = False) -> tuple[Engine, UR
                 try:
                     revision, names = _engine.probe_sqlite(path, VERSION_TABLE, immutable=immutable)
                     _migrate.check_revision(revision, where)
-                    if VERSION_TABLE not in names and (names or read_only):
+                    # Optuna's own tables may be there first: its RDB storage shares the store's database
+                    if VERSION_TABLE not in names and (names - OPTUNA_TABLES or read_only):
                         raise not_ours(where, names)
                 except StorageError:
                     _engine.remove_new_siblings(path, existed)

@@ -96,11 +96,16 @@ def submitted_space(store: Store, study: str) -> SearchSpace | None:
 def resume_target(store: Store, name: str, model_signature: str, cluster_fingerprint: str) -> str:
     """The study ``--resume`` without ``--study`` continues: of the default name ``name`` and the
     ``name-2``, ``name-3`` ... that later tunes took, the newest of the same model and cluster that is
-    not complete (an interrupted one), else the newest of them; ``name`` itself when none is stored."""
+    not complete and has no live tuner (stopped, failed, or running with a tuner silent for long:
+    another tuner's running study is never taken over), else the newest of them; ``name`` itself
+    when none is stored."""
+    from autoslapo.storage import silent_for
+
     ours = [rec for rec in store.list_studies()  # oldest first
             if (rec.name == name or (rec.name.startswith(f"{name}-") and rec.name[len(name) + 1:].isdigit()))
             and (rec.model_signature, rec.cluster_fingerprint) == (model_signature, cluster_fingerprint)]
     if not ours:
         return name
-    unfinished = [rec for rec in ours if rec.status != "complete"]
+    unfinished = [rec for rec in ours if rec.status != "complete"
+                  and (rec.status != "running" or silent_for(rec.status, rec.updated_at) is not None)]
     return (unfinished or ours)[-1].name

@@ -72,9 +72,9 @@ def measurement_noise(result: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the best schedule; exit 1 when the store has none for this model and cluster."""
-    from autoslapo.cli.studies import require_for_reading
     from autoslapo.cluster import MAX_GPUS
     from autoslapo.models.resolve import resolve_model
+    from autoslapo.storage import require_store
 
     if args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     headroom = parse_headroom(args.headroom)
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
-    with require_for_reading(args.storage) as store:  # a read: never creates a store or writes one
+    with require_store(args.storage, read_only=True) as store:  # a read: never creates a store or writes one
         return _answer(args, store, model, links, headroom)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoslapo.cli.studies import add_storage_argument, require_for_reading
+from autoslapo.cli.studies import add_storage_argument
 from autoslapo.errors import UsageError
+from autoslapo.storage import require_store
 
 SUFFIXES = (".csv", ".parquet")
 
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--output must end in .csv or .parquet: got {args.output!r}; rename it")
     if out.is_dir():
         raise UsageError(f"--output must be a file, not a directory: got {args.output!r}")
-    with require_for_reading(args.storage) as store:
+    with require_store(args.storage, read_only=True) as store:
         frame = store.to_dataframe(args.study)
         path = store.export(args.study, out)
     if args.json:

@@ -7,10 +7,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cli.best import measurement_noise
-from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, require_for_reading, study_row
+from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, study_row
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import silent_note
+from autoslapo.storage import require_store, silent_note
 
 if TYPE_CHECKING:
     from store import TrialRecord
@@ -119,7 +119,7 @@ def _short(value: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be a positive integer: got {args.limit}")
-    with require_for_reading(args.storage) as store:
+    with require_store(args.storage, read_only=True) as store:
         study = store.get_study(args.study)
         summary = study_row(store, study)
         trials = store.trials(args.study, status=args.status)

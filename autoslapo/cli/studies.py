@@ -1,7 +1,9 @@
 """``autoslapo studies``: one line a study (model, cluster, backend, trials, best, status).
 
 Also home of the helpers the read-only result commands share (show, export, best, report): the
-``--storage`` flag, opening a store read-only and plain-text tables.
+``--storage`` flag and plain-text tables. Opening a store read-only, without creating one, is
+``autoslapo.storage``'s (``open_existing_store`` / ``require_store`` with ``read_only``), which the
+library uses too.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import is_baseline_study, silent_for, silent_note, study_label
+from autoslapo.storage import is_baseline_study, open_existing_store, silent_for, silent_note, study_label
 
 if TYPE_CHECKING:
     from store import Store, StudyRecord
@@ -30,35 +32,6 @@ def add_storage_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="store URL (default: $AUTOSLAPO_STORAGE, else sqlite:///autoslapo.db in this directory)",
     )
-
-
-def open_for_reading(url: str | None) -> Store | None:
-    """The store at ``url`` opened read-only (``open_store(..., read_only=True)``: nothing created or
-    written; a database that is not an autoslapo store refused); None when it is a SQLite file that
-    does not exist yet (or is empty). UsageError for in-memory SQLite."""
-    from store import check_sqlite_file, open_store, parse_url, resolve_url, sqlite_path
-
-    resolved = resolve_url(url)
-    parsed = parse_url(resolved)
-    if parsed.get_backend_name() == "sqlite":
-        path = sqlite_path(parsed)
-        if path is None:
-            raise UsageError("result commands need a file or server store: got in-memory SQLite; "
-                             "pass --storage sqlite:///file.db")
-        if not check_sqlite_file(path):
-            return None
-    return open_store(resolved, read_only=True)
-
-
-def require_for_reading(url: str | None) -> Store:
-    """Like ``open_for_reading``, but a missing SQLite file is an error (exit 2) saying what to do."""
-    store = open_for_reading(url)
-    if store is None:
-        from store import resolve_url
-
-        raise UsageError(f"no store at {resolve_url(url)}: the file does not exist; run `autoslapo tune` first "
-                         "or point --storage (or $AUTOSLAPO_STORAGE) at an existing store")
-    return store
 
 
 def format_table(rows: Sequence[Sequence[str]], header: Sequence[str], *, right: Sequence[int] = ()) -> str:
@@ -122,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.gpus is not None and args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
-    store = open_for_reading(args.storage)
+    store = open_existing_store(args.storage, read_only=True)
     stored = 0
     if store is None:
         rows: list[dict[str, Any]] = []

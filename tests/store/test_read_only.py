@@ -139,3 +139,19 @@ def test_read_only_refuses_a_postgres_database_without_a_store(store_url: str, b
         db.create_study("s", **study_kwargs())
     with open_store(store_url, read_only=True) as db:
         assert [s.name for s in db.list_studies()] == ["s"]
+
+
+def test_an_optuna_database_is_shared_not_refused(tmp_path: Path) -> None:
+    """A SQLite file Optuna's RDB storage made holds only Optuna's tables: tune may share it (the store
+    mirrors its trials into Optuna's tables of its own database); a read still finds no store there."""
+    import optuna
+
+    path = tmp_path / "optuna.db"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(storage=f"sqlite:///{path}", study_name="theirs").optimize(
+        lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    with pytest.raises(StorageError, match=r"^not an autoslapo store: .*and none of autoslapo's"):
+        open_store(f"sqlite:///{path}", read_only=True)
+    with open_store(f"sqlite:///{path}") as db:
+        assert db.revision() == head_revision()
+    assert optuna.load_study(storage=f"sqlite:///{path}", study_name="theirs").trials[0].state.name == "COMPLETE"

@@ -16,6 +16,7 @@ from autoslapo.result import TrialResult
 from search_spaces import BoundSpace
 from store import Store
 from tuner import Prediction, TuneOptions, tune
+from tuner.resume import resume_target
 from tuner.sweep import sweep_space
 from tuner.walk import TICK
 
@@ -116,3 +117,44 @@ def test_a_baseline_no_layout_rule_allows_is_not_reported_out_of_memory(store: S
                                    "the global batch: got 1*4 for 3"), ds["reason"]
     stored = [t for t in store.trials(f"{out.study}.baselines") if t.result["extra"].get("baseline") == "deepspeed"]
     assert stored and stored[0].status == "failed" and stored[0].reason == ds["reason"]
+
+
+def test_resume_without_a_name_leaves_a_study_another_tuner_is_running(store: Store) -> None:
+    """A running study whose tuner is alive (its heartbeat fresh) is never taken over by a --resume that
+    names no study: the newest interrupted one is resumed instead."""
+    opts = TuneOptions(model=TINY, cluster=CPU4, trials=3, baselines=False, sweep=False)
+    first, second = tune(opts, store), tune(opts, store)
+    store.set_study_status(first.study, "stopped")
+    store.set_study_status(second.study, "running")  # a live tuner's: marked alive just now
+    assert resume_target(store, first.study, TINY.signature(), CPU4.fingerprint()) == first.study
+
+
+def test_resuming_a_sweep_its_timeout_cut_short_stores_the_spaces_optimum(store: Store,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cut-short sweep stored the best of what it had scored (its budget's worth); the resume scores
+    the rest and stores what beats them, so the study holds the optimum a sweep run to its end finds
+    (before: nothing was stored, the study full, and best answered the cut-short result)."""
+    import tuner.sweep
+
+    whole = tuner.sweep.sweep_space
+
+    def late_optimum(configs: list[ScheduleConfig], *args: object, **kw: object) -> tuner.sweep.Sweep:
+        kw["deadline"] = time.monotonic() - 1  # stops after the first TICK configurations
+        return whole(list(configs)[::-1], *args, **kw)  # type: ignore[arg-type]
+
+    opts = TuneOptions(model=BASE, cluster=V100_16, trials=5, baselines=False, study="cut", warm_start=False)
+    monkeypatch.setattr(tuner.sweep, "sweep_space", late_optimum)
+    first = tune(opts, store)
+    assert first.stop_reason == "timeout" and store.get_study("cut").status == "stopped"
+    monkeypatch.undo()
+    again = tune(TuneOptions(model=BASE, cluster=V100_16, trials=5, baselines=False, study="cut",
+                             warm_start=False, resume=True), store)
+    full = tune(TuneOptions(model=BASE, cluster=V100_16, trials=5, baselines=False, study="full",
+                            warm_start=False), store)
+
+    def stored_best(study: str) -> float:
+        return max(t.samples_per_s or 0.0 for t in store.trials(study) if t.status == "complete")
+
+    assert store.get_study("cut").status == "complete"
+    assert again.best_result is not None and full.best_result is not None
+    assert stored_best("cut") == stored_best("full") == again.best_result.samples_per_s > 0
