@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
 from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
+from autoslapo.cli.studies import figure
 from autoslapo.config import KNOBS
 from autoslapo.cost.device import AUTOSLAPO_GPU
 from autoslapo.errors import UsageError
@@ -84,11 +85,6 @@ def _study_cluster(args: argparse.Namespace) -> StudyCluster:
              "allow_cross_node_tp": args.allow_cross_node_tp or None, **link_args(args)}
     with require_store(args.storage, read_only=True) as store:
         return study_cluster(store, args.cluster_from, given, lambda key: "--" + key.replace("_", "-"))
-
-
-def _figure(x: float) -> str:
-    """``x`` with one decimal, or three significant digits below 0.1 (a CPU's 0.0213 samples/s is not 0.0)."""
-    return f"{x:,.1f}" if x == 0 or abs(x) >= 0.1 else f"{x:.3g}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,14 +212,14 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
         print(f"  pipeline: {sum(sizes)} {unit} over {len(sizes)} ranks: "
               + ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs) + ("" if len(runs) == 1 else " (uneven)"))
     tokens = "" if is_convolutional(d["model"]["family"]) else f", {d['tokens_per_s']:,.0f} tokens/s"  # images
-    print(f"  {_figure(d['samples_per_s'])} samples/s{tokens}, step {d['step_time_s']:.3f} s")
+    print(f"  {figure(d['samples_per_s'])} samples/s{tokens}, step {d['step_time_s']:.3f} s")
     if args.global_batch is None and "grad_accum" not in d["pinned"]:  # tune fixes it (its space's global batch)
         why = "" if "micro_batch" in d["pinned"] else ", so the largest micro-batch that fits is fastest"
         print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}: not fixed{why}; --global-batch "
               "fixes it, as tune does"
               + ("; unfixed, a pipeline accumulates 4 x pp micro-batches a step and a layout without one 1, "
                  "so they were compared at different batches: pass yours" if c["pp"] > 1 else ""))
-    print(f"  {_figure(d['tflops_per_device'])} model TFLOP/s a device ({_figure(d['hw_tflops_per_device'])} with "
+    print(f"  {figure(d['tflops_per_device'])} model TFLOP/s a device ({figure(d['hw_tflops_per_device'])} with "
           "recompute)")
     used, capacity = d["memory_per_device_bytes"], d["memory_capacity_bytes"]
     tight = d["fits"] and capacity - used < TIGHT_FRACTION * capacity

@@ -52,6 +52,11 @@ def fmt(value: float | int | None, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def figure(x: float) -> str:
+    """``x`` with one decimal, or three significant digits below 0.1 (a CPU's 0.0213 samples/s is not 0.0)."""
+    return f"{x:,.1f}" if x == 0 or abs(x) >= 0.1 else f"{x:.3g}"
+
+
 def study_row(store: Store, study: StudyRecord) -> dict[str, Any]:
     """One study as a JSON-safe dict: its description, trial counts and best throughput."""
     trials = store.trials(study.name)

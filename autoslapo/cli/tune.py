@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from autoslapo.cli._knobs import add_knob_arguments, knob_values
 from autoslapo.cli._links import add_link_arguments, link_args
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
+from autoslapo.cli.studies import figure
 from autoslapo.config import describe
 from autoslapo.errors import UsageError
 from autoslapo.redact import redact
@@ -277,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     out.write(f"{'#':>4} {'samples/s':>11} {'TFLOP/s/dev':>11} {'mem GiB':>8}  schedule\n")
     for t in rows:
         mem = (t.peak_memory_bytes or 0) / 2**30
-        out.write(f"{t.number:>4} {t.samples_per_s or 0:>11,.1f} {t.tflops_per_device or 0:>11.1f} "
+        out.write(f"{t.number:>4} {t.samples_per_s or 0:>11,.1f} {figure(t.tflops_per_device or 0):>11} "
                   f"{mem:>8.1f}  {describe(t.config, model.family)}\n")
     note = repeats_note(rows)
     if note:

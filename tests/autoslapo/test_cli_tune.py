@@ -233,3 +233,14 @@ def test_real_trials_default_to_this_machines_device_and_a_described_cluster_to_
     assert default_gpu_type("local", []) == "cpu"
     assert default_gpu_type("local", ["NVIDIA GeForce RTX 4090"]) == "a100-80gb"
     assert default_gpu_type("sim", names) == "a100-80gb"
+
+
+def test_the_table_keeps_a_cpus_small_tflops(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CPU rank's TFLOP/s (hundredths) keep three significant digits in tune's table, not 0.0."""
+    url = f"sqlite:///{tmp_path / 'cpu.db'}"
+    assert main(["tune", "bert-tiny", "--gpus", "4", "--gpu-type", "cpu", "--trials", "3", "--no-baselines",
+                 "--storage", url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = out[out.index(next(line for line in out if "TFLOP/s/dev" in line)) + 1:][:3]
+    tflops = [float(row.split()[2]) for row in rows]
+    assert all(0 < x < 0.1 for x in tflops), rows
