@@ -126,23 +126,25 @@ def sweep_space(configs: Iterable[ScheduleConfig], predict: Prior, evaluate: Cal
 
 def store_best(store: Store, study: str, sweep: Sweep, *, budget: int,
                known: Mapping[ScheduleConfig, TrialResult]) -> list[tuple[int, ScheduleConfig, TrialResult]]:
-    """Store the sweep's best configurations the study lacks: those among the best ``budget`` of the
-    sweep's and the study's complete trials together (all of them in a new study: its budget).
+    """Store the sweep's best configurations the study lacks, until it holds ``budget`` launched trials.
 
     ``known``: the study's launched trials already stored (a resumed or joined study), never
-    written twice. A sweep that a ``--timeout`` cut short stored the best of what it had scored; its
-    resume, scoring the rest, adds those that beat them, so the study holds the space's optimum
-    (and then more than ``budget`` trials: stored ones are never removed). Writes in one
+    written twice. A sweep that a ``--timeout`` cut short stored the best of what it had scored (its
+    summary says ``of``); its resume, scoring the rest, adds those among the best ``budget`` of both,
+    so the study holds the space's optimum (and may hold more than ``budget`` trials: stored ones are
+    never removed). Writes in one
     transaction, so a killed tuner leaves all of them or none; then records ``Sweep.summary`` on the
     optimum's row (``extra["sweep"]``). Returns the newly stored ``(number, config, result)``, best first.
     """
-    ours = [r.samples_per_s for r in known.values() if r.status == "complete"]
     fresh = [(c, r) for c, r in sweep.best if c not in known]
-    # the best ``budget`` of both (a stable sort: a stored trial ranks before an equal fresh one)
-    ranked = sorted([(v, 0, i) for i, v in enumerate(ours)] + [(r.samples_per_s, 1, i) for i, (_, r) in enumerate(fresh)],
-                    key=lambda x: (-x[0], x[1]))[:budget]
-    keep = {i for _, from_sweep, i in ranked if from_sweep}
-    new = [cr for i, cr in enumerate(fresh) if i in keep]
+    new = fresh[:max(0, budget - len(known))]
+    if any("of" in (r.extra.get(SUMMARY_KEY) or {}) for r in known.values()):  # stored by a sweep cut short
+        ours = [r.samples_per_s for r in known.values() if r.status == "complete"]
+        # the best ``budget`` of both (a stable sort: a stored trial ranks before an equal fresh one)
+        ranked = sorted([(v, 0, i) for i, v in enumerate(ours)] +
+                        [(r.samples_per_s, 1, i) for i, (_, r) in enumerate(fresh)], key=lambda x: (-x[0], x[1]))
+        keep = {i for _, from_sweep, i in ranked[:budget] if from_sweep}
+        new = [cr for i, cr in enumerate(fresh) if i in keep]
     if new:
         store.add_new_trials(study, [(c.to_dict(), r.to_dict()) for c, r in new])
     rows = {t.config_hash: t for t in store.trials(study)}
