@@ -20,6 +20,7 @@ from search_spaces.space import (
     Invalid,
     SearchSpace,
     load_space,
+    on_pace,
     space_from_dict,
 )
 from search_spaces.t5 import T5
@@ -62,5 +63,5 @@ def space_for(family: str, path: str | None = None) -> SearchSpace:
 
 __all__ = [
     "AUTO", "ORDINAL", "SPACES", "TUNABLE", "BoundSpace", "Invalid", "SearchSpace", "get_space",
-    "load_space", "space_for", "space_from_dict",
+    "load_space", "on_pace", "space_for", "space_from_dict",
 ]

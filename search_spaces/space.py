@@ -303,11 +303,8 @@ class BoundSpace:
             if isinstance(cfg, ScheduleConfig) and cfg not in seen:
                 seen.add(cfg)
                 out.append(cfg)
-            if i % every == 0:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                if tick is not None:
-                    tick(i, total)
+            if not on_pace(i, total, deadline=deadline, tick=tick, every=every):
+                return None
         vars(self)["_configs"] = tuple(out)  # the cached property's own slot
         return out
 
@@ -316,6 +313,20 @@ class BoundSpace:
         # Computed once per bound space: the prior's ranking and the sim sweep both walk it
         # (about a second for BERT-large on 64 GPUs; seconds for a large model on many devices).
         return tuple(self.walk() or ())
+
+
+def on_pace(done: int, total: int, *, deadline: float | None, tick: Callable[[int, int], None] | None,
+            every: int) -> bool:
+    """The check a long loop makes after its ``done``-th item of ``total``: every ``every`` items,
+    False when ``time.monotonic()`` has passed ``deadline`` (the loop stops), else ``tick(done, total)``
+    (its progress line moves). True otherwise."""
+    if done % every:
+        return True
+    if deadline is not None and time.monotonic() >= deadline:
+        return False
+    if tick is not None:
+        tick(done, total)
+    return True
 
 
 def canonical(knobs: Mapping[str, Any], layers: int) -> dict[str, Any]:

@@ -21,6 +21,21 @@ def check_timeout(timeout_s: float | None) -> None:
         raise UsageError(f"--timeout must be positive, finite seconds: got {timeout_s!r}; leave it out for none")
 
 
+def check_patience(patience: int | None, sweeping: bool, *, fields: bool = False) -> None:
+    """UsageError when ``patience`` is set for a sweep: patience counts trials without a new best, and
+    a sweep (sim without a sampler) scores every configuration, in no trial order to be patient over.
+    ``fields``: name the service's JSON fields rather than ``tune``'s flags."""
+    if patience is None or not sweeping:
+        return
+    if fields:
+        raise UsageError(f"patience stops a sampled search after that many trials without a new best: got patience "
+                         f"{patience} with backend sim and no sampler, which scores every configuration; send "
+                         "a sampler (e.g. \"sampler\": \"tpe\") or leave patience out")
+    raise UsageError(f"--patience stops a sampled search after K trials without a new best: got --patience "
+                     f"{patience} with --backend sim and no --sampler, which scores every "
+                     "configuration (a sweep); pass --sampler tpe to sample trials, or drop --patience")
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     """Everything one ``autoslapo tune`` needs (the CLI builds it; tests build it directly)."""

@@ -22,7 +22,6 @@ TPE, GP, NSGA-II); the others see the worst value. Optuna is imported lazily (it
 from __future__ import annotations
 
 import random
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.errors import UsageError
 from autoslapo.result import TrialResult
 from search_spaces import ORDINAL, BoundSpace, Invalid
-from tuner.walk import TICK, Tick, valid_configs
+from tuner.walk import Tick, paced, valid_configs
 
 if TYPE_CHECKING:
     import optuna
@@ -256,11 +255,8 @@ class Proposer:
             p = self.predict(c)
             if p.fits:
                 fits.append((c, p))
-            if i % TICK == 0:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return False
-                if tick is not None:
-                    tick(i, len(configs), "configurations")
+            if not paced(i, len(configs), "configurations", deadline=deadline, tick=tick):
+                return False
         fits.sort(key=lambda cp: -cp[1].samples_per_s)
         self._ranking = [c for c, _ in fits]
         return True

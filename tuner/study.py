@@ -48,7 +48,7 @@ from tuner.evaluators import Evaluator, SimEvaluator, make_evaluator
 from tuner.heartbeat import heartbeat
 from tuner.learning import PriorLearner, with_prediction
 from tuner.mirror import OptunaMirror
-from tuner.options import Progress, TuneOptions
+from tuner.options import Progress, TuneOptions, check_patience
 from tuner.probe import MemoryProbe
 from tuner.proposer import Prediction, Proposal, Proposer
 from tuner.resume import resume_target, submitted_space
@@ -124,10 +124,7 @@ class StudyRunner:
         if self.sweeping and not self.evaluator.instant:
             raise UsageError(f"a sweep scores every configuration: it needs an estimating backend (sim), not "
                              f"{self.evaluator.name!r}; drop the sweep option to sample real trials")
-        if self.sweeping and options.patience is not None:  # a sweep has no trial order to be patient over
-            raise UsageError(f"--patience stops a sampled search after K trials without a new best: got --patience "
-                             f"{options.patience} with --backend sim and no --sampler, which scores every "
-                             "configuration (a sweep); pass --sampler tpe to sample trials, or drop --patience")
+        check_patience(options.patience, self.sweeping)
         self.sweep: Sweep | None = None
         self.name = self._open_study(name)
         if opened is not None:

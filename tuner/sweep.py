@@ -31,7 +31,7 @@ from autoslapo.errors import UsageError
 from autoslapo.result import TrialResult
 from tuner.evaluators import SimEvaluator
 from tuner.proposer import Prior
-from tuner.walk import TICK, Tick, valid_configs
+from tuner.walk import Tick, paced, valid_configs
 
 if TYPE_CHECKING:
     from store import Store
@@ -98,11 +98,8 @@ def sweep_space(configs: Iterable[ScheduleConfig], predict: Prior, evaluate: Cal
             fitting.append((config, p.samples_per_s))
         else:
             counts["pruned"] = counts.get("pruned", 0) + 1
-        if scored % TICK == 0:
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            if tick is not None:
-                tick(scored, len(configs), "configurations")
+        if not paced(scored, len(configs), "configurations", deadline=deadline, tick=tick):
+            break
     total = len(configs)
     best: list[tuple[ScheduleConfig, TrialResult]] = []
     if exact:

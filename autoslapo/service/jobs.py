@@ -24,6 +24,7 @@ from autoslapo.service.schemas import body_schema, request_body
 from autoslapo.storage import BASELINES_SUFFIX, check_study_name
 from search_spaces import SearchSpace, space_for, space_from_dict
 from tuner import TuneOptions, default_study_name
+from tuner.options import check_patience
 
 SERVICE_BACKENDS = ("sim", "ray")
 SPACE_SOURCE = "the request's space"
@@ -125,10 +126,7 @@ class StudyRequest:
             raise UsageError(f"trials must be 1 to 100000: got {self.trials}")
         if self.gpus_per_node is not None and self.gpus_per_node < 1:  # 0 would mean the default in cluster_spec
             raise UsageError(f"gpus_per_node must be a positive integer: got {self.gpus_per_node}")
-        if self.patience is not None and self.backend == "sim" and not self.sampler:  # as tune refuses it
-            raise UsageError(f"patience stops a sampled search after that many trials without a new best: got patience "
-                             f"{self.patience} with backend sim and no sampler, which scores every configuration; send "
-                             "a sampler (e.g. \"sampler\": \"tpe\") or leave patience out")
+        check_patience(self.patience, self.backend == "sim" and not self.sampler, fields=True)  # as tune refuses it
         options = self.to_options(name=self.name or "check")
         space = options.space or space_for(options.model.family)
         space.bind(options.model, options.cluster, options.global_batch, None)

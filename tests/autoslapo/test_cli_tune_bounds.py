@@ -60,8 +60,9 @@ def test_patience_with_a_sweep_is_one_line_exit_2_and_stores_nothing(tmp_path: P
 def test_a_sweep_stopped_by_timeout_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     import tuner.sweep
+    import tuner.walk
 
-    monkeypatch.setattr(tuner.sweep, "TICK", 1)  # look at the deadline after every configuration
+    monkeypatch.setattr(tuner.walk, "TICK", 1)  # look at the deadline after every configuration
     url = f"sqlite:///{tmp_path / 't.db'}"
     real = tuner.sweep.sweep_space
 

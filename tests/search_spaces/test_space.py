@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,16 @@ from autoslapo.cluster import ClusterSpec
 from autoslapo.config import KNOBS, ScheduleConfig
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
-from search_spaces import SPACES, BoundSpace, Invalid, get_space, load_space, space_for, space_from_dict
+from search_spaces import (
+    SPACES,
+    BoundSpace,
+    Invalid,
+    get_space,
+    load_space,
+    on_pace,
+    space_for,
+    space_from_dict,
+)
 
 CASES = [
     ("bert", ClusterSpec(gpus=64, gpu_type="a100-80gb")),
@@ -194,3 +204,14 @@ def test_search_spaces_import_is_pure() -> None:
     code = "import sys, search_spaces; bad=[m for m in ('optuna','ray','sqlalchemy','torch') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_on_pace_checks_the_deadline_and_reports_only_every_nth_item() -> None:
+    ticks: list[tuple[int, int]] = []
+    report = lambda done, total: ticks.append((done, total))  # noqa: E731
+    passed = time.monotonic() - 1.0
+    # between two checks nothing is looked at, not even a deadline already passed
+    assert on_pace(3, 10, deadline=passed, tick=report, every=4)
+    assert not on_pace(4, 10, deadline=passed, tick=report, every=4) and ticks == []  # stop, no report
+    assert on_pace(8, 10, deadline=None, tick=report, every=4) and ticks == [(8, 10)]
+    assert on_pace(8, 10, deadline=time.monotonic() + 60, tick=None, every=4)
