@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 import autoslapo.layout as layout
 from autoslapo.config import KNOB, KNOBS, ScheduleConfig
 from autoslapo.cost.device import DevicePerf, device_perf
+from autoslapo.cost.encdec import checkpointed_blocks
 from autoslapo.cost.estimate import Estimate, estimate
+from autoslapo.cost.memory import checkpointed_layer_ids
 from autoslapo.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -73,11 +75,15 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
             domains[n] = [KNOB[n].default]
     if "ckpt_granularity" not in fixed and not layout.op_ckpt_ok(model):  # per-op: not offered (T5)
         domains["ckpt_granularity"] = [v for v in domains["ckpt_granularity"] if v != "op"]
+    # Ratios 0 and 1 first: where another ratio checkpoints none or all of a chunk's blocks, the
+    # round figure is the one kept (``_runs_as``)
+    domains["ckpt_ratio"].sort(key=lambda r: (r not in (0.0, 1.0), r))
     # Free knobs that may change nothing (their ``inert`` rule): swept only at their default there.
     inert = [(n, rule) for n in others if (rule := KNOB[n].inert) is not None and n not in fixed]
     pinned_inert = [(n, rule) for n, v in fixed.items() if (rule := KNOB[n].inert) is not None
                     and v != KNOB[n].default] if acting else []
     mbs = [fixed["micro_batch"]] if "micro_batch" in fixed else list(MICRO_BATCHES)
+    ran: set[tuple[Any, ...]] = set()  # what each group checkpoints, to skip another ratio doing the same
     for tp, pp, dp in layout.layouts(model, cluster, tp=fixed.get("tp"), pp=fixed.get("pp"), dp=fixed.get("dp")):
         for combo in itertools.product(*(domains[n] for n in others)):
             knobs = dict(zip(others, combo, strict=True))
@@ -108,8 +114,28 @@ def candidate_configs(model: ModelSpec, cluster: ClusterSpec, *, global_batch: i
                         rejected[str(exc)] += 1
                     continue
                 group.append(cfg)
-            if group:
+            key = _runs_as(model, group[0], acting=acting, fixed=fixed) if group else None
+            if key is not None and key not in ran:
+                ran.add(key)
                 yield group
+
+
+_CKPT = ("ckpt_ratio", "ckpt_granularity", "ckpt_placement")
+
+
+def _runs_as(model: ModelSpec, cfg: ScheduleConfig, *, acting: bool, fixed: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What ``cfg``'s group runs, its checkpointing read as the blocks it checkpoints: a checkpoint ratio
+    checkpoints ``round(ratio x blocks)`` of each pipeline chunk, so on short chunks two ratios (0 and
+    0.25 of one block; 0.75 and 1 of two) run the same schedule, and granularity and placement act on
+    nothing when no block is checkpointed. Those groups share the key (the first is kept); the key is
+    that of a group already run when ``acting`` and a checkpointing knob pinned away from its default
+    acts on nothing here (None is never run: the group is skipped)."""
+    blocks = frozenset(checkpointed_blocks(model, cfg) if model.encoder_decoder else checkpointed_layer_ids(model, cfg))
+    if acting and not blocks and any(fixed.get(k, KNOB[k].default) != KNOB[k].default for k in _CKPT):
+        return None
+    rest = tuple(getattr(cfg, k.name) for k in KNOBS if k.name not in (*_CKPT, "micro_batch", "grad_accum"))
+    how = (cfg.ckpt_granularity,) if blocks else ()
+    return (rest, blocks, how)
 
 
 def _pins(fixed: dict[str, Any]) -> str:

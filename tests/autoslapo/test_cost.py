@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -14,9 +15,14 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.cost import best_config, estimate, sweep
 from autoslapo.cost.device import PERF
 from autoslapo.cost.flops import megatron_flops_per_iteration, model_flops_per_sample
-from autoslapo.cost.memory import estimate_activation_bytes, estimate_state_bytes, stage_params
+from autoslapo.cost.memory import (
+    checkpointed_layer_ids,
+    estimate_activation_bytes,
+    estimate_state_bytes,
+    stage_params,
+)
 from autoslapo.cost.published import check_all
-from autoslapo.cost.search import candidate_configs
+from autoslapo.cost.search import best_configs, candidate_configs
 from autoslapo.errors import ConfigError
 from autoslapo.models.spec import ModelSpec
 from autoslapo.result import TrialResult
@@ -177,6 +183,21 @@ def test_best_config_respects_fixed_knobs_and_fits() -> None:
         best_config(ModelSpec.from_name("llama-70b"), ClusterSpec(gpus=1, gpu_type="v100-16gb"))
     with pytest.raises(ConfigError, match="unknown knobs"):
         best_config(m, c, tpp=2)
+
+
+def test_the_top_schedules_are_distinct_schedules_not_ratios_that_checkpoint_the_same_blocks() -> None:
+    # bert-tiny in two stages has one block a chunk: ratio 0.25 checkpoints none of it (as 0) and
+    # 0.75 all of it (as 1), and with no block checkpointed granularity and placement act on nothing
+    m = ModelSpec.from_name("bert-tiny")
+    c = ClusterSpec(gpus=4, gpu_type="a100-80gb")
+    top = best_configs(m, c, 40, tp=1, pp=2)
+    ratios = {e.config.ckpt_ratio for e in top}
+    assert ratios <= {0.0, 1.0} and ratios == {0.0, 1.0}, ratios
+    assert all(e.config.ckpt_granularity == "full" and e.config.ckpt_placement == "front"
+               for e in top if e.config.ckpt_ratio == 0.0)
+    runs = [(replace(e.config, ckpt_ratio=0.0, ckpt_placement="front"), frozenset(checkpointed_layer_ids(m, e.config)))
+            for e in top]
+    assert len(set(runs)) == len(runs)  # no two of them run the same way
 
 
 def test_cpu_profile_changes_estimate() -> None:
