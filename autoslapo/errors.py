@@ -36,6 +36,11 @@ class StorageError(AutoslapoError):
     exit_code = 2
 
 
+class NoStore(StorageError):
+    """Nothing is stored at a SQLite URL yet: a missing or empty file, or a SQLite database with no
+    tables at all, opened to read (a read never creates a store there; it reads as no studies)."""
+
+
 class StorageLost(StorageError):
     """The store failed while a study was running: a runtime failure (what is stored is kept and the
     study resumes with ``--resume``), not bad input."""

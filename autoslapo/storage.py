@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from autoslapo.errors import UsageError
+from autoslapo.errors import NoStore, UsageError
 
 if TYPE_CHECKING:
     from autoslapo.cluster import ClusterSpec
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from store import Store, StudyRecord, TrialRecord
 
 __all__ = ["BASELINES_SUFFIX", "HEARTBEAT_S", "SILENT_AFTER_S", "StudyCluster", "baseline_rows", "baseline_study",
-           "check_study_name", "is_baseline_study", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster", "study_label"]
+           "check_study_name", "is_baseline_study", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster", "study_global_batch", "study_label"]
 
 #: The tuner scores a study's baselines in a companion study, ``<study>.baselines``: a name of its own.
 BASELINES_SUFFIX = ".baselines"
@@ -131,7 +131,8 @@ class StudyCluster(NamedTuple):
 
 
 def open_existing_store(url: str | None, *, read_only: bool = False) -> Store | None:
-    """Open the store at ``url``; None when it is a SQLite file that does not exist yet. ``read_only``:
+    """Open the store at ``url``; None when it is a SQLite file that does not exist yet, or (``read_only``)
+    one that holds no tables at all: both read as no studies, and are left as they are. ``read_only``:
     for a command that only reads (``open_store``'s: never writes, and reads a store in a read-only
     directory).
 
@@ -151,7 +152,10 @@ def open_existing_store(url: str | None, *, read_only: bool = False) -> Store | 
             )
         if not check_sqlite_file(path):
             return None
-    return open_store(resolved, read_only=read_only)
+    try:
+        return open_store(resolved, read_only=read_only)
+    except NoStore:  # a SQLite database without a single table: nothing stored yet, as a missing file
+        return None
 
 
 def require_store(url: str | None, *, read_only: bool = False) -> Store:
@@ -161,10 +165,21 @@ def require_store(url: str | None, *, read_only: bool = False) -> Store:
         from store import resolve_url
 
         raise UsageError(
-            f"no store at {resolve_url(url)}: the file does not exist; run `autoslapo tune` first "
+            f"no store at {resolve_url(url)}: the file does not exist (or holds no tables); run `autoslapo tune` first "
             "or point --storage (or $AUTOSLAPO_STORAGE) at an existing store"
         )
     return store
+
+
+def study_global_batch(store: Store, study: str, model: ModelSpec) -> int | None:
+    """The global batch ``study``'s trials ran at (``autoslapo.cost.answer.trials_global_batch``) when it
+    tuned ``model``, shape included: what an estimate on its cluster answers at. None for another
+    model's study, or one without trials yet."""
+    from autoslapo.cost.answer import trials_global_batch
+
+    if store.get_study(study).model_signature != model.signature():  # its batch is another model's
+        return None
+    return trials_global_batch(t.config for t in store.trials(study))
 
 
 def study_cluster(store: Store, study: str, given: Mapping[str, Any],

@@ -3,7 +3,8 @@
 A SQLite file is looked at read-only first (``_engine.probe_sqlite``): a damaged file, a schema
 written by a newer autoslapo, or a database that is someone else's (tables, none of them
 autoslapo's) is refused before anything is written to it. ``read_only`` is for commands that only
-read: they never create a database or autoslapo's tables, never take a write lock on a store
+read: they never create a database or autoslapo's tables (a missing or empty file, or a SQLite database
+with no tables at all, raises ``NoStore``: nothing is stored there yet), never take a write lock on a store
 already at the head revision, and read a SQLite store in a directory SQLite cannot write to
 through an immutable open (WAL mode keeps ``-wal``/``-shm`` files beside the database, which such
 a directory cannot hold).
@@ -18,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
-from autoslapo.errors import StorageError
+from autoslapo.errors import NoStore, StorageError
 from store import _engine, _migrate
 from store._schema import VERSION_TABLE
 from store._url import check_sqlite_file, display, parse_url, resolve_url, sqlite_path
@@ -95,7 +96,7 @@ def open_engine(url: str | None, *, read_only: bool = False) -> tuple[Engine, UR
             exists = check_sqlite_file(path)
             immutable = _sqlite_immutable(path, read_only=read_only, exists=exists)
             if not exists and read_only:
-                raise StorageError(f"no store at {where}: the file does not exist or is empty; run "
+                raise NoStore(f"no store at {where}: the file does not exist or is empty; run "
                                    "`autoslapo tune MODEL --gpus N` to make one, or point --storage at an existing store")
             if exists:
                 existed = [p.exists() for p in _engine.sibling_files(path)]
@@ -103,6 +104,8 @@ def open_engine(url: str | None, *, read_only: bool = False) -> tuple[Engine, UR
                     revision, names = _engine.probe_sqlite(path, VERSION_TABLE, immutable=immutable)
                     _migrate.check_revision(revision, where)
                     # Optuna's own tables may be there first: its RDB storage shares the store's database
+                    if read_only and not names:  # no tables at all (say `sqlite3 x.db VACUUM`): as a missing file
+                        raise NoStore(str(not_ours(where, None)))
                     if VERSION_TABLE not in names and (names - OPTUNA_TABLES or read_only):
                         raise not_ours(where, names)
                 except StorageError:

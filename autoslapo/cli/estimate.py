@@ -4,6 +4,8 @@ Knobs given on the command line are fixed; the rest are chosen as the best the c
 A measured profile (``autoslapo profile``) calibrates the device: ``--profile PATH``, else
 ``$AUTOSLAPO_PROFILE`` when it profiles the same ``--gpu-type``, else
 ``~/.cache/autoslapo/profiles/<gpu-type>.json`` if it exists.
+``--cluster-from STUDY`` estimates on the study's cluster with its calibration and, for the model the
+study tuned, at the global batch its trials ran at (``--global-batch`` overrides it).
 ``--server URL`` asks a running ``autoslapo serve`` (``POST /v1/estimate``) with the same model, pins
 and shape: the same answer, and ``--cluster-from`` then names a study in the server's store.
 """
@@ -40,13 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices a node (default 8; cpu: --gpus)")
     parser.add_argument("--allow-cross-node-tp", action="store_true", help="let TP span nodes")
     add_link_arguments(parser)
-    parser.add_argument("--global-batch", type=int, help="sequences an optimizer step (fixes grad accumulation)")
+    parser.add_argument("--global-batch", type=int, help="sequences an optimizer step (fixes grad accumulation; "
+                                                         "with --cluster-from, default the study's)")
     add_knob_arguments(parser, "estimate")
     add_shape_arguments(parser)
     parser.add_argument("--profile", type=Path, help="measured device profile JSON (see autoslapo profile)")
     parser.add_argument("--cluster-from", metavar="STUDY", default=None,
                         help="estimate on STUDY's cluster with that cluster's calibration (the correction "
-                             "its measured trials fitted; see --storage)")
+                             "its measured trials fitted; see --storage) and, for the model STUDY tuned, at "
+                             "its trials' global batch")
     parser.add_argument("--storage", metavar="URL", default=None,
                         help="store URL for --cluster-from (default: $AUTOSLAPO_STORAGE, else sqlite:///autoslapo.db)")
     parser.add_argument("--server", metavar="URL", default=None,
@@ -76,15 +80,17 @@ def _profile(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str]:
     return None, ""
 
 
-def _study_cluster(args: argparse.Namespace) -> StudyCluster:
+def _study_cluster(args: argparse.Namespace, model: ModelSpec) -> tuple[StudyCluster, int | None]:
     """``--cluster-from STUDY``: the study's cluster, its stored calibration (None if none yet) and
-    whether its trials were real."""
-    from autoslapo.storage import require_store, study_cluster
+    whether its trials were real; and the global batch its trials ran at when it tuned ``model``
+    (``trials_global_batch``; None for another model's study, or one without trials)."""
+    from autoslapo.storage import require_store, study_cluster, study_global_batch
 
     given = {"gpus": args.gpus, "gpu_type": args.gpu_type, "gpus_per_node": args.gpus_per_node,
              "allow_cross_node_tp": args.allow_cross_node_tp or None, **link_args(args)}
     with require_store(args.storage, read_only=True) as store:
-        return study_cluster(store, args.cluster_from, given, lambda key: "--" + key.replace("_", "-"))
+        found = study_cluster(store, args.cluster_from, given, lambda key: "--" + key.replace("_", "-"))
+        return found, study_global_batch(store, args.cluster_from, model)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,18 +98,22 @@ def run(args: argparse.Namespace) -> int:
     if args.server:
         return _show(_remote(args), args)
     from autoslapo.cluster import ClusterSpec
-    from autoslapo.cost.answer import calibrated_ranking, estimate_document
+    from autoslapo.cost.answer import calibrated_ranking, estimate_document, study_batch_named
     from autoslapo.models.resolve import resolve_model
 
     model = resolve_model(args.model, **shape_overrides(args))
+    pins = _pins(args)
     calibration: dict[str, Any] | None = None
     limits: dict[str, Any] = {}
     real_trials = False
+    batch, batch_from = args.global_batch, None
     if args.cluster_from is not None:
-        study = _study_cluster(args)
+        study, study_batch = _study_cluster(args, model)
         cluster, calibration, real_trials = study
         limits = study.runtime_limits(model)
         args.gpu_type = cluster.gpu_type
+        if batch is None and study_batch is not None and "grad_accum" not in pins:  # the batch it tuned at
+            batch, batch_from = study_batch, "study"
     else:
         from autoslapo.cluster import DEFAULT_GPU_TYPE
 
@@ -120,11 +130,12 @@ def run(args: argparse.Namespace) -> int:
                 f"{source}; pass a matching --profile (or none)"
             )
         cluster = cluster.with_profile(profile)
-    ranked = calibrated_ranking(model, cluster, calibration["params"] if calibration else None, top=args.top,
-                                global_batch=args.global_batch, profile=profile,
-                                **limits, **_pins(args))
+    with study_batch_named(batch if batch_from else None, args.cluster_from):
+        ranked = calibrated_ranking(model, cluster, calibration["params"] if calibration else None, top=args.top,
+                                    global_batch=batch, profile=profile, **limits, **pins)
     return _show(estimate_document(model, cluster, ranked, profile=source, calibration=calibration,
-                                   study=args.cluster_from, pinned=_pins(args), real_trials=real_trials), args)
+                                   study=args.cluster_from, pinned=pins, real_trials=real_trials,
+                                   global_batch_from=batch_from), args)
 
 
 def _pins(args: argparse.Namespace) -> dict[str, Any]:
@@ -213,7 +224,10 @@ def _show(d: dict[str, Any], args: argparse.Namespace) -> int:
               + ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs) + ("" if len(runs) == 1 else " (uneven)"))
     tokens = "" if is_convolutional(d["model"]["family"]) else f", {d['tokens_per_s']:,.0f} tokens/s"  # images
     print(f"  {figure(d['samples_per_s'])} samples/s{tokens}, step {d['step_time_s']:.3f} s")
-    if args.global_batch is None and "grad_accum" not in d["pinned"]:  # tune fixes it (its space's global batch)
+    if d.get("global_batch_from") == "study":  # what its trials ran at: the estimate answers the study's question
+        print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}, the study's (its trials ran at it; "
+              "--global-batch overrides)")
+    elif args.global_batch is None and "grad_accum" not in d["pinned"]:  # tune fixes it (its space's global batch)
         why = "" if "micro_batch" in d["pinned"] else ", so the largest micro-batch that fits is fastest"
         print(f"  global batch {c['micro_batch'] * c['dp'] * c['grad_accum']:,}: not fixed{why}; --global-batch "
               "fixes it, as tune does"

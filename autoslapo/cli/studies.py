@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"no studies match {filters} in {where} ({stored} stored; `autoslapo studies` lists them)",
                   file=sys.stderr)
         elif where is None:
-            print(f"no store at {resolve_url(args.storage)} yet (the file does not exist); run "
+            print(f"no store at {resolve_url(args.storage)} yet (the file does not exist or holds no tables); run "
                   "`autoslapo tune MODEL --gpus N` to make one, or point --storage at an existing store", file=sys.stderr)
         else:
             print(f"no studies in {where}; run `autoslapo tune MODEL --gpus N`", file=sys.stderr)

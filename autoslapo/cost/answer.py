@@ -7,7 +7,9 @@ and a remote estimate of the same request are the same JSON.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.config import describe
@@ -56,9 +58,32 @@ def calibrated_ranking(model: ModelSpec, cluster: ClusterSpec, correction: Corre
                         profile=profile, perf=perf, refusal=refusal, **fixed)
 
 
+def trials_global_batch(configs: Iterable[Mapping[str, Any]]) -> int | None:
+    """The global batch a study's trials ran at: micro_batch x grad_accum x dp of their configs (``tune``
+    fixes one for the whole study: its ``--global-batch``, else its space's default); the one most of
+    them ran at should a resume have changed it (the earliest on a tie); None without trials."""
+    counts = Counter(int(c.get("micro_batch", 1)) * int(c.get("grad_accum", 1)) * int(c.get("dp", 1))
+                     for c in configs)
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+@contextmanager
+def study_batch_named(batch: int | None, study: str | None, override: str = "--global-batch N") -> Iterator[None]:
+    """Within it, a ConfigError (no schedule at ``batch``) also says that the batch is ``study``'s
+    (``trials_global_batch``) and that ``override`` overrides it; ``batch`` None: the error as it is."""
+    try:
+        yield
+    except ConfigError as err:
+        if batch is None:
+            raise
+        raise ConfigError(f"{err} (global batch {batch} is {study}'s, which its trials ran at; "
+                          f"{override} overrides it)") from None
+
+
 def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estimate], *, profile: str | None = None,
                       calibration: dict[str, Any] | None = None, study: str | None = None,
-                      pinned: Iterable[str] = (), real_trials: bool = False) -> dict[str, Any]:
+                      pinned: Iterable[str] = (), real_trials: bool = False,
+                      global_batch_from: str | None = None) -> dict[str, Any]:
     """The estimate's JSON: the best schedule's figures, config and breakdowns, the model, the
     cluster, the profile's source, how many configurations were searched, the calibration used
     (``{"study", "params", "n_trials"}``; None when the model was not calibrated) and, when
@@ -67,7 +92,10 @@ def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estim
     the others); ``stage_layers``: the layers each pipeline rank runs (None without a pipeline);
     ``runtime``: the software stack estimated (``DevicePerf.runtime``: ``megatron``, the published runs'
     stack a GPU preset describes, or autoslapo's own, ``autoslapo`` on CPU ranks and ``autoslapo-gpu``
-    for the cluster of a study of real trials, ``real_trials`` as ``calibrated_ranking``'s)."""
+    for the cluster of a study of real trials, ``real_trials`` as ``calibrated_ranking``'s);
+    ``global_batch``: the best schedule's (micro_batch x grad_accum x dp), ``global_batch_from``: where
+    the ranking's fixed batch came from, as given: ``study`` for the ``cluster_from`` study's
+    (``trials_global_batch``), None when the request fixed it or nothing did (each schedule its own)."""
     est = ranked[0]
     perf = device_perf(cluster)
     d = est.to_dict()
@@ -77,6 +105,7 @@ def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estim
                                            c.virtual_stages)] if c.pp > 1 else None)
     d.update(model=model.to_dict(), num_params=model.num_params(), cluster=cluster.to_dict(), profile=profile or None,
              searched=est.breakdown.get("searched"), pinned=sorted(pinned), stage_layers=stages,
+             global_batch=c.global_batch, global_batch_from=global_batch_from,
              runtime=(for_autoslapo_runtime(perf) if real_trials else perf).runtime,
              calibration=None if calibration is None else {"study": study, "params": calibration["params"],
                                                            "n_trials": calibration["n_trials"]})

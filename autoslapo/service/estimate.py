@@ -7,7 +7,8 @@ a server started with ``--allow-module-files``, ``{"module_file": {...}}`` (trac
 process, as for a study), and optionally pins: ``knobs`` (``{"tp": 2, "zero_stage": 1, ...}``, checked
 by the knob declarations as ``autoslapo estimate``'s flags are), ``shape`` (``{"hidden": 2048, ...}``, a
 preset's or a config's overrides), ``allow_cross_node_tp``, ``top`` (list the n fastest too) and ``cluster_from`` (a study in the
-server's store: its cluster, with the calibration its measured trials fitted). Both answer the
+server's store: its cluster, with the calibration its measured trials fitted, and for the model it
+tuned the global batch its trials ran at unless ``global_batch`` is sent). Both answer the
 document ``autoslapo estimate --json`` prints (``autoslapo.cost.answer``), with ``model`` the model's
 name, ``model_spec`` its shape, and ``gpus`` and ``gpu_type``: what ``autoslapo estimate --server``
 reads.
@@ -25,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from autoslapo.cluster import DEFAULT_GPU_TYPE, LINKS, ClusterSpec, link_overrides
 from autoslapo.config import KNOB
-from autoslapo.cost.answer import calibrated_ranking, estimate_document
+from autoslapo.cost.answer import calibrated_ranking, estimate_document, study_batch_named
 from autoslapo.errors import UsageError
 from autoslapo.models.hf import check_hf_spec
 from autoslapo.models.spec import ModelSpec
@@ -34,7 +35,7 @@ from autoslapo.service.jobs import json_repr
 from autoslapo.service.modfile import TRACE_TIMEOUT_S
 from autoslapo.service.payload import ModelField, check_model_field, is_module_file, model_spec_of
 from autoslapo.service.schemas import body_schema, request_body
-from autoslapo.storage import StudyCluster, study_cluster
+from autoslapo.storage import StudyCluster, study_cluster, study_global_batch
 from store import Store
 
 SIGNATURE = re.compile(r"[0-9a-f]{16}")  # ModelSpec.signature()
@@ -134,17 +135,24 @@ class EstimateRequest:
         """The estimate of this request for ``spec`` (the model it names)."""
         calibration = None
         real_trials = False
+        batch, batch_from = self.global_batch, None
         if self.cluster_from is not None:
             cluster, calibration, real_trials = self.study_cluster(store)
+            study_batch = study_global_batch(store, self.cluster_from, spec)
+            if batch is None and study_batch is not None and "grad_accum" not in (self.knobs or {}):
+                batch, batch_from = study_batch, "study"  # the batch it tuned at, as `estimate --cluster-from`
         else:
             cluster = self.cluster_spec()
-        return estimate_answer(spec, cluster, self.global_batch, knobs=self.knobs, calibration=calibration,
-                               study=self.cluster_from, top=self.top, real_trials=real_trials)
+        with study_batch_named(batch if batch_from else None, self.cluster_from, "a 'global_batch' field"):
+            return estimate_answer(spec, cluster, batch, knobs=self.knobs, calibration=calibration,
+                                   study=self.cluster_from, top=self.top, real_trials=real_trials,
+                                   global_batch_from=batch_from)
 
 
 def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | None, *,
                     knobs: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
-                    study: str | None = None, top: int = 1, real_trials: bool = False) -> dict[str, Any]:
+                    study: str | None = None, top: int = 1, real_trials: bool = False,
+                    global_batch_from: str | None = None) -> dict[str, Any]:
     """What both endpoints answer: ``autoslapo estimate --json``'s document for the cost model's best
     schedule (``knobs`` pinned, ``calibration`` applied; of autoslapo's runtime with ``real_trials``,
     ``calibrated_ranking``'s), with ``model`` the model's name, ``model_spec`` its shape, and the
@@ -154,7 +162,7 @@ def estimate_answer(spec: ModelSpec, cluster: ClusterSpec, global_batch: int | N
     ranked = calibrated_ranking(spec, cluster, calibration["params"] if calibration else None, top=top,
                                 global_batch=global_batch, **limits, **(knobs or {}))
     doc = estimate_document(spec, cluster, ranked, calibration=calibration, study=study, pinned=knobs or {},
-                            real_trials=real_trials)
+                            real_trials=real_trials, global_batch_from=global_batch_from)
     return {**doc, "model": spec.preset, "model_spec": doc["model"], "gpus": cluster.gpus,
             "gpu_type": cluster.gpu_type}
 

@@ -177,6 +177,53 @@ def test_estimate_cluster_from_a_study_uses_its_calibration(capsys: pytest.Captu
     assert "--gpus 8, the study has 16" in capsys.readouterr().err
 
 
+
+def test_estimate_cluster_from_a_study_uses_its_global_batch(capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The study tuned at one global batch: an estimate on its cluster answers at that batch, not at
+    its own defaults (the largest micro-batch, 4 x pp micro-batches a pipeline), unless told another."""
+    monkeypatch.delenv("AUTOSLAPO_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    url = f"sqlite:///{tmp_path / 'gb.db'}"
+    assert main(["tune", "bert-tiny", "--gpus", "4", "--backend", "sim", "--global-batch", "32", "--trials", "4",
+                 "--no-baselines", "--storage", url, "--study", "s"]) == 0
+    capsys.readouterr()
+    here = ["--cluster-from", "s", "--storage", url]
+
+    def batch(d: dict) -> int:
+        c = d["config"]
+        return c["micro_batch"] * c["grad_accum"] * c["dp"]
+
+    d = _json(capsys, ["estimate", "bert-tiny", *here, "--top", "3", "--json"])
+    assert (d["global_batch"], d["global_batch_from"], batch(d)) == (32, "study", 32)
+    assert all(r["config"]["micro_batch"] * r["config"]["grad_accum"] * r["config"]["dp"] == 32 for r in d["top"])
+    piped = _json(capsys, ["estimate", "bert-tiny", *here, "--pp", "2", "--json"])  # not 4 x pp micro-batches
+    assert batch(piped) == 32 and piped["global_batch_from"] == "study"
+    assert main(["estimate", "bert-tiny", *here]) == 0
+    out = capsys.readouterr().out
+    assert "global batch 32, the study's" in out and "not fixed" not in out
+    # an explicit --global-batch (or a --grad-accum pin) wins; the batch is then not the study's
+    given = _json(capsys, ["estimate", "bert-tiny", *here, "--global-batch", "64", "--json"])
+    assert (given["global_batch"], given["global_batch_from"], batch(given)) == (64, None, 64)
+    pinned = _json(capsys, ["estimate", "bert-tiny", *here, "--grad-accum", "2", "--json"])
+    assert pinned["global_batch_from"] is None and pinned["config"]["grad_accum"] == 2
+    # another model (or shape) on the study's cluster: its batch is not that model's, so not applied
+    other = _json(capsys, ["estimate", "bert-tiny", *here, "--layers", "4", "--json"])
+    assert other["global_batch_from"] is None and other["calibration"] is None
+    # a pin the study's batch cannot split over says where the batch came from
+    assert main(["estimate", "bert-tiny", *here, "--micro-batch", "3"]) == 2
+    assert "global batch 32 is s's, which its trials ran at; --global-batch N overrides it" in capsys.readouterr().err
+
+
+def test_trials_global_batch_is_the_one_most_trials_ran_at() -> None:
+    from autoslapo.cost.answer import trials_global_batch
+
+    assert trials_global_batch([]) is None
+    assert trials_global_batch([{"micro_batch": 4, "grad_accum": 2, "dp": 4}, {"dp": 2, "micro_batch": 16}]) == 32
+    assert trials_global_batch([{"micro_batch": 2, "dp": 4}, {"micro_batch": 8, "dp": 8},
+                                {"micro_batch": 16, "dp": 4}]) == 64
+
+
 def test_estimate_top_lists_the_fastest_schedules_that_fit(capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from autoslapo.cluster import ClusterSpec

@@ -121,7 +121,7 @@ def test_studies_on_a_missing_store_creates_nothing(tmp_path: Path, capsys: pyte
     assert main(["studies", "--storage", f"sqlite:///{target}", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
     assert main(["studies", "--storage", f"sqlite:///{target}"]) == 0
-    assert "yet (the file does not exist)" in capsys.readouterr().err
+    assert "yet (the file does not exist or holds no tables)" in capsys.readouterr().err
     assert not target.exists()
     assert main(["show", "x", "--storage", f"sqlite:///{target}"]) == 2
     err = capsys.readouterr().err

@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from autoslapo.cluster import ClusterSpec
+from autoslapo.config import ScheduleConfig
 from autoslapo.cost import best_config
 from autoslapo.models.resolve import resolve_model
 from autoslapo.service.estimate import estimate_answer
@@ -156,6 +157,32 @@ def test_estimate_server_uses_a_stored_studys_calibration(client: TestClient, to
     assert wide.status_code == 400 and "got allow_cross_node_tp true, the study has false" in wide.json()["error"]
     missing = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "nope"}, headers=read)
     assert missing.status_code == 400 and "no study named 'nope'" in missing.json()["error"]
+
+
+def test_estimate_server_answers_at_the_global_batch_the_studys_trials_ran_at(client: TestClient,
+                                                                              tokens: dict[str, str],
+                                                                              service_store: Store) -> None:
+    # as `estimate --cluster-from`: the study's batch for the model it tuned, unless global_batch is sent
+    cluster, spec = ClusterSpec(gpus=16, gpu_type="v100-32gb"), resolve_model("bert")
+    service_store.create_study("b", model=spec.to_dict(), cluster=cluster.to_dict(), space_name="bert",
+                               space_version="1", objective="samples_per_s", backend="sim",
+                               model_signature=spec.signature(), cluster_fingerprint=cluster.fingerprint())
+    config = ScheduleConfig(tp=2, dp=8, micro_batch=4, grad_accum=2).to_dict()  # a global batch of 64
+    service_store.add_trial("b", 0, config, {"status": "complete", "samples_per_s": 100.0, "measured": False})
+    read = bearer(tokens["read"])
+    doc = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "b"}, headers=read).json()
+    c = doc["config"]
+    assert (doc["global_batch"], doc["global_batch_from"]) == (64, "study")
+    assert c["micro_batch"] * c["grad_accum"] * c["dp"] == 64
+    given = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "b", "global_batch": 128},
+                        headers=read).json()
+    assert (given["global_batch"], given["global_batch_from"]) == (128, None)
+    other = client.post("/v1/estimate", json={"model": "bert-tiny", "cluster_from": "b"}, headers=read).json()
+    assert other["global_batch_from"] is None  # another model's study: its batch is not this model's
+    split = client.post("/v1/estimate", json={"model": "bert", "cluster_from": "b", "knobs": {"micro_batch": 3}},
+                        headers=read)
+    assert split.status_code == 400
+    assert "global batch 64 is b's, which its trials ran at; a 'global_batch' field overrides it" in split.json()["error"]
 
 
 @pytest.mark.parametrize(("body", "words"), [
