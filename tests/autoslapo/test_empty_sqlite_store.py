@@ -4,7 +4,6 @@ A database holding someone else's tables is still refused; a writing open makes 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 from collections.abc import Callable
@@ -13,30 +12,9 @@ from pathlib import Path
 import pytest
 
 from autoslapo.cli import main
-from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import StorageError
-from autoslapo.models.spec import ModelSpec
 from autoslapo.storage import open_existing_store
-from tests.readonly import read_only_directory
-
-STUDY = "bert-8"
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _store(path: Path) -> str:
-    """What ``tune`` does first (``open_store(url)``, a writing open), then a study in the store."""
-    from store import open_store
-
-    url = f"sqlite:///{path}"
-    spec, cluster = ModelSpec.from_name("bert"), ClusterSpec(gpus=8, gpu_type="a100-80gb")
-    with open_store(url) as db:
-        db.create_study(STUDY, model=spec.to_dict(), cluster=cluster.to_dict(), space_name=spec.family,
-                        space_version="1", objective="samples_per_s", backend="sim",
-                        model_signature=spec.signature(), cluster_fingerprint=cluster.fingerprint())
-    return url
+from tests.readonly import STUDY, bert_store, digest, read_only_directory
 
 
 def _zero_bytes(path: Path) -> None:
@@ -87,7 +65,7 @@ def test_an_empty_sqlite_file_reads_as_a_missing_store(tmp_path: Path, make: Cal
     (tmp_path / "out").mkdir()
     missing, empty = tmp_path / "missing" / "x.db", tmp_path / "empty" / "x.db"
     make(empty)
-    before = _digest(empty)
+    before = digest(empty)
     for argv_missing, argv_empty in zip(_reads(f"sqlite:///{missing}", tmp_path / "out"),
                                         _reads(f"sqlite:///{empty}", tmp_path / "out"), strict=True):
         expected = _run(argv_missing, capsys, missing)
@@ -96,7 +74,7 @@ def test_an_empty_sqlite_file_reads_as_a_missing_store(tmp_path: Path, make: Cal
         if expected[0] == 2:
             assert "no store at" in expected[2] and len(expected[2].strip().splitlines()) == 1
     assert _run(["studies", "--json", "--storage", f"sqlite:///{empty}"], capsys, empty)[1].strip() == "[]"
-    assert _digest(empty) == before
+    assert digest(empty) == before
     assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["x.db"]  # no -wal, -shm or journal
     assert list((tmp_path / "missing").iterdir()) == [] and list((tmp_path / "out").iterdir()) == []
     assert open_existing_store(f"sqlite:///{empty}", read_only=True) is None
@@ -106,11 +84,11 @@ def test_an_empty_sqlite_file_in_a_read_only_directory_reads_as_no_store(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "x.db"
     _table_dropped(path)
-    before = _digest(path)
+    before = digest(path)
     read_only_directory(monkeypatch, tmp_path)
     assert main(["studies", "--json", "--storage", f"sqlite:///{path}"]) == 0
     assert json.loads(capsys.readouterr().out) == []
-    assert _digest(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["x.db"]
+    assert digest(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["x.db"]
 
 
 def test_a_sqlite_file_with_another_table_is_still_refused_untouched(
@@ -120,14 +98,14 @@ def test_a_sqlite_file_with_another_table_is_still_refused_untouched(
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
     conn.close()
-    before = _digest(path)
+    before = digest(path)
     for argv in (["studies", "--storage", f"sqlite:///{path}"], ["show", STUDY, "--storage", f"sqlite:///{path}"]):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "not an autoslapo store" in err and "(users)" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(StorageError, match="holds other tables"):
         open_existing_store(f"sqlite:///{path}", read_only=True)
-    assert _digest(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]
+    assert digest(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]
 
 
 @pytest.mark.parametrize("make", EMPTY.values(), ids=EMPTY.keys())
@@ -135,7 +113,7 @@ def test_a_writing_open_makes_an_empty_sqlite_file_a_store(tmp_path: Path, make:
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "x.db"
     make(path)
-    url = _store(path)
+    url = bert_store(path, trial=False)
     assert main(["studies", "--json", "--storage", url]) == 0
     assert [s["name"] for s in json.loads(capsys.readouterr().out)] == [STUDY]
 
@@ -150,7 +128,7 @@ def test_a_store_whose_tables_are_still_in_its_wal_file_is_read(tmp_path: Path,
     holder.execute("PRAGMA wal_autocheckpoint=0")
     holder.execute("SELECT count(*) FROM sqlite_master").fetchall()
     try:
-        url = _store(path)
+        url = bert_store(path, trial=False)
         main_file = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
         assert main_file.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)  # tables only in -wal
         main_file.close()

@@ -3,39 +3,13 @@ file, and read a store in a directory SQLite cannot write to (or say that rule, 
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from autoslapo.cli import main
-from autoslapo.cluster import ClusterSpec
-from autoslapo.config import ScheduleConfig
-from autoslapo.models.spec import ModelSpec
-from tests.readonly import read_only_directory
-
-STUDY = "bert-8"
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _store(path: Path) -> str:
-    """A store holding one study of bert-large on 8 devices with one complete trial."""
-    from store import open_store
-
-    url = f"sqlite:///{path}"
-    spec, cluster = ModelSpec.from_name("bert"), ClusterSpec(gpus=8, gpu_type="a100-80gb")
-    with open_store(url) as db:
-        db.create_study(STUDY, model=spec.to_dict(), cluster=cluster.to_dict(), space_name=spec.family,
-                        space_version="1", objective="samples_per_s", backend="sim",
-                        model_signature=spec.signature(), cluster_fingerprint=cluster.fingerprint())
-        db.add_trial(STUDY, 0, ScheduleConfig(tp=1, pp=1, dp=8, micro_batch=4).to_dict(),
-                     {"status": "complete", "samples_per_s": 100.0, "peak_memory_bytes": 20 * 2**30,
-                      "step_time_s": 1.0})
-    return url
+from tests.readonly import STUDY, bert_store, digest, read_only_directory
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
@@ -65,13 +39,13 @@ def test_read_commands_refuse_a_foreign_sqlite_file_untouched(tmp_path: Path,
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
     conn.close()
-    before = _digest(path)
+    before = digest(path)
     (tmp_path / "out").mkdir()
     for argv in _reads(f"sqlite:///{path}", tmp_path):
         assert main(argv) == 2, argv
         line = _one_line_error(capsys)
         assert "not an autoslapo store" in line and "users" in line and "point --storage" in line, line
-    assert _digest(path) == before
+    assert digest(path) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign2.db", "out"]
     with sqlite3.connect(path) as conn:
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["users"]
@@ -84,14 +58,14 @@ def test_read_commands_read_a_store_in_aread_only_directory(tmp_path: Path, monk
     directory.mkdir()
     (tmp_path / "out").mkdir()
     path = directory / "autoslapo.db"
-    url = _store(path)
-    before = _digest(path)
+    url = bert_store(path)
+    before = digest(path)
     read_only_directory(monkeypatch, directory)
     for argv in _reads(url, tmp_path):
         assert main(argv) == 0, (argv, capsys.readouterr().err)
     out = capsys.readouterr().out
     assert STUDY in out and "100.0 samples/s" in out  # studies and show list it, best answers from it
-    assert _digest(path) == before and sorted(p.name for p in directory.iterdir()) == ["autoslapo.db"]
+    assert digest(path) == before and sorted(p.name for p in directory.iterdir()) == ["autoslapo.db"]
 
 
 def test_report_reads_a_store_in_aread_only_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -101,9 +75,9 @@ def test_report_reads_a_store_in_aread_only_directory(tmp_path: Path, monkeypatc
     directory = tmp_path / "ro2"
     directory.mkdir()
     path = directory / "autoslapo.db"
-    url = _store(path)
-    before = _digest(path)
+    url = bert_store(path)
+    before = digest(path)
     read_only_directory(monkeypatch, directory)
     assert main(["report", STUDY, "--output", str(tmp_path / "rep"), "--storage", url]) == 0, capsys.readouterr().err
     assert (tmp_path / "rep").is_dir() and any((tmp_path / "rep").iterdir())
-    assert _digest(path) == before
+    assert digest(path) == before
