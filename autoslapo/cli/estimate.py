@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.server:
         return _show(_remote(args), args)
     from autoslapo.cluster import ClusterSpec
-    from autoslapo.cost.answer import calibrated_ranking, estimate_document, study_batch_named
+    from autoslapo.cost.answer import calibrated_ranking, estimate_batch, estimate_document, study_batch_named
     from autoslapo.models.resolve import resolve_model
 
     model = resolve_model(args.model, **shape_overrides(args))
@@ -112,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
         cluster, calibration, real_trials = study
         limits = study.runtime_limits(model)
         args.gpu_type = cluster.gpu_type
-        if batch is None and study_batch is not None and "grad_accum" not in pins:  # the batch it tuned at
-            batch, batch_from = study_batch, "study"
+        batch, batch_from = estimate_batch(batch, study_batch, pins)  # the batch it tuned at
     else:
         from autoslapo.cluster import DEFAULT_GPU_TYPE
 
@@ -130,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{source}; pass a matching --profile (or none)"
             )
         cluster = cluster.with_profile(profile)
-    with study_batch_named(batch if batch_from else None, args.cluster_from):
+    with study_batch_named(batch, batch_from, args.cluster_from):
         ranked = calibrated_ranking(model, cluster, calibration["params"] if calibration else None, top=args.top,
                                     global_batch=batch, profile=profile, **limits, **pins)
     return _show(estimate_document(model, cluster, ranked, profile=source, calibration=calibration,

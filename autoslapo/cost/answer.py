@@ -67,14 +67,24 @@ def trials_global_batch(configs: Iterable[Mapping[str, Any]]) -> int | None:
     return max(counts, key=counts.__getitem__) if counts else None
 
 
+def estimate_batch(given: int | None, study_batch: int | None, pins: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """The global batch an estimate ranks at, and where it came from: ``given`` (``--global-batch``)
+    as it is (None: each schedule its own), else the ``cluster_from`` study's (``study_batch``,
+    ``"study"``) unless a ``grad_accum`` pin fixes the batch another way."""
+    if given is None and study_batch is not None and "grad_accum" not in pins:
+        return study_batch, "study"
+    return given, None
+
+
 @contextmanager
-def study_batch_named(batch: int | None, study: str | None, override: str = "--global-batch N") -> Iterator[None]:
-    """Within it, a ConfigError (no schedule at ``batch``) also says that the batch is ``study``'s
-    (``trials_global_batch``) and that ``override`` overrides it; ``batch`` None: the error as it is."""
+def study_batch_named(batch: int | None, batch_from: str | None, study: str | None,
+                      override: str = "--global-batch N") -> Iterator[None]:
+    """Within it, a ConfigError (no schedule at ``batch``) also says, when ``batch_from`` is ``"study"``
+    (``estimate_batch``), that the batch is ``study``'s and that ``override`` overrides it."""
     try:
         yield
     except ConfigError as err:
-        if batch is None:
+        if batch_from != "study":
             raise
         raise ConfigError(f"{err} (global batch {batch} is {study}'s, which its trials ran at; "
                           f"{override} overrides it)") from None

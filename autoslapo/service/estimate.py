@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from autoslapo.cluster import DEFAULT_GPU_TYPE, LINKS, ClusterSpec, link_overrides
 from autoslapo.config import KNOB
-from autoslapo.cost.answer import calibrated_ranking, estimate_document, study_batch_named
+from autoslapo.cost.answer import calibrated_ranking, estimate_batch, estimate_document, study_batch_named
 from autoslapo.errors import UsageError
 from autoslapo.models.hf import check_hf_spec
 from autoslapo.models.spec import ModelSpec
@@ -138,12 +138,11 @@ class EstimateRequest:
         batch, batch_from = self.global_batch, None
         if self.cluster_from is not None:
             cluster, calibration, real_trials = self.study_cluster(store)
-            study_batch = study_global_batch(store, self.cluster_from, spec)
-            if batch is None and study_batch is not None and "grad_accum" not in (self.knobs or {}):
-                batch, batch_from = study_batch, "study"  # the batch it tuned at, as `estimate --cluster-from`
+            batch, batch_from = estimate_batch(batch, study_global_batch(store, self.cluster_from, spec),
+                                               self.knobs or {})  # the batch it tuned at, as `estimate --cluster-from`
         else:
             cluster = self.cluster_spec()
-        with study_batch_named(batch if batch_from else None, self.cluster_from, "a 'global_batch' field"):
+        with study_batch_named(batch, batch_from, self.cluster_from, "a 'global_batch' field"):
             return estimate_answer(spec, cluster, batch, knobs=self.knobs, calibration=calibration,
                                    study=self.cluster_from, top=self.top, real_trials=real_trials,
                                    global_batch_from=batch_from)
