@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import pickle
 import queue as queue_mod
 import socket
 import time
@@ -67,7 +68,9 @@ def _worker(
         dist.init_process_group(
             backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
         )
-        out = fn(*args)
+        # pickled here, by value: the queue's own pickler would share a returned tensor's memory by
+        # passing its file descriptor, which fails (ConnectionResetError) once this rank has exited
+        out = pickle.dumps(fn(*args), protocol=pickle.HIGHEST_PROTOCOL)
         results.put((rank, "ok", out))
     except BaseException as exc:
         cls = type(exc)
@@ -179,7 +182,7 @@ def spawn(
                         if status == "err":
                             error = _rebuild(rank, payload)
                             break
-                        outs[rank] = payload
+                        outs[rank] = pickle.loads(payload)
                         continue
                     raise TrialError(
                         f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} without a result"
@@ -188,7 +191,7 @@ def spawn(
             if status == "err":
                 error = _rebuild(rank, payload)
             else:
-                outs[rank] = payload
+                outs[rank] = pickle.loads(payload)
     finally:
         for p in procs:
             p.join(timeout=5.0 if error is None else 0.5)

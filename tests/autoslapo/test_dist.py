@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from autoslapo.dist import build_groups, spawn
@@ -35,6 +36,19 @@ def test_spawn_groups_and_errors() -> None:
         spawn(_fail_on_rank1, 2, timeout=60)
     with pytest.raises(ConfigError, match="world_size >= 1"):
         spawn(_fail_on_rank1, 0)
+
+
+def _a_tensor() -> torch.Tensor:
+    return torch.arange(6, dtype=torch.float64).reshape(2, 3) * (dist.get_rank() + 1)
+
+
+def test_spawn_returns_tensors_by_value_not_tied_to_the_ranks() -> None:
+    # A tensor a rank returns arrives as a copy: the queue's own pickler would hand over a file
+    # descriptor of its shared memory instead, which the rank's exit can break (ConnectionResetError)
+    out = spawn(_a_tensor, 2, timeout=120)
+    for rank, t in enumerate(out):
+        assert not t.is_shared()
+        assert torch.equal(t, torch.arange(6, dtype=torch.float64).reshape(2, 3) * (rank + 1))
 
 
 def test_build_groups_needs_a_group() -> None:
