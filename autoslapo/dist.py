@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import pickle
 import queue as queue_mod
 import socket
 import time
@@ -54,6 +53,7 @@ def _worker(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     results: Any,
+    received: Any,
 ) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -68,10 +68,10 @@ def _worker(
         dist.init_process_group(
             backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
         )
-        # pickled here, by value: the queue's own pickler would share a returned tensor's memory by
-        # passing its file descriptor, which fails (ConnectionResetError) once this rank has exited
-        out = pickle.dumps(fn(*args), protocol=pickle.HIGHEST_PROTOCOL)
-        results.put((rank, "ok", out))
+        results.put((rank, "ok", fn(*args)))
+        # A returned tensor travels as a file descriptor of its shared memory, which the parent fetches
+        # from this process while it reads the result: stay until it has (else ConnectionResetError)
+        received.wait(timeout)
     except BaseException as exc:
         cls = type(exc)
         results.put((rank, "err", (cls.__module__, cls.__qualname__, str(exc), traceback.format_exc())))
@@ -149,11 +149,12 @@ def spawn(
         ctx.set_forkserver_preload(list(preload))  # no effect once the server is running
         _start_forkserver()
     results = ctx.Queue()
+    received = ctx.Event()  # set once this process has read every result (a rank waits for it to exit)
     port = free_port()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, port, backend, threads, timeout, fn, args, results),
+            args=(rank, world_size, port, backend, threads, timeout, fn, args, results, received),
             daemon=True,
         )
         for rank in range(world_size)
@@ -182,7 +183,7 @@ def spawn(
                         if status == "err":
                             error = _rebuild(rank, payload)
                             break
-                        outs[rank] = pickle.loads(payload)
+                        outs[rank] = payload
                         continue
                     raise TrialError(
                         f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} without a result"
@@ -191,8 +192,9 @@ def spawn(
             if status == "err":
                 error = _rebuild(rank, payload)
             else:
-                outs[rank] = pickle.loads(payload)
+                outs[rank] = payload
     finally:
+        received.set()
         for p in procs:
             p.join(timeout=5.0 if error is None else 0.5)
         for p in procs:

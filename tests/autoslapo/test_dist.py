@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -42,12 +44,43 @@ def _a_tensor() -> torch.Tensor:
     return torch.arange(6, dtype=torch.float64).reshape(2, 3) * (dist.get_rank() + 1)
 
 
-def test_spawn_returns_tensors_by_value_not_tied_to_the_ranks() -> None:
-    # A tensor a rank returns arrives as a copy: the queue's own pickler would hand over a file
-    # descriptor of its shared memory instead, which the rank's exit can break (ConnectionResetError)
+class _SlowReader:
+    """A results queue whose reader takes its time: each rank has long put its tensor by then."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def put(self, item: Any) -> None:
+        self.inner.put(item)
+
+    def get(self, timeout: float | None = None) -> Any:
+        time.sleep(1.0)
+        return self.inner.get(timeout=timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_spawn_returns_tensors_a_slow_reader_gets_after_the_ranks_are_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A returned tensor travels as a file descriptor its rank hands over while the result is read:
+    # a rank that exited before then broke the read (ConnectionResetError on a loaded machine)
+    import torch.multiprocessing as mp
+
+    real = mp.get_context
+
+    class Context:
+        def __init__(self, method: str) -> None:
+            self.ctx = real(method)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.ctx, name)
+
+        def Queue(self) -> _SlowReader:  # multiprocessing's name
+            return _SlowReader(self.ctx.Queue())
+
+    monkeypatch.setattr(mp, "get_context", Context)
     out = spawn(_a_tensor, 2, timeout=120)
     for rank, t in enumerate(out):
-        assert not t.is_shared()
         assert torch.equal(t, torch.arange(6, dtype=torch.float64).reshape(2, 3) * (rank + 1))
 
 
