@@ -87,12 +87,16 @@ def run(args: argparse.Namespace) -> int:
         if args.gpu_type not in DEVICES:
             raise UsageError(f"--gpu-type must be one of {', '.join(DEVICES)}: got {args.gpu_type!r}")
     links = link_args(args)  # (None: a study of any links)
+    if args.gpus_per_node is not None:
+        from autoslapo.cluster import ClusterSpec
+
+        if args.gpus_per_node < 1:
+            raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
+        ClusterSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)  # whole nodes, as `tune` refuses them
     if args.server:
         return _remote(args)
     model = resolve_model(args.model, **shape_overrides(args))
     headroom = parse_headroom(args.headroom)
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
     with require_store(args.storage, read_only=True) as store:  # a read: never creates a store or writes one
         return _answer(args, store, model, links, headroom)
 
@@ -177,9 +181,18 @@ def _remote(args: argparse.Namespace) -> int:
     if args.headroom or args.storage or shape_overrides(args):
         raise UsageError("--server asks the service by preset, config.json or model file: --headroom, --storage "
                          "and shape flags are not sent; drop them or ask the store directly")
-    doc = Client(args.server).get("/v1/best", model=model_query(args.model), gpus=args.gpus, gpu_type=args.gpu_type,
-                                  metric=args.metric, measured_only=args.measured or None,
-                                  gpus_per_node=args.gpus_per_node, **link_args(args))
+    from autoslapo.models.resolve import is_model_file, resolve_model
+
+    spec = resolve_model(args.model) if is_model_file(args.model) else None  # asked for by its signature
+    query = spec.signature() if spec is not None else model_query(args.model)
+    client = Client(args.server)
+    try:
+        doc = client.get("/v1/best", model=query, gpus=args.gpus, gpu_type=args.gpu_type, metric=args.metric,
+                         measured_only=args.measured or None, gpus_per_node=args.gpus_per_node, **link_args(args))
+    except UsageError as err:
+        if spec is None or "answered 404" not in str(err) or query not in str(err):
+            raise
+        raise UsageError(_file_missing(args, spec.preset, query, str(err), client.url)) from None
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
@@ -188,3 +201,18 @@ def _remote(args: argparse.Namespace) -> int:
                      f"({kind}, study {doc['study']} trial {doc['trial']})\n"
                      f"  {doc.get('schedule') or describe(doc['config'])}\n")  # the server's, for the study's family
     return 0
+
+
+def _file_missing(args: argparse.Namespace, label: str, signature: str, answer: str, url: str) -> str:
+    """The server's 404 for a config.json or model file, asked for by its ``signature``, in the
+    words of what the user gave: the model (``label``) and its file, and the command that submits it."""
+    if "passes the filters" in answer:  # studies of it exist: only its name changes
+        return answer.replace(f"the model of signature {signature!r}", f"{label} ({args.model})").replace(
+            signature, f"{label} ({args.model})")
+    where = f"{args.gpus}x {args.gpu_type}" if args.gpu_type else f"{args.gpus} devices"
+    given = {**link_args(args), "gpus_per_node": args.gpus_per_node}
+    flags = (f" --gpu-type {args.gpu_type}" if args.gpu_type else "") + "".join(
+        f" {_flag(k)} {v:g}" for k, v in given.items() if v is not None)
+    return (f"the server at {url} has no recorded schedule for {label} ({args.model}) on {where}: no study there "
+            f"tuned this model on this cluster; submit one: `autoslapo tune {args.model} --gpus {args.gpus}{flags} "
+            f"--server {url}` (or POST /v1/studies with this model and cluster)")

@@ -57,6 +57,7 @@ from autoslapo.service.looplag import loop_lag_histogram, loop_lag_lifespan
 from autoslapo.service.measure import Measure
 from autoslapo.service.messages import best_missing
 from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff, trace_memory_bytes
+from autoslapo.service.resume import check_resume, resume_reached, shown_budget
 from autoslapo.service.views import all_studies, apply_snippet, study_family, study_view, trial_view
 from store import RANK_METRICS, TRIAL_STATUSES, JobLimitError, Store
 
@@ -165,7 +166,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         ``baselines``, ``name``, ``space``, ``resume`` (queue an ended study again) or ``join`` (submit
         the named study, follow it while queued or running, raising its budget to ``trials``, continue
         it when it ended short of ``trials``). Answers ``{name, url, status, budget, joined}``: 202,
-        or 200 when a join found the study ended at its budget."""
+        or 200 when a join or a resume found the study ended with ``trials`` launched (nothing written;
+        a resume's answer adds a ``note`` on how to run more). ``budget`` is the one GET shows."""
         who = await caller_on_loop(request, "submit")
         doc = await read_json(request, cfg.max_body_bytes)
         try:
@@ -185,10 +187,15 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             ended = plan.action == "follow" and plan.status not in ("queued", "running")
             return JSONResponse({"name": name, "url": url, "status": plan.status,
                                  "joined": plan.action in ("follow", "raise"),
-                                 "budget": plan.budget}, status_code=200 if ended else 202, headers={"Location": url})
+                                 "budget": await run_in_threadpool(shown_budget, store, name)},
+                                status_code=200 if ended else 202, headers={"Location": url})
         try:
             if study.resume:
-                await run_in_threadpool(_check_resume, store, name, study, who)
+                await run_in_threadpool(check_resume, store, name, study, who)
+                reached = await run_in_threadpool(resume_reached, store, name, study)
+                if reached is not None:  # as a join of it: nothing to run, nothing written
+                    return JSONResponse({"name": name, "url": url, "joined": False, **reached}, status_code=200,
+                                        headers={"Location": url})
                 await run_in_threadpool(store.jobs.requeue, name, {**study.to_dict(), "name": name}, owner=who.name,
                                         max_unfinished=cfg.max_queued_per_token)
             else:
@@ -199,7 +206,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         except StorageError as err:
             raise ApiError(409, one_line(err)) from None
         answers.expire()  # the next list request starts a refresh that shows the new job
-        return JSONResponse({"name": name, "url": url, "status": "queued", "joined": False, "budget": study.trials},
+        budget = await run_in_threadpool(shown_budget, store, name) if study.resume else study.trials
+        return JSONResponse({"name": name, "url": url, "status": "queued", "joined": False, "budget": budget},
                             status_code=202, headers={"Location": url})
 
     @app.get("/v1/studies")
@@ -212,7 +220,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         return Response(body, media_type="application/json")
 
     def _find(name: str, request: Request) -> dict[str, Any]:
-        check_name_or_404(name)
+        check_path_name(name)
         job = store.jobs.get(name)
         study = store.get_study(name) if store.has_study(name) else None
         if study is None and job is None:
@@ -228,7 +236,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     def get_trials(name: str, request: Request, offset: int = 0, limit: int = 100, sort: str = "number",
                    status: str | None = None) -> dict[str, Any]:
         caller(request, "read")
-        check_name_or_404(name)
+        check_path_name(name)
         if not store.has_study(name):
             raise ApiError(404, f"no trials yet for {name!r}: the study has not started or does not exist")
         if offset < 0 or not 1 <= limit <= 1000:
@@ -268,7 +276,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         from autoslapo.report import write_report
 
         caller(request, "read")
-        check_name_or_404(name)
+        check_path_name(name)
         if not store.has_study(name):
             raise ApiError(404, f"no trials yet for {name!r}: the study has not started or does not exist")
         with tempfile.TemporaryDirectory(prefix="autoslapo-report-") as out:
@@ -278,7 +286,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     @app.post("/v1/studies/{name}/cancel", status_code=202)
     def cancel(name: str, request: Request) -> dict[str, Any]:
         who = caller(request, "submit")
-        check_name_or_404(name)
+        check_path_name(name)
         job = store.jobs.get(name)
         if job is None:
             raise ApiError(404, f"no submitted study named {name!r}: only the service's studies can be cancelled")
@@ -303,6 +311,8 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
         if metric not in RANK_METRICS:
             raise ApiError(400, f"metric must be one of {', '.join(RANK_METRICS)}: got {redact(metric)[:40]!r}; "
                                 "leave it out for samples_per_s")
+        if gpus_per_node is not None:  # the node rule up front (400, as a study's), not a 404 naming a refused tune
+            ClusterSpec(gpus=gpus, gpus_per_node=gpus_per_node)
         links = {"intra_node_gbps": intra_node_gbps, "inter_node_gbps": inter_node_gbps}
         server = _server(request)
 
@@ -313,7 +323,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
                                    gpus_per_node=gpus_per_node)
             except UsageError as err:
                 if "no recorded schedule" in str(err) or "a model a stored study tuned" in str(err):
-                    raise ApiError(404, best_missing(one_line(err), server)) from None
+                    raise ApiError(404, best_missing(one_line(err), server, model)) from None
                 raise ApiError(400, one_line(err)) from None
             study = store.get_study(t.study)
             return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
@@ -416,29 +426,13 @@ def _server(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
 
-def check_name_or_404(name: str) -> None:
-    """A name that breaks the study-name rule cannot exist: 404 with the rule."""
+def check_path_name(name: str) -> None:
+    """A study name in a URL path that breaks the study-name rule: 400 with the rule (bad input,
+    as in a body), not 404."""
     try:
         check_name(name)
     except UsageError as err:
-        raise ApiError(404, one_line(err)) from None
-
-
-def _check_resume(store: Store, name: str, study: StudyRequest, who: Caller) -> None:
-    """Refuse a resume of a study that does not exist (404), is another token's (403), or tuned
-    another model or cluster (400), before anything is written."""
-    job = store.jobs.get(name)
-    if job is None and not store.has_study(name):
-        raise ApiError(404, f"no study named {name!r} to resume: submit it without resume first")
-    if job is not None and job.owner != who.name and not who.may("admin"):
-        raise ApiError(403, f"token {who.name!r} may resume only its own studies: {name!r} is {job.owner!r}'s")
-    if store.has_study(name):
-        rec = store.get_study(name)
-        if (rec.model_signature, rec.cluster_fingerprint) != (study.model_spec().signature(),
-                                                              study.cluster_spec().fingerprint()):
-            raise ApiError(400, f"resume needs the study's model and cluster: {name!r} tuned {rec.model_name} on "
-                                f"{ClusterSpec.from_dict(rec.cluster).described_as()}; send the same model, gpus, "
-                                "gpu_type, gpus_per_node and links")
+        raise ApiError(400, one_line(err)) from None
 
 
 def _join(store: Store, name: str, study: StudyRequest, who: Caller, max_unfinished: int | None) -> JoinPlan:

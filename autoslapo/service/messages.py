@@ -30,6 +30,8 @@ SHAPE_NAMES = frozenset(SHAPE_LIMITS) | {"hidden", "layers", "heads", "kv_heads"
 ESTIMATE_PATH = "/v1/estimate"
 
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)(?: (-?\d[\d,.]*(?:e-?\d+)?))?(?![\w-])")
+#: A model signature (``ModelSpec.signature``): how a client asks ``GET /v1/best`` for a config's or model file's studies.
+SIGNATURE = re.compile(r"[0-9a-f]{16}")
 _STORE_URL = re.compile(r" in [a-z][a-z0-9+.-]*://[^\s;]*")
 
 
@@ -61,10 +63,20 @@ def body_fields(message: str, path: str) -> str:
     return "`".join(part if i % 2 else _FLAG.sub(named, part) for i, part in enumerate(parts))
 
 
-def best_missing(message: str, server: str) -> str:
+def best_missing(message: str, server: str, model: str | None = None) -> str:
     """``api.best_trial``'s "nothing matches" line as this server's answer: ``on this server``
     instead of the store's URL, and the way to tune it here (``POST /v1/studies``, or the same
-    ``autoslapo tune`` command with ``--server``) instead of a local tune."""
+    ``autoslapo tune`` command with ``--server``) instead of a local tune. ``model``: what was
+    asked; a model signature (what ``best CONFIG.json --server`` sends) is named as one, and
+    the command to tune it takes the config.json or model file, not the signature."""
+    if model is not None and SIGNATURE.fullmatch(model):
+        if message.startswith("model must be a preset"):
+            return (f"no study on this server tuned the model of signature {model!r} (a config.json or model file, "
+                    "asked for by its signature); submit one: POST /v1/studies with that model ({\"hf_config\": "
+                    "...} or {\"module_file\": ...}) and this cluster, or `autoslapo tune CONFIG.json --gpus N "
+                    f"--server {server}` with its config.json or model file")
+        message = message.replace(f"for {model} on ", f"for the model of signature {model!r} on ", 1).replace(
+            f"`autoslapo tune {model} ", "`autoslapo tune CONFIG.json ", 1)
     if message.startswith("no recorded schedule for "):
         text = _STORE_URL.sub("", message.replace("no recorded schedule for ",
                                                   "no study on this server has a recorded schedule for ", 1), count=1)

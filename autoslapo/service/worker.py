@@ -3,7 +3,8 @@
 A worker that dies (``kill -9``) stops heartbeating; once its lease lapses another worker claims
 the job and resumes the study from the store (``TuneOptions(resume=True)``), so the study still
 ends at exactly its budget. A cancel request is seen by the heartbeat and stops the study
-between two trials. A join that raises a queued or running job's budget (``JobQueue.raise_budget``)
+between two trials; the store is asked once more when a run ends, so a cancel that came after the
+heartbeat last looked ends the job cancelled (its study stopped), not complete. A join that raises a queued or running job's budget (``JobQueue.raise_budget``)
 is seen when the study reaches the budget it ran to: the worker resumes it to the new one instead
 of ending the job. A study of a model file (code) runs only on a worker started with
 ``--allow-module-files``: it writes the file into the model cache by digest and traces it in a
@@ -92,9 +93,7 @@ class Worker:
                     return ran
                 self._stop.wait(self.poll_s)
                 continue
-            again = f", attempt {job.attempts} (taken over from a worker that stopped)" if job.attempts > 1 else ""
-            self.log(f"claimed study {job.study!r}: {job.request.get('trials')} trials of {job.request.get('backend')}"
-                     f"{again}")
+            self.log(self.claimed_line(job))
             status = self.run_job(job)
             now = self.store.jobs.get(job.study)
             self.log(f"study {job.study!r}: {status}" + (f": {now.error}" if now is not None and now.error else ""))
@@ -104,6 +103,19 @@ class Worker:
             if once:
                 return ran
         return ran
+
+    def claimed_line(self, job: JobRecord) -> str:
+        """The log line of a claim: the study, its budget and, from its second attempt, why it runs
+        again: queued again by a resume or a join (its request says so, and its study ended), or
+        taken over from a worker whose lease lapsed (its study still reads running, or never began)."""
+        trials = job.request.get("trials")
+        line = f"claimed study {job.study!r}: {trials} trial{'' if trials == 1 else 's'} of {job.request.get('backend')}"
+        if job.attempts <= 1:
+            return line
+        study = self.store.get_study(job.study) if self.store.has_study(job.study) else None
+        asked = (job.request.get("resume") or job.request.get("join")) and (study is None or study.status != "running")
+        why = "resumed at its owner's request" if asked else "taken over from a worker that stopped"
+        return f"{line}, attempt {job.attempts} ({why})"
 
     def run_job(self, job: JobRecord) -> str:
         """Run (or resume) one claimed job to its end; returns the job's final status, or "released"
@@ -144,6 +156,8 @@ class Worker:
             while True:
                 options = request.to_options(name=job.study, resume=self.store.has_study(job.study))
                 outcome = tune(options, self.store, progress=progress)
+                if self._cancel_asked(job, cancel):  # asked after the last trial or tick: honoured, not lost
+                    raise Cancelled
                 if outcome.stop_reason not in ("budget", "swept"):  # a sweep's budget: the best it stores
                     return self._finish(job, "complete" if outcome.stop_reason == "exhausted" else "stopped", "")
                 if self.store.jobs.finish(job.id, self.name, "complete", budget=request.trials):
@@ -167,6 +181,16 @@ class Worker:
         finally:
             done.set()
             heart.join(timeout=5)
+
+    def _cancel_asked(self, job: JobRecord, cancel: threading.Event) -> bool:
+        """Whether a cancel of ``job`` was asked: seen by the heartbeat (every third of the lease), or
+        in the store now, since the heartbeat last looked (a run can end in between)."""
+        if cancel.is_set():
+            return True
+        now = self.store.jobs.get(job.study)
+        if now is not None and now.id == job.id and now.cancel_requested:
+            cancel.set()
+        return cancel.is_set()
 
     def _finish(self, job: JobRecord, status: str, error: str) -> str:
         if self.store.has_study(job.study) and status in ("failed", "cancelled"):
