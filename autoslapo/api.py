@@ -158,7 +158,7 @@ def _not_sent(**filters: object) -> None:
     given = [k for k, v in filters.items() if v is not None]
     if given:
         raise UsageError(f"with server= the service answers from its store: {', '.join(given)} cannot be sent; "
-                         "drop them, or ask a store (storage=) instead")
+                         f"drop {'it' if len(given) == 1 else 'them'}, or ask a store (storage=) instead")
 
 
 def _remote_best(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str, measured_only: bool,

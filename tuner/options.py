@@ -88,9 +88,9 @@ class TuneOptions:
                              "running, --resume takes over a stopped one; pass one of them")
         if self.join and not self.study:
             raise UsageError("--join needs --study NAME: the study the tuners share")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
-            raise UsageError(f"--seed must be a whole number from 0 to 2**32 - 1 (4,294,967,295; the samplers' "
-                             f"random state): got {self.seed!r}")
+        from autoslapo.runtime.check import check_seed
+
+        check_seed(self.seed, "the samplers' random state")
         if self.steps < 1:
             raise UsageError(f"--steps must be a positive integer: got {self.steps!r}")
         if not isinstance(self.learned_every, int) or self.learned_every < 0:

@@ -5,6 +5,8 @@
 declaration: ``tune`` never takes the derived ones (dp, grad_accum: they follow from --gpus and
 --global-batch), ``run`` takes every knob but dp (= --gpus / (tp*pp)), ``verify`` those marked
 ``verify``. A boolean knob is ``--flag`` (on), ``--flag on`` or ``--flag off``.
+``check_refinements`` refuses, for ``run`` and ``verify`` (one explicit configuration), a knob set
+away from its default that refines another left at the default, where it would act on nothing.
 """
 
 from __future__ import annotations
@@ -13,10 +15,18 @@ import argparse
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from autoslapo.config import KNOBS, Knob
+from autoslapo.config import KNOB, KNOBS, Knob
+from autoslapo.errors import UsageError
 
 Command = Literal["run", "estimate", "verify", "tune"]
 _ON_OFF = {"on": True, "off": False}
+#: knob -> the knob it refines (acts on what that one turns on), for ``check_refinements``: each declared
+#: ``refines`` (ckpt_granularity of ckpt_ratio), and ckpt_placement, which picks the layers ckpt_ratio
+#: checkpoints. Its declaration does not say ``refines``: that would also pin it in every search space
+#: pinned on the ratio alone (``SearchSpace.pin``), renaming those spaces' versions (and their studies).
+REFINES: dict[str, str] = {**{k.name: k.refines for k in KNOBS if k.refines}, "ckpt_placement": "ckpt_ratio"}
+#: refined knob -> (what the refining knobs act on, what its default leaves of that), for the message
+_ACTS_ON = {"ckpt_ratio": ("checkpointed layers", "none checkpointed")}
 
 
 def knobs_for(command: Command) -> tuple[Knob, ...]:
@@ -76,3 +86,40 @@ def _text(k: Knob, v: Any) -> str:
     if k.kind == "bool":
         return "on" if v else "off"
     return str(v)
+
+
+def check_refinements(knobs: Mapping[str, Any]) -> None:
+    """UsageError for a knob away from its default that refines a knob at its default, where it acts on
+    nothing (``--ckpt-granularity selective`` with ``--ckpt-ratio 0``): ``run`` and ``verify`` would
+    otherwise run the configuration without it, silently. Other inert knobs (``--zero-stage`` with one
+    data replica) are left alone: those follow from the layout, not from a knob the user left out.
+    """
+    for name, refined in REFINES.items():
+        k, r = KNOB[name], KNOB[refined]
+        if name not in knobs or knobs[name] == k.default or knobs.get(refined, r.default) != r.default:
+            continue
+        inert = k.inert
+        if inert is None or not inert(knobs, 0):
+            continue
+        acting = [v for v in (r.sweep or r.domain) if v != r.default and not inert({**knobs, refined: v}, 0)]
+        what, none = _ACTS_ON.get(refined, (f"what {r.flag} turns on", "its default"))
+        raise UsageError(f"{k.flag} {_shown(k, knobs[name])} acts on {what}: got it with {r.flag} "
+                         f"{_shown(r, r.default)} ({none}); pass {_acting(r, acting)}, or drop {k.flag}")
+
+
+def _acting(r: Knob, acting: list[Any]) -> str:
+    """``--ckpt-ratio 1 (or another ratio above 0)``: ``r`` at values ``acting`` (from its sweep) where
+    the refining knob acts."""
+    if not acting:
+        return f"{r.flag} other than {_shown(r, r.default)}"
+    if r.kind == "ratio":
+        if max(acting) == 1.0:
+            return f"{r.flag} 1 (or another ratio above {_shown(r, r.default)})"
+        return f"{r.flag} {_shown(r, acting[len(acting) // 2])} (or another ratio strictly between 0 and 1)"
+    rest = f" (or {', '.join(_shown(r, v) for v in acting[:-1])})" if len(acting) > 1 else ""
+    return f"{r.flag} {_shown(r, acting[-1])}{rest}"
+
+
+def _shown(k: Knob, v: Any) -> str:
+    """A value as its flag takes it (a ratio 1.0 as 1)."""
+    return f"{float(v):g}" if k.kind == "ratio" else _text(k, v)

@@ -41,7 +41,8 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
     if shape_overrides(args):
         given.append("shape flags")
     if given:
-        raise UsageError(f"--server submits a plain study: {', '.join(given)} cannot be sent; drop them or tune locally")
+        them = "them" if len(given) > 1 or given == ["shape flags"] else "it"
+        raise UsageError(f"--server submits a plain study: {', '.join(given)} cannot be sent; drop {them} or tune locally")
     body: dict[str, Any] = {"model": model_field(args.model), "gpus": args.gpus, "backend": args.backend or "sim",
                             "trials": args.trials, "sampler": args.sampler, "seed": args.seed,
                             "baselines": not args.no_baselines}

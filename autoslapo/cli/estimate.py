@@ -150,9 +150,9 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
     from autoslapo.remote import Client, model_field
 
     if args.profile is not None or args.storage is not None:
-        given = " and ".join(f for f, v in (("--profile", args.profile), ("--storage", args.storage)) if v is not None)
-        raise UsageError(f"--server estimates with the server's device presets and store: {given} cannot be sent; "
-                         "drop it, or estimate here without --server")
+        given = [f for f, v in (("--profile", args.profile), ("--storage", args.storage)) if v is not None]
+        raise UsageError(f"--server estimates with the server's device presets and store: {' and '.join(given)} "
+                         f"cannot be sent; drop {'them' if len(given) > 1 else 'it'}, or estimate here without --server")
     overrides = shape_overrides(args)
     if overrides and args.model.lower().endswith(".py"):
         flags = " ".join("--" + k.replace("_", "-") for k in overrides)

@@ -36,5 +36,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"study": args.study, "path": str(path), "rows": len(frame),
                           "columns": [str(c) for c in frame.columns]}, indent=2))
     else:
-        print(f"wrote {len(frame)} trials of {args.study} to {path}")
+        print(f"wrote {len(frame)} trial{'s' if len(frame) != 1 else ''} of {args.study} to {path}")
     return 0

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 from dataclasses import replace
 
 import autoslapo.layout as layout
-from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cli._knobs import add_knob_arguments, check_refinements, knob_values
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.cluster import DEVICES
 from autoslapo.config import ScheduleConfig, describe
@@ -23,6 +25,17 @@ from autoslapo.models.spec import is_convolutional
 
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
          "g": 2**30, "gb": 2**30, "gib": 2**30}
+#: The smallest ``--mem-cap`` a rank can keep to: on CPU ranks the cost model's fixed per-process overhead
+#: (``autoslapo.cost.device.PERF["cpu"].fixed_overhead_bytes``, 400 MiB: Python, torch, transformers and
+#: gloo resident before the model's first byte; bert-tiny's ranks peak at ~450 MiB), so a smaller cap is
+#: an out-of-memory verdict known before the trial runs. On a GPU the cap reads the caching allocator's
+#: peak, which leaves the CUDA context out: 64 MiB, below which a cap is a unit slip, not a budget.
+MIN_CUDA_MEM_CAP = 64 * 2**20
+#: CPU ranks per core beyond which ``run`` refuses: each rank runs one thread, and with more than four
+#: waiting on a core every collective waits on the scheduler, so the step time measures the machine's
+#: oversubscription, not the schedule (and each rank holds ~400 MiB). Four keeps ``--gpus 8`` (tp 2 x pp 2
+#: x dp 2) runnable on a 2-core CI machine, and the README's ``--gpus 4`` examples with a warning.
+CPU_RANKS_PER_CORE = 4
 
 
 def parse_bytes(text: str) -> int:
@@ -56,6 +69,7 @@ def _config(args: argparse.Namespace, device: str) -> ScheduleConfig:
     from autoslapo.runtime.check import RUNTIME_PRECISIONS
 
     knobs = knob_values(args, "run")
+    check_refinements(knobs)
     if args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer: got {args.gpus}")
     try:
@@ -66,6 +80,36 @@ def _config(args: argparse.Namespace, device: str) -> ScheduleConfig:
     if "precision" not in knobs:
         knobs["precision"] = layout.default_precision(_has_bf16(device), RUNTIME_PRECISIONS)
     return ScheduleConfig(**knobs)
+
+
+def _mem_cap(text: str | None, device: str) -> int | None:
+    """``--mem-cap`` in bytes (None: no cap); UsageError below what a rank needs (the floors: ``MIN_CUDA_MEM_CAP``'s comment)."""
+    if not text:
+        return None
+    cap = parse_bytes(text)
+    if device == "cuda":
+        floor, why = MIN_CUDA_MEM_CAP, "a GPU rank's smallest sane budget"
+    else:
+        from autoslapo.cost.device import PERF
+
+        floor, why = PERF["cpu"].fixed_overhead_bytes, "what Python, torch and gloo hold in a CPU rank before the model"
+    if cap < floor:
+        raise UsageError(f"--mem-cap must be at least {floor // 2**20} MiB ({why}): got {text!r} "
+                         f"({cap:,} bytes); pass a larger cap such as 2GiB, or leave it out for none")
+    return cap
+
+
+def _check_cpu_ranks(ranks: int, device: str) -> None:
+    """UsageError for more CPU ranks than ``CPU_RANKS_PER_CORE`` a core; a one-line warning on stderr for more than one a core."""
+    cores = os.cpu_count() or 1
+    if device != "cpu" or ranks <= cores:
+        return
+    if ranks > CPU_RANKS_PER_CORE * cores:
+        raise UsageError(f"CPU trials run at most {CPU_RANKS_PER_CORE} ranks a core: got --gpus {ranks} on "
+                         f"{cores} core{'s' if cores != 1 else ''} (at most {CPU_RANKS_PER_CORE * cores}); pass "
+                         f"fewer --gpus, or score the layout with `autoslapo estimate` or `tune --backend sim`")
+    sys.stderr.write(f"autoslapo run: warning: {ranks} CPU ranks share {cores} core{'s' if cores != 1 else ''}: "
+                     "samples/s reads lower than with a core each\n")
 
 
 def _has_bf16(device: str) -> bool:
@@ -104,17 +148,20 @@ def run(args: argparse.Namespace) -> int:
     """Validate, run the trial (``--repeats`` times), print it. Returns 0 if every run completed, else 1."""
     from autoslapo.models.resolve import resolve_model
     from autoslapo.runtime import check_runnable, resolve_device, run_trial
+    from autoslapo.runtime.check import check_seed
 
     spec = resolve_model(args.model, **shape_overrides(args))
+    check_seed(args.seed, "the weights' and batches' random state")
     device = resolve_device(args.device, args.gpus)
     config = _config(args, device)
     check_runnable(spec, config, device=device)
+    cap = _mem_cap(args.mem_cap, device)
     warmup = args.warmup if args.warmup is not None else max(1, args.steps // 3)
     if args.steps <= warmup:
         raise UsageError(f"--steps must exceed the warm-up steps: got --steps {args.steps}, warm-up {warmup}")
     if args.repeats < 1:
         raise UsageError(f"--repeats must be a positive number of runs: got {args.repeats}")
-    cap = parse_bytes(args.mem_cap) if args.mem_cap else None
+    _check_cpu_ranks(config.world_size, device)
     runs = [run_trial(spec, config, steps=args.steps, warmup=warmup, timeout_s=args.timeout,
                       mem_cap_bytes=cap, device=device, seed=args.seed) for _ in range(args.repeats)]
     result = runs[0]

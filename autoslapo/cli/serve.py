@@ -102,9 +102,12 @@ def run(args: argparse.Namespace) -> int:
     from autoslapo.service.supervise import Supervisor
     from store import open_store
 
-    if args.workers < 0 or not 0 <= args.port < 65536 or args.max_body < 1:
-        raise UsageError(f"--workers must be >= 0, --port 0-65535, --max-body >= 1: got {args.workers}, "
-                         f"{args.port}, {args.max_body}")
+    wrong = [f"{flag} must be {rule}: got {value}" for flag, value, ok, rule in (
+        ("--workers", args.workers, args.workers >= 0, "0 or more"),
+        ("--port", args.port, 0 <= args.port < 65536, "0-65535 (0 picks a free one)"),
+        ("--max-body", args.max_body, args.max_body >= 1, "at least 1 byte")) if not ok]
+    if wrong:  # only the flags that are wrong, each with its rule and value
+        raise UsageError("; ".join(wrong))
     for flag, value in (("--max-running", args.max_running), ("--max-queued-per-token", args.max_queued_per_token)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1: got {value}; leave it out for no limit")

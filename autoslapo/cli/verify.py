@@ -20,7 +20,7 @@ import argparse
 import time
 from typing import Any
 
-from autoslapo.cli._knobs import add_knob_arguments, knob_values
+from autoslapo.cli._knobs import add_knob_arguments, check_refinements, knob_values
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
 from autoslapo.errors import UsageError
 
@@ -60,6 +60,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Any, int]:
     spec = resolve_model(args.model, **widths)
     full_layers = spec.layers
     knobs = knob_values(args, "verify")
+    check_refinements(knobs)
     grad_accum = knobs.pop("grad_accum", max(2, knobs["pp"])) if knobs["pp"] > 1 else knobs.pop("grad_accum", 1)
     if args.batch is None:  # 4 sequences, or the fewest whole micro-batches above that
         args.batch = grad_accum * -(-4 // grad_accum) if grad_accum > 0 else 4

@@ -101,3 +101,9 @@ def runtime_limits(model: ModelSpec, gpu_type: str) -> dict[str, Any]:
 
     return {"refusal": refusal, "precisions": RUNTIME_PRECISIONS}
 
+
+def check_seed(seed: object, state: str) -> None:
+    """UsageError unless ``seed`` is a whole number from 0 to 2**32 - 1, what numpy's and torch's
+    generators and Optuna's samplers take (``run``'s and ``tune``'s ``--seed``); ``state``: what it seeds."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise UsageError(f"--seed must be a whole number from 0 to 2**32 - 1 (4,294,967,295; {state}): got {seed!r}")

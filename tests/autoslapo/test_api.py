@@ -173,8 +173,10 @@ def test_filters_the_service_does_not_take_are_refused_with_a_server(kwargs: dic
     Refused before anything is sent (nothing listens on port 9)."""
     with pytest.raises(UsageError, match=f"with server= the service answers from its store: {next(iter(kwargs))} "):
         best("bert", gpus=8, server="http://127.0.0.1:9", **kwargs)
-    with pytest.raises(UsageError, match="cannot be sent; drop them"):
+    with pytest.raises(UsageError, match="cannot be sent; drop it,"):  # one filter: it
         apply_best("bert", gpus=8, server="http://127.0.0.1:9", **kwargs)
+    with pytest.raises(UsageError, match="min_headroom_bytes, min_headroom_fraction cannot be sent; drop them,"):
+        best("bert", gpus=8, server="http://127.0.0.1:9", min_headroom_bytes=10**9, min_headroom_fraction=0.1)
 
 
 def test_a_model_named_by_its_signature_is_built_from_its_study(tmp_path: Path) -> None:
