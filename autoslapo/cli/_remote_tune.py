@@ -64,7 +64,10 @@ def run_remote(args: argparse.Namespace, bar: Any) -> int:
     if space is not None:
         body["space"] = space.to_dict()  # sent as data: the server checks it with the same code
     client = Client(args.server)
-    name = client.post("/v1/studies", body)["name"]
+    submitted = client.post("/v1/studies", body)
+    name = submitted["name"]
+    if submitted.get("note"):  # a resume with nothing to run: the service says how to run more
+        sys.stderr.write(f"autoslapo tune: {submitted['note']}\n")
     seen = -1
     try:
         try:

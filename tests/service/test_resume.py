@@ -41,6 +41,23 @@ def test_a_resume_of_a_study_that_has_its_trials_is_a_join(client: TestClient, t
     assert Worker(service_store, lease_s=5, poll_s=0.1).run(once=True) == 0  # nothing to claim
 
 
+def test_tune_server_resume_with_nothing_to_run_prints_the_services_note(
+        client: TestClient, tokens: dict[str, str], service_store: Store, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from autoslapo.cli import main
+    from tests.service.test_estimate import _routed_to
+
+    assert client.post("/v1/studies", json=BODY, headers=bearer(tokens["submit"])).status_code == 202
+    _run(service_store)
+    _routed_to(client, monkeypatch)
+    monkeypatch.setenv("AUTOSLAPO_TOKEN", tokens["submit"])
+    assert main(["tune", "bert-tiny", "--gpus", "4", "--trials", "3", "--sampler", "tpe", "--no-baselines",
+                 "--study", "s1", "--resume", "--server", "http://autoslapo.test"]) == 0
+    captured = capsys.readouterr()
+    assert "nothing was queued" in captured.err and "trials above 5" in captured.err
+    assert "study s1: 5 trials launched, status complete" in captured.out
+
+
 def test_a_resume_with_fewer_trials_answers_the_budget_get_shows(client: TestClient, tokens: dict[str, str],
                                                                  service_store: Store) -> None:
     submit = bearer(tokens["submit"])
