@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from store import Store, StudyRecord, TrialRecord
 
 __all__ = ["BASELINES_SUFFIX", "HEARTBEAT_S", "SILENT_AFTER_S", "StudyCluster", "baseline_rows", "baseline_study",
-           "check_study_name", "is_baseline_study", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster", "study_global_batch", "study_label"]
+           "check_study_name", "is_baseline_study", "open_existing_store", "require_store", "silent_for", "silent_note", "study_cluster", "study_global_batch", "study_label", "trials_global_batch"]
 
 #: The tuner scores a study's baselines in a companion study, ``<study>.baselines``: a name of its own.
 BASELINES_SUFFIX = ".baselines"
@@ -171,12 +172,19 @@ def require_store(url: str | None, *, read_only: bool = False) -> Store:
     return store
 
 
+def trials_global_batch(configs: Iterable[Mapping[str, Any]]) -> int | None:
+    """The global batch a study's trials ran at: micro_batch x grad_accum x dp of their configs (``tune``
+    fixes one for the whole study: its ``--global-batch``, else its space's default); the one most of
+    them ran at should a resume have changed it (the earliest on a tie); None without trials."""
+    counts = Counter(int(c.get("micro_batch", 1)) * int(c.get("grad_accum", 1)) * int(c.get("dp", 1))
+                     for c in configs)
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
 def study_global_batch(store: Store, study: str, model: ModelSpec) -> int | None:
-    """The global batch ``study``'s trials ran at (``autoslapo.cost.answer.trials_global_batch``) when it
+    """The global batch ``study``'s trials ran at (``trials_global_batch``) when it
     tuned ``model``, shape included: what an estimate on its cluster answers at. None for another
     model's study, or one without trials yet."""
-    from autoslapo.cost.answer import trials_global_batch
-
     if store.get_study(study).model_signature != model.signature():  # its batch is another model's
         return None
     return trials_global_batch(t.config for t in store.trials(study))

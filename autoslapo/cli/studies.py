@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from autoslapo.cluster import ClusterSpec
 from autoslapo.errors import UsageError
-from autoslapo.storage import is_baseline_study, open_existing_store, silent_for, silent_note, study_label
+from autoslapo.storage import (
+    is_baseline_study,
+    open_existing_store,
+    silent_for,
+    silent_note,
+    study_label,
+    trials_global_batch,
+)
 
 if TYPE_CHECKING:
     from store import Store, StudyRecord
@@ -79,6 +86,8 @@ def study_row(store: Store, study: StudyRecord) -> dict[str, Any]:
         # a running study whose tuner stopped marking it alive (killed): seconds since, else None
         "silent_s": silent_for(study.status, study.updated_at),
         "trials": len(trials),
+        # what its trials ran at (tune fixes one a study): two studies of one model and cluster differ by it
+        "global_batch": trials_global_batch(t.config for t in trials),
         "trials_by_status": counts,
         "best_samples_per_s": None if best is None else best.samples_per_s,
         "best_trial": None if best is None else best.number,
@@ -137,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             r["name"],
             r["model_label"],
             f"{r['gpus']} x {r['gpu_type']}" + (f" ({r['links']})" if r["links"] else ""),
+            "-" if r["global_batch"] is None else f"{r['global_batch']:,}",
             r["backend"],
             str(r["trials"]),
             fmt(r["best_samples_per_s"]) + ("" if r["best_measured"] is None else (" (M)" if r["best_measured"] else " (E)")),
@@ -144,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
         ]
         for r in rows
     ]
-    print(format_table(table, ["STUDY", "MODEL", "CLUSTER", "BACKEND", "TRIALS", "BEST samples/s", "STATUS"],
-                       right=(4, 5)))
+    print(format_table(table, ["STUDY", "MODEL", "CLUSTER", "BATCH", "BACKEND", "TRIALS", "BEST samples/s", "STATUS"],
+                       right=(3, 5, 6)))
     print("(M) measured, (E) estimated by the cost model")
     if any(r["silent_s"] is not None for r in rows):
         print("(no tuner) a study left running by a tuner that is gone (killed, or its machine): "

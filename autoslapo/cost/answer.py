@@ -7,7 +7,6 @@ and a remote estimate of the same request are the same JSON.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -58,15 +57,6 @@ def calibrated_ranking(model: ModelSpec, cluster: ClusterSpec, correction: Corre
                         profile=profile, perf=perf, refusal=refusal, **fixed)
 
 
-def trials_global_batch(configs: Iterable[Mapping[str, Any]]) -> int | None:
-    """The global batch a study's trials ran at: micro_batch x grad_accum x dp of their configs (``tune``
-    fixes one for the whole study: its ``--global-batch``, else its space's default); the one most of
-    them ran at should a resume have changed it (the earliest on a tie); None without trials."""
-    counts = Counter(int(c.get("micro_batch", 1)) * int(c.get("grad_accum", 1)) * int(c.get("dp", 1))
-                     for c in configs)
-    return max(counts, key=counts.__getitem__) if counts else None
-
-
 def estimate_batch(given: int | None, study_batch: int | None, pins: Mapping[str, Any]) -> tuple[int | None, str | None]:
     """The global batch an estimate ranks at, and where it came from: ``given`` (``--global-batch``)
     as it is (None: each schedule its own), else the ``cluster_from`` study's (``study_batch``,
@@ -105,7 +95,7 @@ def estimate_document(model: ModelSpec, cluster: ClusterSpec, ranked: list[Estim
     for the cluster of a study of real trials, ``real_trials`` as ``calibrated_ranking``'s);
     ``global_batch``: the best schedule's (micro_batch x grad_accum x dp), ``global_batch_from``: where
     the ranking's fixed batch came from, as given: ``study`` for the ``cluster_from`` study's
-    (``trials_global_batch``), None when the request fixed it or nothing did (each schedule its own)."""
+    (``autoslapo.storage.trials_global_batch``), None when the request fixed it or nothing did (each schedule its own)."""
     est = ranked[0]
     perf = device_perf(cluster)
     d = est.to_dict()

@@ -216,7 +216,7 @@ def test_estimate_cluster_from_a_study_uses_its_global_batch(capsys: pytest.Capt
 
 
 def test_trials_global_batch_is_the_one_most_trials_ran_at() -> None:
-    from autoslapo.cost.answer import trials_global_batch
+    from autoslapo.storage import trials_global_batch
 
     assert trials_global_batch([]) is None
     assert trials_global_batch([{"micro_batch": 4, "grad_accum": 2, "dp": 4}, {"dp": 2, "micro_batch": 16}]) == 32
