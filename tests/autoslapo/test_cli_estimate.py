@@ -224,6 +224,7 @@ def test_trials_global_batch_is_the_one_most_trials_ran_at() -> None:
                                 {"micro_batch": 16, "dp": 4}]) == 64
 
 
+@pytest.mark.slow
 def test_estimate_top_lists_the_fastest_schedules_that_fit(capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from autoslapo.cluster import ClusterSpec

@@ -36,6 +36,7 @@ def test_tune_then_best_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert rc == 0 and "samples/s" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_resume_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     base = ["tune", "bert-base", "--gpus", "8", "--gpu-type", "v100-32gb", "--storage", url, "--no-baselines"]

@@ -57,6 +57,7 @@ def test_tiny_tp2_passes_with_a_summary() -> None:
     assert len(line) == 1 and "ok - tp=2 pp=1" in line[0] and "on 2 ranks" in line[0], out
 
 
+@pytest.mark.slow
 def test_wideresnet_tiny_tp2_passes() -> None:
     # every block at full depth, half of them checkpointed: outputs and every gradient equal
     rc, out, _ = _verify("wideresnet-tiny", "--tp", "2", "--layers", "0", "--ckpt-ratio", "0.5")
@@ -65,6 +66,7 @@ def test_wideresnet_tiny_tp2_passes() -> None:
     assert len(line) == 1 and "ok - tp=2 pp=1 ckpt_ratio=0.5" in line[0] and "4 layers" in line[0], out
 
 
+@pytest.mark.slow
 def test_wideresnet_tiny_channels_last_over_tp_and_stages_passes() -> None:
     # NHWC feature maps over TP's all-reduces, checkpointed blocks and 2 stages (NCHW on the wire):
     # in float64 every output and gradient equals the unscheduled NCHW model's up to summation order

@@ -55,6 +55,7 @@ def test_recovers_planted_compute_and_activation_factors() -> None:
         assert 0.7 < getattr(got, name) < 1.4, got
 
 
+@pytest.mark.slow
 def test_few_points_move_the_factors_less_than_many() -> None:
     truth = Correction(compute=0.5)
     one = fit_correction(_measure(truth, _configs(1)), BASE)

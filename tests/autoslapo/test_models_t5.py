@@ -179,6 +179,7 @@ def test_estimate_of_the_published_sizes() -> None:
 
 
 @pytest.mark.parametrize(("name", "published"), [("t5-large", 737_668_096), ("t5-3b", 2_851_598_336)])
+@pytest.mark.slow
 def test_cli_estimate_of_a_published_size_reports_its_parameter_count(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str,
         published: int) -> None:

@@ -155,6 +155,7 @@ def test_the_knob_is_priced_searched_and_refused_by_family() -> None:
         fused.validate(bert, cluster)
 
 
+@pytest.mark.slow
 def test_training_losses_match_with_the_fused_norm_under_zero3_and_a_pipeline() -> None:
     # ZeRO-3 gathers each norm's weight in its module hooks, around the swapped forward; a pipeline
     # stage runs the layers' and (last stage) the final norm fused

@@ -182,6 +182,7 @@ def _check(runs: list[tuple[str, dict[str, Any]]]) -> None:
             assert a["losses"] == b["losses"]
 
 
+@pytest.mark.slow
 def test_scheduled_losses_match_the_unscheduled_model_for_every_family() -> None:
     _check(MIXED)
 

@@ -3,6 +3,7 @@ local ``autoslapo tune --resume --trials N`` shows N while it runs; the old rule
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 
 from autoslapo.cluster import ClusterSpec
@@ -21,6 +22,7 @@ def _doc(client: TestClient, tokens: dict[str, str], name: str) -> dict:
 
 
 @ON_BOTH
+@pytest.mark.slow
 def test_the_stored_budget_shows_while_a_local_resume_runs(client: TestClient, tokens: dict[str, str],
                                                            service_store: Store) -> None:
     assert client.post("/v1/studies", json=BODY, headers=bearer(tokens["submit"])).status_code == 202

@@ -63,6 +63,7 @@ def test_estimate_needs_a_token_and_a_body_under_the_limit(client: TestClient, t
     assert big.status_code == 413
 
 
+@pytest.mark.slow
 def test_get_by_signature_reads_the_studys_model(client: TestClient, tokens: dict[str, str],
                                                  service_store: Store) -> None:
     spec = resolve_model(str(CONFIG_PATH))
@@ -215,6 +216,7 @@ def test_estimate_server_refuses_what_it_cannot_send(capsys: pytest.CaptureFixtu
     assert "shape flags do not apply to a model file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_top_lists_the_fastest_schedules_by_get_and_post(client: TestClient, tokens: dict[str, str]) -> None:
     read = bearer(tokens["read"])
     got = client.get("/v1/estimate", params={"model": "bert", "gpus": 8, "top": 4}, headers=read)

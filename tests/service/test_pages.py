@@ -6,6 +6,7 @@ import json
 import re
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from autoslapo.service.worker import Worker
@@ -52,6 +53,7 @@ def test_a_queued_study_page_follows_the_events_and_has_no_report_yet(client: Te
     assert "<iframe id=report" not in page and "id=snippet" not in page
 
 
+@pytest.mark.slow
 def test_a_finished_study_page_charts_every_launched_trial_and_frames_the_report(
         client: TestClient, tokens: dict[str, str], worker: Worker) -> None:
     r = client.post("/v1/studies", json={"model": "bert", "gpus": 8, "trials": 4, "backend": "sim", "name": "done"},

@@ -70,6 +70,7 @@ def test_submit_run_and_ask_for_the_best_of_a_config(client: TestClient, tokens:
     assert best.json()["study"] == name and best.json()["config"] == doc["best"]["config"]
 
 
+@pytest.mark.slow
 def test_a_worker_that_takes_a_config_job_over_builds_the_same_spec(service_store: Store) -> None:
     request = StudyRequest.from_json({**BASE, "model": {"hf_config": CONFIG}, "trials": 5, "name": "cfg"})
     service_store.jobs.submit("cfg", request.to_dict())

@@ -3,6 +3,7 @@ follows a local ``autoslapo tune --resume`` that raised it."""
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 
 from autoslapo.cluster import ClusterSpec
@@ -13,6 +14,7 @@ from tests.service.conftest import bearer
 from tuner import TuneOptions, tune
 
 
+@pytest.mark.slow
 def test_launched_counts_trials_in_flight_and_budget_follows_a_local_resume(
         client: TestClient, tokens: dict[str, str], service_store: Store) -> None:
     body = {"model": "bert", "gpus": 8, "trials": 3, "backend": "sim", "sampler": "tpe", "baselines": False,

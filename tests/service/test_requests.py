@@ -104,6 +104,7 @@ def test_apply_best_line_finds_a_configs_study(client: TestClient, tokens: dict[
     assert service_store.get_study("cfg").model_signature in page
 
 
+@pytest.mark.slow
 def test_baseline_companions_are_listed_only_when_asked(client: TestClient, tokens: dict[str, str],
                                                        service_store: Store) -> None:
     request = StudyRequest.from_json({"model": "bert", "gpus": 8, "trials": 2, "sampler": "tpe"})

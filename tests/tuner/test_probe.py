@@ -59,6 +59,7 @@ def _study(store: Store, believed: ClusterSpec, truth: ClusterSpec, *, trials: i
     return runner, evaluator
 
 
+@pytest.mark.slow
 def test_a_probe_finds_the_optimum_the_prior_prunes(store: Store) -> None:
     believed, favourite = _squeezed(store)
     truth = replace(believed, memory_bytes=int(believed.memory_bytes * 1.12))  # the device really has 12 % more

@@ -33,6 +33,7 @@ def _launched(store: Store, study: str) -> list:
     return [t for t in store.trials(study) if t.status != "pruned"]
 
 
+@pytest.mark.slow
 def test_sim_tune_ends_with_exactly_the_budget_of_distinct_trials(store: Store) -> None:
     # 16 devices (two nodes): a smaller space to rank than 64's, the same baselines' shapes
     cluster = ClusterSpec(gpus=16, gpu_type="a100-80gb")
@@ -133,6 +134,7 @@ class CountingSim(SlowSim):
         return self.inner.evaluate(config)
 
 
+@pytest.mark.slow
 def test_a_resumed_study_keeps_its_baselines_and_at_its_budget_measures_nothing(store: Store) -> None:
     shown: list[str] = []
 

@@ -129,6 +129,7 @@ def test_resume_without_a_name_leaves_a_study_another_tuner_is_running(store: St
     assert resume_target(store, first.study, TINY.signature(), CPU4.fingerprint()) == first.study
 
 
+@pytest.mark.slow
 def test_resuming_a_sweep_its_timeout_cut_short_stores_the_spaces_optimum(store: Store,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The cut-short sweep stored the best of what it had scored (its budget's worth); the resume scores
