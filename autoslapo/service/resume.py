@@ -48,11 +48,12 @@ def resume_reached(store: Store, name: str, study: StudyRequest) -> dict[str, An
     rec = store.get_study(name)
     if (job is not None and not job.finished) or (job is None and rec.status == "running"):
         return None  # queued or running: the requeue's 409 says so
-    launched = sum(1 for t in store.trials(name) if t.status in LAUNCHED)
+    view = study_view(store, rec, job)  # one read of its trials: the count below and the budget GET shows
+    launched = sum(view["counts"].get(s, 0) for s in LAUNCHED)
     if launched < study.trials:
         return None
     status = job.status if job is not None else rec.status
-    return {"status": status, "budget": shown_budget(store, name),
+    return {"status": status, "budget": view["budget"],
             "note": f"study {name!r} is {status} with {launched} trials launched, which meets trials="
                     f"{study.trials}: nothing was queued; resume (or join) with trials above {launched} to run more"}
 
