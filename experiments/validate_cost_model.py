@@ -113,10 +113,11 @@ TORCHTITAN_H100_SOURCE = "torchtitan2024_h100"
 RESNET_SOURCE = "nvidia_dle_resnet50"
 NEMO_SOURCE = "nvidia_dgxc2024_nemo2411"
 B200_SOURCE = "google_gpurecipes2025_a4_qwen25"
-# what the NeMo rows' stack does that the model does not price (their recipes and logs set it)
-NEMO_NOT_MODELLED = ("not modelled: its overlaps of pipeline transfers, gradient reduce / parameter gather and TP "
-                     "collectives with compute (overlap_p2p_comm, overlap_grad_sync / overlap_param_sync, "
-                     "ub_tp_comm_overlap); compared: sequences/s.")
+# how the NeMo rows' overlaps are priced, and which are not (their recipes and logs set them)
+NEMO_NOT_MODELLED = ("its overlap of pipeline transfers with compute (overlap_p2p_comm) as the megatron-core "
+                     "pipeline engine (the 1F1B phase's transfers hidden, the fill's and drain's exposed); "
+                     "not modelled: its overlaps of gradient reduce / parameter gather and TP collectives with "
+                     "compute (overlap_grad_sync / overlap_param_sync, ub_tp_comm_overlap); compared: sequences/s.")
 FITTED = {"narayanan2021_table1": True, "nvidia_dle_bert_pretrain": True, FIELD_SOURCE: False, HELDOUT_SOURCE: False,
           MEGATRON_SOURCE: False, V100_SOURCE: False, DEEPSPEED_SOURCE: False, BLOOM_SOURCE: False,
           TORCHTITAN_SOURCE: False, RESNET_SOURCE: False, TORCHTITAN_H100_SOURCE: False, NEMO_SOURCE: False,

@@ -122,9 +122,11 @@ to 2,048 H100 (8 a DGX H100 node, 400 Gb/s a GPU between nodes: the preset's), B
 (8.91 to 9.09 s). The recipe's ``gpt3_175b_hydra.yaml`` at that commit gives the rest, pinned: no
 activation checkpointing, sequence parallelism, the distributed fused Adam (``zero_stage=1``), TE's fused
 attention (``flash``) and fused bias-GeLU / bias-dropout-add (``compile_layers``, as the other Megatron
-rows); the loss: Megatron's vocabulary-parallel fp32 cross-entropy (``eager``); not modelled: its
-overlaps of communication with compute (``overlap_p2p_comm``, ``overlap_grad_sync`` /
-``overlap_param_sync``, TE's ``ub_tp_comm_overlap``; the model puts every transfer on the critical path). NVIDIA's NeMo and Megatron-Bridge
+rows); the loss: Megatron's vocabulary-parallel fp32 cross-entropy (``eager``); its ``overlap_p2p_comm``:
+the ``pipeline_engine`` column (``megatron-core``: the 1F1B phase's transfers hidden behind compute,
+``autoslapo.cost.p2p.pipeline_p2p_s``); not modelled: its other overlaps of communication with compute
+(``overlap_grad_sync`` / ``overlap_param_sync``, TE's ``ub_tp_comm_overlap``: those collectives stay on the
+critical path). NVIDIA's NeMo and Megatron-Bridge
 performance summaries were searched first: their dense-model rows are FP8 and their BF16 rows mixture
 of experts; no B200 BF16 run with numbers was found in either or in this repository (its Llama 3.1 BF16
 rows on H100 run context parallelism 2, left out). Later releases (v25.04) give the same workload 7 %
@@ -145,8 +147,9 @@ logs' parameter line), no activation checkpointing. The recipes set ``bias: Fals
 out): the llama family's shape. Value: the mean of the logged ``train_step_timing`` of steps 10-19 (NeMo's
 5-step moving mean; steps 5-19 agree within 0.3 %). Pinned as the NeMo rows: distributed fused Adam
 (``zero_stage=1``), TE's fused attention (``flash``), fused kernels (``compile_layers``), an eager fp32 loss,
-and TE's one-kernel RMSNorm (``norm_kernel`` fused); not modelled: the same overlaps
-(the logs' ``overlap_p2p_comm``, ``overlap_grad_sync``, ``overlap_param_sync``; ``ub_tp_comm_overlap`` with TP 2). Another
+and TE's one-kernel RMSNorm (``norm_kernel`` fused); the logs' ``overlap_p2p_comm`` as the NeMo rows'
+(``pipeline_engine`` ``megatron-core``); not modelled: the logs' ``overlap_grad_sync``, ``overlap_param_sync``
+and, with TP 2, ``ub_tp_comm_overlap``. Another
 device, never fitted: the first 16-bit runs ``B200_GEMM_EFF`` is checked against.
 
 Each row pins its tp, pp, dp, global batch, precision, pipeline schedule and the knobs of its

@@ -52,7 +52,7 @@ from autoslapo.cost.memory import (
     stage_params,
     state_bytes_per_param,
 )
-from autoslapo.cost.p2p import pipeline_transfers
+from autoslapo.cost.p2p import pipeline_p2p_s
 from autoslapo.layout import chunk_sizes, rank_layers
 
 if TYPE_CHECKING:
@@ -417,7 +417,7 @@ def estimate_time(model: ModelSpec, config: ScheduleConfig, cluster: ClusterSpec
     v = config.virtual_stages
     slot = fwd_mb + bwd_mb + rec_mb + tp_mb
     slots = bubble_slots(config, model.blocks, per_stage)
-    pp_comm = pipeline_transfers(perf.pipeline_engine, m, pp, (m + slots) * v) * transfer
+    pp_comm = pipeline_p2p_s(perf.pipeline_engine, m, pp, slots, v, transfer, fwd_mb / v)
     if pp > 1 and model.shared_layers:
         # every stage holds the shared layer (ALBERT): its gradients are summed over the pipeline
         # group once a step, after the schedule (``PipelineRuntime.sync_tied_grads``)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from autoslapo.cost.comm import collective_s, gradient_sync_s, group_bandwidth, group_nodes
 from autoslapo.cost.epilogue import accumulation_s, loss_scaler_s, optimizer_s
 from autoslapo.cost.memory import checkpointed_layer_ids, state_bytes_per_param
-from autoslapo.cost.p2p import pipeline_transfers
+from autoslapo.cost.p2p import pipeline_p2p_s
 from autoslapo.cost.time import TimeBreakdown, _Rates, bubble_slots
 from autoslapo.layout import rank_layers
 
@@ -81,7 +81,7 @@ def estimate_user_time(model: ModelSpec, config: ScheduleConfig, cluster: Cluste
         compute=m * (fwd_mb + bwd_mb),
         recompute=m * rec_mb,
         tp_comm=m * tp_mb,
-        pp_comm=pipeline_transfers(perf.pipeline_engine, m, pp, (m + slots) * v) * transfer + tied,
+        pp_comm=pipeline_p2p_s(perf.pipeline_engine, m, pp, slots, v, transfer, fwd_mb / v) + tied,
         bubble=slots * (fwd_mb + bwd_mb + rec_mb + tp_mb),
         dp_comm=dp_comm,
         optimizer=optimizer_s(r.mem, config, opt_params),

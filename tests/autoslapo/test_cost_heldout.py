@@ -372,3 +372,22 @@ def test_the_b200_rows_fit_as_their_logs_ran_them_and_land_within_twenty_five_pe
         assert f'"micro_batch": {cfg.micro_batch}' in pinned
         assert cfg.pp == 1 or f'"virtual_stages": {cfg.virtual_stages}' in pinned
         assert abs(c.error) < 0.25, (c.row["model"], c.row["gpus"], c.error)
+
+
+def test_nemos_rows_run_megatron_cores_overlapped_pipeline_transfers(all_checks: list[HeldOutCheck]) -> None:
+    """NeMo's recipes and logs set overlap_p2p_comm: their rows name the megatron-core engine, which hides
+    the 1F1B phase's transfers behind compute; against Megatron-LM's engine only the point-to-point time
+    moves, and it shrinks."""
+    checks = [c for c in all_checks if c.row["source"] in ("nvidia_dgxc2024_nemo2411", "google_gpurecipes2025_a4_qwen25")]
+    assert len(checks) == 13
+    pipelined = [c for c in checks if c.estimate.config.pp > 1]
+    assert len(pipelined) == 11
+    for c in checks:
+        assert c.row["pipeline_engine"] == "megatron-core"
+    for c in pipelined:
+        cfg, cluster = c.estimate.config, row_cluster(c.row)
+        megatron = estimate(row_model(c.row), cfg, cluster, perf=replace(row_perf(c.row, cluster), pipeline_engine="megatron"))
+        mine, theirs = c.estimate.time, megatron.time
+        assert cfg.virtual_stages > 1 and mine.pp_comm < 0.5 * theirs.pp_comm
+        assert (mine.compute, mine.bubble, mine.tp_comm, mine.dp_comm) == pytest.approx(
+            (theirs.compute, theirs.bubble, theirs.tp_comm, theirs.dp_comm))
