@@ -28,7 +28,15 @@ import torch.multiprocessing as mp
 
 from autoslapo.errors import AutoslapoError, ConfigError, TrialError
 
-__all__ = ["ParallelGroups", "build_groups", "free_port", "init_fake_world", "spawn"]
+__all__ = ["ParallelGroups", "SpawnTimeout", "build_groups", "free_port", "init_fake_world", "spawn"]
+
+
+class SpawnTimeout(TrialError):
+    """``spawn``'s ranks did not all return within its timeout (``done``: how many did)."""
+
+    def __init__(self, message: str, done: int) -> None:
+        super().__init__(message)
+        self.done = done
 
 
 def free_port() -> int:
@@ -168,9 +176,10 @@ def spawn(
         while len(outs) < world_size and error is None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TrialError(
+                raise SpawnTimeout(
                     f"spawn timed out after {timeout:.0f} s with {len(outs)}/{world_size} ranks done; "
-                    f"raise timeout= or look for a collective that not every rank reaches"
+                    f"raise timeout= or look for a collective that not every rank reaches",
+                    done=len(outs),
                 )
             try:
                 rank, status, payload = results.get(timeout=min(left, 1.0))

@@ -162,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats must be a positive number of runs: got {args.repeats}")
     _check_cpu_ranks(config.world_size, device)
+    from autoslapo.runtime.check import check_fits_here
+
+    check_fits_here(spec, config, device=device, fix="lower --seq-len or --micro-batch, checkpoint more layers "
+                    "(--ckpt-ratio), or run fewer ranks (--gpus)")
     runs = [run_trial(spec, config, steps=args.steps, warmup=warmup, timeout_s=args.timeout,
                       mem_cap_bytes=cap, device=device, seed=args.seed) for _ in range(args.repeats)]
     result = runs[0]

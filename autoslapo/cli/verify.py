@@ -22,7 +22,7 @@ from typing import Any
 
 from autoslapo.cli._knobs import add_knob_arguments, check_refinements, knob_values
 from autoslapo.cli._shape import add_shape_arguments, shape_overrides
-from autoslapo.errors import UsageError
+from autoslapo.errors import TrialError, UsageError
 
 DTYPES = ("float32", "float64")
 
@@ -109,10 +109,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:  # (NaN too) the ranks would time out before they meet
         raise UsageError(f"--timeout must be positive seconds: got {args.timeout}; the default is 600")
     spec, config, full_layers = _plan(args)
+    from autoslapo.runtime.check import check_fits_here
+
+    check_fits_here(spec, config, device="cpu", fix="lower --seq-len or --batch, or verify fewer --layers")
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from autoslapo.dist import spawn
+    from autoslapo.dist import SpawnTimeout, spawn
 
     start = time.perf_counter()
     opts = {
@@ -137,15 +140,22 @@ def run(args: argparse.Namespace) -> int:
         "autoslapo.plan",
         "autoslapo.verify",
     )
-    results = spawn(
-        _rank_main,
-        config.world_size,
-        spec.to_dict(),
-        config.to_dict(),
-        opts,
-        timeout=args.timeout,
-        preload=preload,
-    )
+    try:
+        results = spawn(
+            _rank_main,
+            config.world_size,
+            spec.to_dict(),
+            config.to_dict(),
+            opts,
+            timeout=args.timeout,
+            preload=preload,
+        )
+    except SpawnTimeout as err:  # a shape too slow for --timeout reads as what it is, not as a hang
+        raise TrialError(
+            f"verify's ranks must finish within --timeout: {err.done} of {config.world_size} done after "
+            f"{args.timeout:g} s, the others still computing or waiting on one that is; raise --timeout, or "
+            f"lower --seq-len or --batch (got {args.batch}x{spec.seq_len})"
+        ) from None
     elapsed = time.perf_counter() - start
     checked = sum(r["checked"] for r in results)
     max_diff = max(r["max_diff"] for r in results)

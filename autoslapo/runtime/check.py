@@ -14,9 +14,11 @@ from autoslapo.config import ScheduleConfig
 from autoslapo.errors import ConfigError, UsageError
 from autoslapo.models.spec import ModelSpec
 
-__all__ = ["check_runnable", "resolve_device", "runtime_limits"]
+__all__ = ["check_fits_here", "check_runnable", "resolve_device", "runtime_limits"]
 
 MAX_CPU_RANKS = 64
+#: /proc/meminfo: the memory Linux says it can give new processes without swapping (``check_fits_here``).
+MEMINFO = "/proc/meminfo"
 # What the runtime trains in (fp16 with dynamic loss scaling, ``autoslapo.runtime.scaler``).
 RUNTIME_PRECISIONS = ("bf16", "fp16", "fp32")
 
@@ -107,3 +109,46 @@ def check_seed(seed: object, state: str) -> None:
     generators and Optuna's samplers take (``run``'s and ``tune``'s ``--seed``); ``state``: what it seeds."""
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
         raise UsageError(f"--seed must be a whole number from 0 to 2**32 - 1 (4,294,967,295; {state}): got {seed!r}")
+
+
+def memory_available_bytes(path: str = MEMINFO) -> int | None:
+    """``MemAvailable`` of ``path`` in bytes: what Linux can give new processes without swapping
+    (None where there is no such file or line: not Linux, or a kernel before 3.14)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits_here(spec: ModelSpec, config: ScheduleConfig, *, device: str, fix: str,
+                    available: int | None = None) -> None:
+    """UsageError when ``config``'s CPU ranks need more memory than this machine has available, by
+    the cost model's memory for autoslapo's runtime on a CPU rank (its fixed 400 MiB a process, the
+    weights, optimizer state and activations: within 1 % of bert-tiny's measured peaks), times the
+    ranks; a lower bound, so nothing that could fit is refused. Checked before any process starts,
+    as a shape too large for the machine would otherwise swap until its timeout or wake the kernel's
+    out-of-memory killer. ``fix``: what the command's user can change. ``available``: bytes (default:
+    ``memory_available_bytes``; without it nothing is checked). GPU ranks are not checked here: a
+    device out of memory fails at once and is reported as oom."""
+    if device != "cpu":
+        return
+    have = memory_available_bytes() if available is None else available
+    if have is None:
+        return
+    from autoslapo.cost.device import PERF
+    from autoslapo.cost.estimate import estimate_family_memory
+
+    try:
+        per_rank = estimate_family_memory(spec, config, PERF["cpu"], dropout=False).total
+    except ConfigError:  # a shape the cost model cannot price: the runtime's own checks speak
+        return
+    need = per_rank * config.world_size
+    if need > have:
+        gib = 2**30
+        raise UsageError(f"the ranks must fit in this machine's available memory: {config.world_size} CPU rank"
+                         f"{'s need' if config.world_size != 1 else ' needs'} at least {need / gib:.1f} GiB by the cost model "
+                         f"({per_rank / gib:.1f} GiB a rank) and {have / gib:.1f} GiB is available; {fix}")

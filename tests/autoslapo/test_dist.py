@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autoslapo.dist import build_groups, spawn
+from autoslapo.dist import SpawnTimeout, build_groups, spawn
 from autoslapo.errors import ConfigError, ScheduleError
 
 
@@ -38,6 +38,20 @@ def test_spawn_groups_and_errors() -> None:
         spawn(_fail_on_rank1, 2, timeout=60)
     with pytest.raises(ConfigError, match="world_size >= 1"):
         spawn(_fail_on_rank1, 0)
+
+
+def _slow_on_rank1() -> int:
+    if dist.get_rank() == 1:
+        time.sleep(30)
+    return dist.get_rank()
+
+
+@pytest.mark.slow  # ~11 s: two ranks, a 3 s timeout and their teardown
+def test_spawn_past_its_timeout_raises_spawn_timeout_with_the_ranks_done() -> None:
+    """``verify`` tells a shape too slow for ``--timeout`` from a hang by this error's kind and count."""
+    with pytest.raises(SpawnTimeout, match=r"spawn timed out after 3 s with 1/2 ranks done") as caught:
+        spawn(_slow_on_rank1, 2, timeout=3)
+    assert caught.value.done == 1
 
 
 def _a_tensor() -> torch.Tensor:
