@@ -1,4 +1,8 @@
-"""``autoslapo show STUDY``: the study's trials with their knobs, status, metrics and reason."""
+"""``autoslapo show STUDY``: the study's trials with their knobs, status, metrics and reason.
+
+A study submitted to the service that no worker started (a job without a study row: queued, or
+cancelled while queued) is shown as ``autoslapo studies`` lists it (``job_row``): no trials.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,17 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from autoslapo.cli.best import measurement_noise
-from autoslapo.cli.studies import GiB, add_storage_argument, fmt, format_table, study_row
+from autoslapo.cli.studies import (
+    GiB,
+    add_storage_argument,
+    cluster_cell,
+    fmt,
+    format_table,
+    job_row,
+    study_row,
+)
 from autoslapo.cluster import ClusterSpec
-from autoslapo.errors import UsageError
+from autoslapo.errors import StorageError, UsageError
 from autoslapo.storage import require_store, silent_note
 
 if TYPE_CHECKING:
@@ -120,7 +132,13 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be a positive integer: got {args.limit}")
     with require_store(args.storage, read_only=True) as store:
-        study = store.get_study(args.study)
+        try:
+            study = store.get_study(args.study)
+        except StorageError:  # no such study: a job a worker has not started yet, or today's error
+            job = store.jobs.get(args.study)
+            if job is None:
+                raise
+            return _show_job(job_row(store, job), args)
         summary = study_row(store, study)
         trials = store.trials(args.study, status=args.status)
     trials = sort_trials(trials, args.sort, args.order)
@@ -161,4 +179,26 @@ def run(args: argparse.Namespace) -> int:
         ])
     print(format_table(rows, ["#", "STATUS", "samples/s", "TFLOP/s/dev", "GiB/dev", "M/E", "KNOBS", "REASON"],
                        right=(0, 2, 3, 4)))
+    return 0
+
+
+#: What a job-only study's status says of it (``_show_job``); any other status: ``JOB_ENDED``.
+JOB_NOTES = {
+    "queued": "queued: no worker has started it yet, so no trials (an `autoslapo worker` on this store runs it)",
+    "cancelled": "cancelled before a worker started it: no trials",
+    "running": "a worker has just taken it and is starting it: no trials yet",
+}
+JOB_ENDED = "{status} before its study was created: no trials"
+
+
+def _show_job(row: dict[str, Any], args: argparse.Namespace) -> int:
+    """``show`` of a study submitted to the service that no worker started (``job_row``)."""
+    if args.json:
+        print(json.dumps({"study": row, "trials": []}, indent=2))
+        return 0
+    budget = "" if row["budget"] is None else f"budget {row['budget']} trials, "
+    print(f"study {row['name']}: {row['model_label']} on {cluster_cell(row)}, backend {row['backend']}, "
+          f"{budget}status {row['status']}")
+    note = JOB_NOTES.get(row["status"]) or JOB_ENDED.format(status=row["status"])
+    print(note + (f" ({row['error']})" if row["error"] else ""))
     return 0

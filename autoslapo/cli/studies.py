@@ -1,5 +1,9 @@
 """``autoslapo studies``: one line a study (model, cluster, backend, trials, best, status).
 
+A study submitted to the service has a job (``store.jobs``) before a worker starts it and writes
+its study row; such a job-only study (queued, or cancelled while queued) is listed too, as the
+service's ``GET /v1/studies`` describes it (``job_row``), with no trials and no best.
+
 Also home of the helpers the read-only result commands share (show, export, best, report): the
 ``--storage`` flag and plain-text tables. Opening a store read-only, without creating one, is
 ``autoslapo.storage``'s (``open_existing_store`` / ``require_store`` with ``read_only``), which the
@@ -9,13 +13,15 @@ library uses too.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from autoslapo.cluster import ClusterSpec
-from autoslapo.errors import UsageError
+from autoslapo.cluster import ClusterSpec, links_text
+from autoslapo.errors import AutoslapoError, UsageError
 from autoslapo.storage import (
     is_baseline_study,
     open_existing_store,
@@ -26,7 +32,7 @@ from autoslapo.storage import (
 )
 
 if TYPE_CHECKING:
-    from store import Store, StudyRecord
+    from store import JobRecord, Store, StudyRecord
 
 GiB = 1024**3
 
@@ -97,6 +103,51 @@ def study_row(store: Store, study: StudyRecord) -> dict[str, Any]:
     }
 
 
+def job_row(store: Store, job: JobRecord) -> dict[str, Any]:
+    """A job whose study a worker has not started (no study row: queued, cancelled while queued)
+    in ``study_row``'s shape: what the service's ``GET /v1/studies`` says of it (``study_view``),
+    no trials and no best; plus its ``budget``, ``owner`` and ``error``, and ``started`` False."""
+    from autoslapo.service.views import study_view  # the service (FastAPI): only when a store has such a job
+
+    view = study_view(store, None, job)
+    model, family = _job_model(job.request.get("model"), view["model"])
+    return {
+        "name": view["name"], "model": model, "model_label": view["model"], "family": family,
+        "gpus": view["gpus"], "gpu_type": view["gpu_type"], "links": links_text(view["links"]),
+        "backend": view["backend"], "objective": None, "status": view["status"], "silent_s": None,
+        "trials": 0, "global_batch": job.request.get("global_batch"), "trials_by_status": {},
+        "best_samples_per_s": None, "best_trial": None, "best_measured": None,
+        "created_at": view["created_at"], "updated_at": job.updated_at.isoformat(),
+        "budget": view["budget"], "owner": view["owner"], "error": view["error"], "started": False,
+    }
+
+
+def _job_model(value: Any, label: str) -> tuple[str, str | None]:
+    """The model name and family the study of a job's ``model`` field will be stored under (what
+    ``--model`` matches): a preset's or a config.json's spec (read as data, never a model file's
+    trace); a model file's name and the ``user`` family; ``label`` and no family when unreadable."""
+    from autoslapo.models.spec import USER_FAMILY
+    from autoslapo.service.payload import is_module_file, model_spec_of
+
+    if is_module_file(value):
+        return str(value["module_file"].get("name", label)).removesuffix(".py"), USER_FAMILY
+    try:
+        spec = model_spec_of(value)
+    except (AutoslapoError, TypeError, ValueError, KeyError, AttributeError):
+        return label, None
+    return spec.name, spec.family
+
+
+def job_only_rows(store: Store, studies: set[str]) -> list[dict[str, Any]]:
+    """``job_row`` of every job whose study is not among ``studies`` (the store's), oldest first."""
+    return [job_row(store, j) for j in store.jobs.list() if j.study not in studies]
+
+
+def cluster_cell(row: dict[str, Any]) -> str:
+    """A row's cluster as the table shows it: "64 x a100-80gb", with its own links when it has any."""
+    return f"{row['gpus']} x {row['gpu_type']}" + (f" ({row['links']})" if row["links"] else "")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_storage_argument(parser)
     parser.add_argument("--model", default=None, help="only studies of this model name (e.g. bert-large)")
@@ -117,14 +168,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         with store:
             where = store.url
-            listed = [s for s in store.list_studies() if args.all or not is_baseline_study(s)]
+            every = store.list_studies()
+            listed = [s for s in every if args.all or not is_baseline_study(s)]
             studies = [
                 s for s in listed
                 if (args.model is None or args.model in (s.model_name, s.model_family))
                 and (args.gpus is None or s.gpus == args.gpus)
             ]
-            stored = len(listed)
-            rows = [study_row(store, s) for s in studies]
+            waiting = job_only_rows(store, {s.name for s in every})
+            stored = len(listed) + len(waiting)
+            jobs = [r for r in waiting if (args.model is None or args.model in (r["model"], r["family"]))
+                    and (args.gpus is None or r["gpus"] == args.gpus)]
+            # one list, oldest first: a job-only study among the studies by when it was submitted
+            rows = list(heapq.merge([study_row(store, s) for s in studies], jobs,
+                                    key=lambda r: datetime.fromisoformat(r["created_at"])))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -145,9 +202,9 @@ def run(args: argparse.Namespace) -> int:
         [
             r["name"],
             r["model_label"],
-            f"{r['gpus']} x {r['gpu_type']}" + (f" ({r['links']})" if r["links"] else ""),
+            cluster_cell(r),
             "-" if r["global_batch"] is None else f"{r['global_batch']:,}",
-            r["backend"],
+            str(r["backend"]),
             str(r["trials"]),
             fmt(r["best_samples_per_s"]) + ("" if r["best_measured"] is None else (" (M)" if r["best_measured"] else " (E)")),
             r["status"] + silent_note(r["silent_s"]),
@@ -157,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(table, ["STUDY", "MODEL", "CLUSTER", "BATCH", "BACKEND", "TRIALS", "BEST samples/s", "STATUS"],
                        right=(3, 5, 6)))
     print("(M) measured, (E) estimated by the cost model")
+    if any(r.get("started") is False for r in rows):
+        print("0 trials and no best: a study submitted to a service that no worker started (queued, or cancelled "
+              "while queued); `autoslapo show NAME` says more")
     if any(r["silent_s"] is not None for r in rows):
         print("(no tuner) a study left running by a tuner that is gone (killed, or its machine): "
               "`autoslapo tune MODEL ... --study NAME --resume` takes it over")
