@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoslapo.best_batch import batch_list, best_at_batch, stored_global_batches, that_one
 from autoslapo.cluster import MAX_GPUS, cli_flag, link_overrides
-from autoslapo.errors import UsageError
+from autoslapo.errors import ConfigError, UsageError
 from autoslapo.storage import require_store
 
 if TYPE_CHECKING:
@@ -62,12 +63,14 @@ def best_trial(
     min_headroom_fraction: float | None = None,
     links: Mapping[str, float] | None = None,
     gpus_per_node: int | None = None,
+    global_batch: int | None = None,
 ) -> TrialRecord:
     """The best recorded complete trial for ``model`` on ``gpus`` devices (of ``gpu_type``, or any).
 
     Takes: a preset name (``"bert"``, matched by the preset's shape) or a ``ModelSpec``; the filters
     of ``Store.best`` (``links``: only studies of a cluster with those link bandwidths, e.g.
     ``{"inter_node_gbps": 6.25}``; ``gpus_per_node``: only studies of nodes that size, None any);
+    ``global_batch``: only trials that ran at that global batch (micro_batch x grad_accum x dp; None any);
     ``storage`` a URL (default $AUTOSLAPO_STORAGE, else
     ``sqlite:///autoslapo.db``) or an open ``Store``.
     Returns: the trial record (``.config``, ``.samples_per_s``, ``.study``, ``.measured`` ...).
@@ -85,16 +88,20 @@ def best_trial(
 
         if gpu_type not in DEVICES:
             raise UsageError(f"gpu_type must be one of {', '.join(DEVICES)}: got {gpu_type!r}")
+    _check_batch(global_batch)
     key, label = _model_key(model)
     links = link_overrides(links or {}, lambda k: k)
     store, owned = _store(storage)
+    cluster_filters: dict[str, Any] = {"metric": metric, "links": links, "gpus_per_node": gpus_per_node}
     try:
-        found = store.best_trials(key, gpus, gpu_type, metric=metric, measured_only=measured_only,
-                           min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction,
-                           links=links, gpus_per_node=gpus_per_node)
+        found = best_at_batch(store, key, gpus, gpu_type, global_batch, measured_only=measured_only,
+                              min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction,
+                              **cluster_filters)
         if found:
             return found[0]
-        any_found = store.best_trials(key, gpus, gpu_type, metric=metric, links=links, gpus_per_node=gpus_per_node)
+        any_found = best_at_batch(store, key, gpus, gpu_type, global_batch, **cluster_filters)
+        batches = ([] if global_batch is None or any_found else
+                   stored_global_batches(store, key, gpus, gpu_type, **cluster_filters))
         where = store.url
         tuned = isinstance(model, str) and any(model in (s.model_name, s.model_signature) for s in store.list_studies())
     finally:
@@ -102,6 +109,14 @@ def best_trial(
             store.close()
     cluster = f"{gpus} x {gpu_type or 'any device'}" + "".join(f" with {k} {v:g}" for k, v in links.items())
     cluster += f" ({gpus_per_node} a node)" if gpus_per_node is not None else ""
+    cluster += f" at global batch {global_batch}" if global_batch is not None else ""
+    flags = (f" --gpu-type {gpu_type}" if gpu_type else "") + "".join(f" {cli_flag(k)} {v:g}" for k, v in links.items())
+    flags += f" --gpus-per-node {gpus_per_node}" if gpus_per_node is not None else ""
+    flags += f" --global-batch {global_batch}" if global_batch is not None else ""
+    if batches:  # the model and cluster were tuned, at other global batches
+        raise UsageError(f"no recorded schedule for {label} on {cluster} in {where} (its trials ran at "
+                         f"global batch {batch_list(batches)}: pass {that_one(batches)} as global_batch); run "
+                         f"`autoslapo tune {label} --gpus {gpus}{flags}` first")
     if any_found:
         raise UsageError(
             f"no recorded schedule for {label} on {cluster} passes the filters (measured_only="
@@ -115,10 +130,20 @@ def best_trial(
             f"model must be a preset, a model file or a model a stored study tuned: got {model!r}, none of them "
             f"in {where}; `autoslapo models` lists the presets"
         )
-    flags = (f" --gpu-type {gpu_type}" if gpu_type else "") + "".join(f" {cli_flag(k)} {v:g}" for k, v in links.items())
-    flags += f" --gpus-per-node {gpus_per_node}" if gpus_per_node is not None else ""
     raise UsageError(f"no recorded schedule for {label} on {cluster} in {where}; run "
                      f"`autoslapo tune {label} --gpus {gpus}{flags}` first")
+
+
+def _check_batch(global_batch: object) -> None:
+    """UsageError unless ``global_batch`` is None or a batch ``tune`` could have run (``check_global_batch``),
+    named as the argument (``global_batch``), not as the flag."""
+    from autoslapo.layout import check_global_batch
+
+    if global_batch is not None:
+        try:
+            check_global_batch(global_batch)
+        except ConfigError as err:
+            raise UsageError(str(err).replace("--global-batch", "global_batch", 1)) from None
 
 
 def best(
@@ -134,6 +159,7 @@ def best(
     server: str | None = None,
     links: Mapping[str, float] | None = None,
     gpus_per_node: int | None = None,
+    global_batch: int | None = None,
 ) -> ScheduleConfig:
     """The best recorded schedule for ``model`` on ``gpus`` devices, as a ``ScheduleConfig``.
 
@@ -144,11 +170,13 @@ def best(
     if server is not None:
         _not_sent(storage=storage, min_headroom_bytes=min_headroom_bytes,
                   min_headroom_fraction=min_headroom_fraction)
-        return _remote_best(model, gpus=gpus, gpu_type=gpu_type, metric=metric, measured_only=measured_only,
-                            server=server, links=links, gpus_per_node=gpus_per_node)
+        return _config(_remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric=metric,
+                                          measured_only=measured_only, server=server, links=links,
+                                          gpus_per_node=gpus_per_node, global_batch=global_batch))
     trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, metric=metric,
                        measured_only=measured_only, min_headroom_bytes=min_headroom_bytes,
-                       min_headroom_fraction=min_headroom_fraction, links=links, gpus_per_node=gpus_per_node)
+                       min_headroom_fraction=min_headroom_fraction, links=links, gpus_per_node=gpus_per_node,
+                       global_batch=global_batch)
     return _config(trial)
 
 
@@ -161,25 +189,18 @@ def _not_sent(**filters: object) -> None:
                          f"drop {'it' if len(given) == 1 else 'them'}, or ask a store (storage=) instead")
 
 
-def _remote_best(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str, measured_only: bool,
-                 server: str, links: Mapping[str, float] | None = None,
-                 gpus_per_node: int | None = None) -> ScheduleConfig:
-    return _config(_remote_best_trial(model, gpus=gpus, gpu_type=gpu_type, metric=metric,
-                                      measured_only=measured_only, server=server, links=links,
-                                      gpus_per_node=gpus_per_node))
-
-
 def _remote_best_trial(model: str | ModelSpec, *, gpus: int, gpu_type: str | None, metric: str,
                        measured_only: bool, server: str, links: Mapping[str, float] | None = None,
-                       gpus_per_node: int | None = None) -> TrialRecord:
+                       gpus_per_node: int | None = None, global_batch: int | None = None) -> TrialRecord:
     """The best trial as the server at ``server`` answers ``GET /v1/best`` (what it sends of the record)."""
     from autoslapo.config import config_hash
     from autoslapo.remote import Client, model_query
     from store import TrialRecord
 
+    _check_batch(global_batch)
     doc = Client(server).get("/v1/best", model=model_query(model), gpus=gpus, gpu_type=gpu_type, metric=metric,
                              measured_only=measured_only or None, gpus_per_node=gpus_per_node,
-                             **link_overrides(links or {}, lambda k: k))
+                             global_batch=global_batch, **link_overrides(links or {}, lambda k: k))
     config = dict(doc["config"])
     return TrialRecord(study=str(doc["study"]), number=int(doc["trial"]), config=config,
                        config_hash=config_hash(config), status=str(doc["status"]),
@@ -338,13 +359,14 @@ def apply_best(
     server: str | None = None,
     links: Mapping[str, float] | None = None,
     gpus_per_node: int | None = None,
+    global_batch: int | None = None,
 ) -> TrainingJob:
     """Build ``model`` with its best recorded schedule on this rank of a launched distributed job.
 
-    Takes: a preset name or ``ModelSpec``; the look-up filters of ``best`` (``links`` and ``gpus_per_node``
-    too); the learning rate, the weight seed and dropout (None: the model's own). Call it on every rank of a job of
-    ``gpus`` ranks (``torchrun --nproc-per-node``, ``autoslapo.dist.spawn``, a Slurm launch),
-    after the default process group is initialized (nccl on GPUs, gloo on CPU).
+    Takes: a preset name or ``ModelSpec``; the look-up filters of ``best`` (``links``, ``gpus_per_node`` and
+    ``global_batch`` too); the learning rate, the weight seed and dropout (None: the model's own). Call it
+    on every rank of a job of ``gpus`` ranks (``torchrun --nproc-per-node``, ``autoslapo.dist.spawn``, a
+    Slurm launch), after the default process group is initialized (nccl on GPUs, gloo on CPU).
     Returns: a ``TrainingJob`` holding the DeepSpeed engine (pp == 1) or the pipeline runtime and
     its optimizer (pp > 1), built by the same runtime functions the tuner's trials use.
     With ``server`` (an ``autoslapo serve`` URL, token from $AUTOSLAPO_TOKEN) the schedule is asked
@@ -359,11 +381,11 @@ def apply_best(
         _not_sent(storage=storage, min_headroom_bytes=min_headroom_bytes,
                   min_headroom_fraction=min_headroom_fraction)
         trial = _remote_best_trial(model, gpus_per_node=gpus_per_node, gpus=gpus, gpu_type=gpu_type, metric="samples_per_s",
-                                   measured_only=measured_only, server=server, links=links)
+                                   measured_only=measured_only, server=server, links=links, global_batch=global_batch)
     else:
         trial = best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=storage, measured_only=measured_only,
                            min_headroom_bytes=min_headroom_bytes, min_headroom_fraction=min_headroom_fraction,
-                           links=links, gpus_per_node=gpus_per_node)
+                           links=links, gpus_per_node=gpus_per_node, global_batch=global_batch)
     spec = _trial_spec(model, trial, storage)
     config = _config(trial)
     if not dist.is_initialized():

@@ -172,12 +172,17 @@ def require_store(url: str | None, *, read_only: bool = False) -> Store:
     return store
 
 
+def config_global_batch(config: Mapping[str, Any]) -> int:
+    """The sequences a step of a trial's ``config``: micro_batch x grad_accum x dp (a knob it lacks
+    counts 1), as ``ScheduleConfig.global_batch``."""
+    return int(config.get("micro_batch", 1)) * int(config.get("grad_accum", 1)) * int(config.get("dp", 1))
+
+
 def trials_global_batch(configs: Iterable[Mapping[str, Any]]) -> int | None:
-    """The global batch a study's trials ran at: micro_batch x grad_accum x dp of their configs (``tune``
-    fixes one for the whole study: its ``--global-batch``, else its space's default); the one most of
-    them ran at should a resume have changed it (the earliest on a tie); None without trials."""
-    counts = Counter(int(c.get("micro_batch", 1)) * int(c.get("grad_accum", 1)) * int(c.get("dp", 1))
-                     for c in configs)
+    """The global batch a study's trials ran at (``config_global_batch``; ``tune`` fixes one for the
+    whole study: its ``--global-batch``, else its space's default); the one most of them ran at should
+    a resume have changed it (the earliest on a tie); None without trials."""
+    counts = Counter(config_global_batch(c) for c in configs)
     return max(counts, key=counts.__getitem__) if counts else None
 
 

@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default=None, help="store URL (default $AUTOSLAPO_STORAGE or sqlite:///autoslapo.db)")
     parser.add_argument("--metric", default="samples_per_s",
                         choices=["samples_per_s", "tokens_per_s", "tflops_per_device", "hw_tflops_per_device"])
+    parser.add_argument("--global-batch", type=int, default=None, metavar="N",
+                        help="only trials that ran at this global batch, micro_batch x grad_accum x dp "
+                             "(default: any; the answer names its batch, `autoslapo studies` each study's)")
     parser.add_argument("--measured", "--measured-only", dest="measured", action="store_true",
                         help="only measured trials (no cost-model estimates)")
     parser.add_argument("--headroom", default=None, metavar="GIB|PCT",
@@ -93,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         if args.gpus_per_node < 1:
             raise UsageError(f"--gpus-per-node must be a positive integer: got {args.gpus_per_node}")
         ClusterSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)  # whole nodes, as `tune` refuses them
+    if args.global_batch is not None:
+        from autoslapo.layout import check_global_batch
+
+        check_global_batch(args.global_batch)  # a batch `tune` could have run, as it refuses others
     if args.server:
         return _remote(args)
     model = resolve_model(args.model, **shape_overrides(args))
@@ -104,20 +111,23 @@ def run(args: argparse.Namespace) -> int:
 def _answer(args: argparse.Namespace, store: Store, model: ModelSpec, links: dict[str, Any],
             headroom: tuple[int | None, float | None]) -> int:
     """``run``'s answer from the open ``store``."""
+    from autoslapo.best_batch import best_at_batch
     from autoslapo.cluster import ClusterSpec
+    from autoslapo.storage import config_global_batch
 
     headroom_bytes, headroom_fraction = headroom
-    per_node = args.gpus_per_node
-    found = store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric,
-                       measured_only=args.measured, min_headroom_bytes=headroom_bytes,
-                       min_headroom_fraction=headroom_fraction, links=links, gpus_per_node=per_node)
+    per_node, batch = args.gpus_per_node, args.global_batch
+    cluster = {"metric": args.metric, "links": links, "gpus_per_node": per_node}
+    found = best_at_batch(store, model.signature(), args.gpus, args.gpu_type, batch, measured_only=args.measured,
+                          min_headroom_bytes=headroom_bytes, min_headroom_fraction=headroom_fraction, **cluster)
     if not found:
         where = f"{args.gpus}x {args.gpu_type}" if args.gpu_type else f"{args.gpus} devices"
         given = "".join(f" {_flag(k)} {v:g}" for k, v in {**links, "gpus_per_node": per_node}.items() if v is not None)
+        given += f" --global-batch {batch}" if batch is not None else ""
         filters = [f for f, on in (("--measured", args.measured), (f"--headroom {args.headroom}", args.headroom))
                    if on]
-        unfiltered = store.best_trials(model.signature(), args.gpus, args.gpu_type, metric=args.metric, links=links,
-                                       gpus_per_node=per_node) if filters else []
+        unfiltered = best_at_batch(store, model.signature(), args.gpus, args.gpu_type, batch,
+                                   **cluster) if filters else []
         if unfiltered:
             free = [((store.get_study(t.study).gpu_memory_bytes or 0) - (t.peak_memory_bytes or 0),
                      store.get_study(t.study).gpu_memory_bytes or 0) for t in unfiltered if t.peak_memory_bytes]
@@ -129,6 +139,8 @@ def _answer(args: argparse.Namespace, store: Store, model: ModelSpec, links: dic
                 f"{' and '.join(filters)} in {store.url}{most}; relax it"
                 + (", or tune with a measuring backend (--backend local or ray)" if args.measured else "")
             )
+        if batch is not None:
+            _other_batches(args, store, model, cluster, where, given)
         raise AutoslapoError(
             f"no complete trial of {model.preset} on {where}{' with' + given if given else ''} in {store.url}; "
             f"run `autoslapo tune {args.model} --gpus {args.gpus}{given}` first"
@@ -139,6 +151,7 @@ def _answer(args: argparse.Namespace, store: Store, model: ModelSpec, links: dic
     doc = {
         "model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type, "study": t.study,
         "trial": t.number, "backend": study.backend, "measured": t.measured, "config": t.config,
+        "global_batch": config_global_batch(t.config),
         "samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s,
         "tflops_per_device": t.tflops_per_device, "hw_tflops_per_device": t.hw_tflops_per_device,
         "peak_memory_bytes": t.peak_memory_bytes,
@@ -151,7 +164,7 @@ def _answer(args: argparse.Namespace, store: Store, model: ModelSpec, links: dic
     from autoslapo.config import describe
     from autoslapo.storage import study_label
 
-    kind = "measured" if t.measured else "estimated"
+    kind = f"{'measured' if t.measured else 'estimated'} at global batch {doc['global_batch']}"
     noise = doc.get("repeats_samples_per_s")
     if noise:
         kind += f", median of {len(noise)} runs, IQR {doc.get('samples_per_s_spread', 0.0):,.1f}"
@@ -162,6 +175,22 @@ def _answer(args: argparse.Namespace, store: Store, model: ModelSpec, links: dic
         sys.stdout.write(f"  one measurement: study {t.study} is {study.status}, so its best were not re-measured yet "
                          f"(`autoslapo tune ... --study {t.study} --resume`, with the flags it was tuned with, does)\n")
     return 0
+
+
+def _other_batches(args: argparse.Namespace, store: Store, model: ModelSpec, cluster: dict[str, Any],
+                   where: str, given: str) -> None:
+    """Raise the error of a ``--global-batch`` none of whose trials are stored when the model and
+    cluster (``cluster``: ``best_trials``'s filters of it) were tuned at other global batches, naming
+    them; return when they were not tuned at all. ``where``, ``given``: the cluster and flags as asked."""
+    from autoslapo.best_batch import batch_list, stored_global_batches, that_one
+
+    batches = stored_global_batches(store, model.signature(), args.gpus, args.gpu_type, **cluster)
+    if batches:
+        raise AutoslapoError(
+            f"no complete trial of {model.preset} on {where} with{given} in {store.url}: its trials ran at global "
+            f"batch {batch_list(batches)}; give --global-batch {that_one(batches)}, or run "
+            f"`autoslapo tune {args.model} --gpus {args.gpus}{given}` first"
+        )
 
 
 def _value(metric: str, doc: dict[str, Any]) -> str:
@@ -177,6 +206,7 @@ def _remote(args: argparse.Namespace) -> int:
     """``best --server``: the same answer from the service's ``GET /v1/best``."""
     from autoslapo.config import describe
     from autoslapo.remote import Client, model_query
+    from autoslapo.storage import config_global_batch
 
     if args.headroom or args.storage or shape_overrides(args):
         raise UsageError("--server asks the service by preset, config.json or model file: --headroom, --storage "
@@ -188,7 +218,8 @@ def _remote(args: argparse.Namespace) -> int:
     client = Client(args.server)
     try:
         doc = client.get("/v1/best", model=query, gpus=args.gpus, gpu_type=args.gpu_type, metric=args.metric,
-                         measured_only=args.measured or None, gpus_per_node=args.gpus_per_node, **link_args(args))
+                         measured_only=args.measured or None, gpus_per_node=args.gpus_per_node,
+                         global_batch=args.global_batch, **link_args(args))
     except UsageError as err:
         if spec is None or "answered 404" not in str(err) or query not in str(err):
             raise
@@ -196,7 +227,8 @@ def _remote(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
-    kind = "measured" if doc["measured"] else "estimated"
+    batch = doc.get("global_batch") or config_global_batch(doc["config"])  # a server before it sent one
+    kind = f"{'measured' if doc['measured'] else 'estimated'} at global batch {batch}"
     sys.stdout.write(f"{doc['model']} on {doc['gpus']}x {doc['gpu_type']}: {_value(args.metric, doc)} "
                      f"({kind}, study {doc['study']} trial {doc['trial']})\n"
                      f"  {doc.get('schedule') or describe(doc['config'])}\n")  # the server's, for the study's family
@@ -206,13 +238,14 @@ def _remote(args: argparse.Namespace) -> int:
 def _file_missing(args: argparse.Namespace, label: str, signature: str, answer: str, url: str) -> str:
     """The server's 404 for a config.json or model file, asked for by its ``signature``, in the
     words of what the user gave: the model (``label``) and its file, and the command that submits it."""
-    if "passes the filters" in answer:  # studies of it exist: only its name changes
+    if "passes the filters" in answer or "its trials ran at" in answer:  # studies of it exist: only its name changes
         return answer.replace(f"the model of signature {signature!r}", f"{label} ({args.model})").replace(
-            signature, f"{label} ({args.model})")
+            signature, f"{label} ({args.model})").replace("`autoslapo tune CONFIG.json ", f"`autoslapo tune {args.model} ")
     where = f"{args.gpus}x {args.gpu_type}" if args.gpu_type else f"{args.gpus} devices"
     given = {**link_args(args), "gpus_per_node": args.gpus_per_node}
     flags = (f" --gpu-type {args.gpu_type}" if args.gpu_type else "") + "".join(
         f" {_flag(k)} {v:g}" for k, v in given.items() if v is not None)
+    flags += f" --global-batch {args.global_batch}" if args.global_batch is not None else ""
     return (f"the server at {url} has no recorded schedule for {label} ({args.model}) on {where}: no study there "
             f"tuned this model on this cluster; submit one: `autoslapo tune {args.model} --gpus {args.gpus}{flags} "
             f"--server {url}` (or POST /v1/studies with this model and cluster)")

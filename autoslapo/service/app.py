@@ -59,6 +59,7 @@ from autoslapo.service.messages import best_missing
 from autoslapo.service.modfile import TRACE_TIMEOUT_S, ModuleFilesOff, trace_memory_bytes
 from autoslapo.service.resume import check_resume, resume_reached, shown_budget
 from autoslapo.service.views import all_studies, apply_snippet, study_family, study_view, trial_view
+from autoslapo.storage import config_global_batch
 from store import RANK_METRICS, TRIAL_STATUSES, JobLimitError, Store
 
 MAX_BODY_BYTES = 64 * 1024
@@ -306,7 +307,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
     async def best(request: Request, model: str, gpus: int, gpu_type: str | None = None,
                    metric: str = "samples_per_s", measured_only: bool = False,
                    intra_node_gbps: float | None = None, inter_node_gbps: float | None = None,
-                   gpus_per_node: int | None = None) -> Response:
+                   gpus_per_node: int | None = None, global_batch: int | None = None) -> Response:
         await caller_on_loop(request, "read")
         if metric not in RANK_METRICS:
             raise ApiError(400, f"metric must be one of {', '.join(RANK_METRICS)}: got {redact(metric)[:40]!r}; "
@@ -320,7 +321,7 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             try:
                 t = api.best_trial(model, gpus=gpus, gpu_type=gpu_type, storage=store, metric=metric,
                                    measured_only=measured_only, links={k: v for k, v in links.items() if v is not None},
-                                   gpus_per_node=gpus_per_node)
+                                   gpus_per_node=gpus_per_node, global_batch=global_batch)
             except UsageError as err:
                 if "no recorded schedule" in str(err) or "a model a stored study tuned" in str(err):
                     raise ApiError(404, best_missing(one_line(err), server, model)) from None
@@ -329,11 +330,11 @@ def create_app(store: Store, settings: ServiceSettings | None = None) -> FastAPI
             return _json_bytes({"model": study.model_name, "gpus": study.gpus, "gpu_type": study.gpu_type,
                                 "model_spec": study.model,  # what apply_best builds for a model named by signature
                                 "study": t.study, "trial": t.number, "backend": study.backend,
-                                **trial_view(t, study_family(study)),
-                                "apply_best": apply_snippet(study, server)})
+                                **trial_view(t, study_family(study)), "global_batch": config_global_batch(t.config),
+                                "apply_best": apply_snippet(study, server, global_batch)})
 
         body = await answers.get(("best", model, gpus, gpu_type, metric, measured_only, intra_node_gbps,
-                                  inter_node_gbps, gpus_per_node, server), answer)
+                                  inter_node_gbps, gpus_per_node, global_batch, server), answer)
         return Response(body, media_type="application/json")
 
     app.include_router(estimate_router(store, caller, allow_module_files=cfg.allow_module_files,

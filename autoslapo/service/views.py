@@ -42,16 +42,19 @@ def trial_view(t: TrialRecord, family: str | None) -> dict[str, Any]:
             "measured": t.measured, "reason": t.reason, "ended_at": _time(t.ended_at)}
 
 
-def apply_snippet(study: StudyRecord, server: str | None = None) -> str:
+def apply_snippet(study: StudyRecord, server: str | None = None, global_batch: int | None = None) -> str:
     """The line a training script runs to train with the best recorded schedule of ``study``'s model
     and cluster (its links and node size too, when they are not the defaults), asked of ``server``
-    (this service's URL) when given. A preset's model is named as the preset; any other model (a
-    config.json, a model file) by its signature, which the look-up matches as given."""
+    (this service's URL) when given, at ``global_batch`` when one was asked for. A preset's model is
+    named as the preset; any other model (a config.json, a model file) by its signature, which the
+    look-up matches as given."""
     cluster = ClusterSpec.from_dict(study.cluster)
     links = cluster.link_values()
     given = f", links={json.dumps(links)}" if links else ""
     if cluster.gpus_per_node != ClusterSpec(gpus=study.gpus, gpu_type=study.gpu_type).gpus_per_node:
         given += f", gpus_per_node={cluster.gpus_per_node}"
+    if global_batch is not None:
+        given += f", global_batch={global_batch}"
     if server:
         given += f", server={json.dumps(server)}"
     model = json.dumps(study.model_name if _is_preset_of(study) else study.model_signature)

@@ -304,3 +304,47 @@ def test_show_of_a_baselines_study_names_the_one_that_found_no_configuration(
     assert main(["show", "s.baselines", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "None" not in out and "(no megatron configuration)" in out, out
+
+
+def test_best_names_its_global_batch_and_keeps_to_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``best`` did not say the global batch its answer ran at, nor take one: studies of one model and
+    cluster tuned at different batches gave the best of any, as if batches did not change a schedule."""
+    import autoslapo.best_batch
+    from autoslapo.api import best_trial
+    from autoslapo.errors import UsageError
+
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    written = make_study(url)  # trials of dp 8-64 and micro-batches 4-16: global batches 32 to 512
+    complete = [w for w in written if w["status"] == "complete"]
+    batch = {w["number"]: w["config"]["micro_batch"] * w["config"]["grad_accum"] * w["config"]["dp"] for w in complete}
+    top = _best(written)
+    assert main(["best", "bert", "--gpus", "64", "--json", "--storage", url]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch"] == batch[top["number"]] == 512
+    at = 128  # not the best's batch: the best of the trials that ran at it
+    want = max((w for w in complete if batch[w["number"]] == at), key=lambda w: w["samples_per_s"])
+    monkeypatch.setattr(autoslapo.best_batch, "FIRST_PAGE", 2)  # the ranking read a few trials a page
+    monkeypatch.setattr(autoslapo.best_batch, "GROWTH", 2)
+    assert main(["best", "bert", "--gpus", "64", "--global-batch", str(at), "--json", "--storage", url]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["trial"], doc["global_batch"]) == (want["number"], at), doc
+    assert main(["best", "bert", "--gpus", "64", "--global-batch", str(at), "--storage", url]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"samples/s (estimated at global batch {at}, study {STUDY} trial {want['number']})" in first, first
+    assert best_trial("bert", gpus=64, storage=url, global_batch=at).number == want["number"]
+    # none at that batch: the batches stored for this model and cluster, and the fix
+    assert main(["best", "bert", "--gpus", "64", "--global-batch", "48", "--storage", url]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "with --global-batch 48 in sqlite:///" in err, err
+    assert ("its trials ran at global batch 32, 64, 128, 256 and 512; give --global-batch one of those, or run "
+            "`autoslapo tune bert --gpus 64 --global-batch 48` first") in err, err
+    assert main(["best", "bert", "--gpus", "8", "--global-batch", "48", "--storage", url]) == 1
+    assert "`autoslapo tune bert --gpus 8 --global-batch 48` first" in capsys.readouterr().err  # none tuned
+    assert main(["best", "bert", "--gpus", "64", "--global-batch", str(at), "--measured", "--storage", url]) == 1
+    assert "with --global-batch 128 passes --measured" in capsys.readouterr().err
+    for bad in ("0", "-4"):  # bad input: exit 2, one line, no traceback, before the store is read
+        assert main(["best", "bert", "--gpus", "64", "--global-batch", bad, "--storage", url]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--global-batch must be a positive integer: got {bad}" in err, err
+    with pytest.raises(UsageError, match=r"^global_batch must be a positive integer: got 0;"):
+        best_trial("bert", gpus=64, storage=url, global_batch=0)

@@ -306,8 +306,8 @@ def test_estimate_and_anonymous_read(service_store: Store, tokens: dict[str, str
         assert huge.status_code == 400 and "gpus must be at most 1,048,576" in huge.json()["error"]
         typo = anon.get("/v1/best", params={"model": "bert", "gpus": 8, "gpu-type": "h100-80gb"})
         assert typo.status_code == 400 and typo.json()["error"].startswith(
-            "/v1/best takes only the query parameters gpu_type, gpus, gpus_per_node, inter_node_gbps, intra_node_gbps, "
-            "measured_only, metric, model: got 'gpu-type'")
+            "/v1/best takes only the query parameters global_batch, gpu_type, gpus, gpus_per_node, inter_node_gbps, "
+            "intra_node_gbps, measured_only, metric, model: got 'gpu-type'")
         trials = anon.get("/v1/studies/none/trials", params={"state": "complete"})
         assert trials.status_code == 400 and "got 'state'" in trials.json()["error"]
         assert anon.get("/v1/studies", params={"x": 1}).json()["error"].startswith(
