@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     spec, config, full_layers = _plan(args)
     from autoslapo.runtime.check import check_fits_here
 
-    check_fits_here(spec, config, device="cpu", fix="lower --seq-len or --batch, or verify fewer --layers")
+    check_fits_here(spec, config, device=args.device, fix="lower --seq-len or --batch, or verify fewer --layers")
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
